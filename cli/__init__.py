@@ -1,0 +1,1 @@
+"""The ``intellect-node`` command line (typer). Thin: parses, loads config, calls ``node``."""
