@@ -1,0 +1,72 @@
+"""Every way a network input can be refused, one class each, with a stable ``reason`` label.
+
+The node counts rejections by ``reason`` and penalizes the sender, so the labels are part of the
+operator-facing interface (metrics, logs, specs/wire.md): never rename one.
+"""
+
+from __future__ import annotations
+
+from crypto.envelope import (
+    BadLifetime,
+    BadSignature,
+    Expired,
+    FromTheFuture,
+    MalformedEnvelope,
+    Rejected,
+    UnknownMessageType,
+)
+
+__all__ = [
+    "BadLifetime",
+    "BadSignature",
+    "Expired",
+    "ExtraField",
+    "FromTheFuture",
+    "InvalidValue",
+    "MalformedBody",
+    "MalformedEnvelope",
+    "MissingField",
+    "Oversize",
+    "Rejected",
+    "Replayed",
+    "SignerMismatch",
+    "UnknownMessageType",
+    "UnsupportedVersion",
+    "WrongType",
+]
+
+
+class Oversize(Rejected):
+    reason = "oversize"
+
+
+class UnsupportedVersion(Rejected):
+    reason = "unsupported_version"
+
+
+class MalformedBody(Rejected):
+    reason = "malformed_body"
+
+
+class MissingField(Rejected):
+    reason = "missing_field"
+
+
+class ExtraField(Rejected):
+    reason = "extra_field"
+
+
+class WrongType(Rejected):
+    reason = "wrong_type"
+
+
+class InvalidValue(Rejected):
+    reason = "invalid_value"
+
+
+class SignerMismatch(Rejected):
+    reason = "signer_mismatch"
+
+
+class Replayed(Rejected):
+    reason = "replayed"
