@@ -1,0 +1,172 @@
+"""The ``intellect-node`` command line. Parses, loads configuration, calls into ``node``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from node.config import ConfigError, NodeConfig, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
+err = Console(stderr=True)
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="Node home: key, peer cache, data. [default: ~/.intellect-node]")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file [default: <home>/config.toml]")]
+RunOpt = Annotated[str | None, typer.Option("--run-id", help="Run to join [default: intellect-public]")]
+BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="Bootstrap peer multiaddr (.../p2p/<id>); repeatable")]
+ListenOpt = Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
+LogOpt = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")]
+ROLE_CHOICES = ("inference", "trainer", "validator")
+
+
+def _config(**flags: Any) -> NodeConfig:
+    config_file = flags.pop("config", None)
+    try:
+        return load_config(flags, config_file=config_file)
+    except ConfigError as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _run(config: NodeConfig, announce: bool) -> None:
+    from node.control import NodeAlreadyRunning
+    from node.runtime import JoinError
+    from node.service import run_node, setup_logging
+
+    setup_logging(config.log_level)
+
+    def on_ready(addrs: list[str]) -> None:
+        if announce:
+            for addr in addrs:
+                print(addr, flush=True)
+
+    try:
+        run_node(config, on_ready)
+    except (JoinError, NodeAlreadyRunning) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def keygen(home: HomeOpt = None, config: ConfigOpt = None) -> None:
+    """Create this node's Ed25519 identity (or show the existing one)."""
+    from crypto.identity import IdentityError, load_or_create_identity
+
+    cfg = _config(home=home, config=config)
+    try:
+        identity, created = load_or_create_identity(cfg.key_path)
+    except IdentityError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    err.print(("created " if created else "existing ") + f"identity at {cfg.key_path}")
+    print(identity.peer_id)
+
+
+@app.command()
+def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None,
+              listen: ListenOpt = None, bootstrap: BootstrapOpt = None, log_level: LogOpt = None) -> None:
+    """Run a long-lived DHT entry point; prints its multiaddrs for others' --bootstrap."""
+    cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
+                  log_level=log_level, roles=["bootstrap"], new_swarm=True)
+    _run(cfg, announce=True)
+
+
+@app.command()
+def join(
+    role: Annotated[list[str], typer.Option("--role", help="inference, trainer or validator; repeatable")],
+    home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
+    new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
+) -> None:
+    """Join the run, advertise this node and stay until Ctrl-C."""
+    bad = [r for r in role if r not in ROLE_CHOICES]
+    if bad:
+        err.print(f"[red]error:[/red] unknown role {bad[0]!r}; choose from {', '.join(ROLE_CHOICES)}")
+        raise typer.Exit(2)
+    cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
+                  log_level=log_level, roles=role, new_swarm=new_swarm)
+    _run(cfg, announce=True)
+
+
+def _format_hardware(hw: dict[str, Any]) -> str:
+    gib = 1 << 30
+    cpu = f"{hw['cpu_cores']} cores, {hw['ram_bytes'] / gib:.0f} GiB RAM"
+    if hw["accelerator"] == "cpu":
+        return f"cpu ({hw['accelerator_name']}), {cpu}"
+    return (f"{hw['accelerator_count']}x {hw['accelerator_name']} "
+            f"{hw['accelerator_memory_bytes'] / gib:.0f} GiB, {cpu}")
+
+
+def _print_status(data: dict[str, Any]) -> None:
+    members = data["members"]
+    table = Table(title=f"run {data['run_id']}: {len(members)} node(s)")
+    for column in ("peer", "roles", "hardware", "step", "age"):
+        table.add_column(column)
+    for m in members:
+        step = "-" if m["policy_step"] is None else str(m["policy_step"])
+        table.add_row(m["peer_id"][-12:], ",".join(m["roles"]), _format_hardware(m["hardware"]), step, f"{m['age_s']:.0f}s")
+    Console().print(table)
+    if data.get("rejections"):
+        err.print("rejected inputs: " + ", ".join(f"{k}={v}" for k, v in sorted(data["rejections"].items())))
+
+
+@app.command()
+def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, bootstrap: BootstrapOpt = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False) -> None:
+    """Show the run's nodes: from the node running in --home, else by asking a bootstrap peer."""
+    from node.control import query
+
+    cfg = _config(home=home, config=config, run_id=run_id, bootstrap=bootstrap)
+    try:
+        data = query(cfg.control_path)
+    except OSError:
+        data = _query_swarm(cfg)
+    if as_json:
+        print(json.dumps(data, indent=1))
+    else:
+        _print_status(data)
+
+
+def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
+    import trio
+
+    from node.host import quiet_libp2p_logs
+    from node.peer_cache import PeerCache
+    from node.swarm_query import query_members
+
+    quiet_libp2p_logs(verbose=False)
+    candidates = list(dict.fromkeys([*cfg.bootstrap, *PeerCache(cfg.home).addresses()]))
+    if not candidates:
+        err.print(f"[red]error:[/red] no node runs with home {cfg.home} and no --bootstrap peer was given")
+        raise typer.Exit(1)
+    try:
+        return trio.run(query_members, candidates, cfg.run_id)
+    except ConnectionError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def demo(nodes: Annotated[int, typer.Option(help="Nodes besides the bootstrap node")] = 3,
+         out: Annotated[Path | None, typer.Option(help="Directory for the nodes' homes [default: a temp dir]")] = None,
+         keep: Annotated[bool, typer.Option(help="Keep the swarm running until Ctrl-C")] = False) -> None:
+    """A local swarm on this machine: a bootstrap node and a few nodes, then their status."""
+    from node.demo import run_demo
+
+    data = run_demo(nodes=nodes, out=out, keep=keep, log=lambda line: err.print(line, soft_wrap=True))
+    _print_status(data)
+
+
+def main() -> None:
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

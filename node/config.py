@@ -1,0 +1,107 @@
+"""Node configuration: defaults < TOML file < environment (INTELLECT_NODE_*) < command-line flags.
+
+The TOML file is ``<home>/config.toml`` unless ``--config`` names another; its keys are the field
+names below. The environment uses the same names upper-cased with the prefix, lists comma-separated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "INTELLECT_NODE_"
+DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
+# The project's public bootstrap peers go here once they run. Until then the list is empty and a
+# node needs --bootstrap, a peer cache from an earlier run, or --new-swarm; we never invent addresses.
+DEFAULT_BOOTSTRAP_PEERS: tuple[str, ...] = ()
+
+
+class ConfigError(Exception):
+    """A configuration value that cannot be used; the message names the key and the source."""
+
+
+@dataclass
+class NodeConfig:
+    home: Path = DEFAULT_HOME
+    run_id: str = "intellect-public"
+    roles: list[str] = field(default_factory=lambda: ["inference"])
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/4001"])
+    bootstrap: list[str] = field(default_factory=lambda: list(DEFAULT_BOOTSTRAP_PEERS))
+    new_swarm: bool = False
+    advert_lifetime_s: float = 120.0
+    advert_refresh_s: float = 40.0
+    heartbeat_s: float = 10.0
+    discovery_s: float = 15.0
+    connect_timeout_s: float = 5.0
+    log_level: str = "INFO"
+
+    @property
+    def key_path(self) -> Path:
+        return self.home / "identity.key"
+
+    @property
+    def control_path(self) -> Path:
+        return self.home / "control.sock"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind = str(_FIELDS[name].type)
+    try:
+        if kind == "Path":
+            return Path(value).expanduser()
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {value!r}")
+        if kind == "float":
+            return float(value)
+        if kind == "list[str]":
+            if isinstance(value, str):
+                return [item.strip() for item in value.split(",") if item.strip()]
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                return list(value)
+            raise ValueError(f"not a list of strings: {value!r}")
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name} from {source}: {exc}") from None
+
+
+def load_config(flags: dict[str, Any], config_file: Path | None = None,
+                environ: dict[str, str] | None = None) -> NodeConfig:
+    """Merge the layers; ``flags`` holds only options the user actually gave (None = not given)."""
+    environ = dict(os.environ) if environ is None else environ
+    given = {k: v for k, v in flags.items() if v is not None}
+    env = {name: environ[ENV_PREFIX + name.upper()] for name in _FIELDS if ENV_PREFIX + name.upper() in environ}
+    home = _coerce("home", given.get("home", env.get("home", DEFAULT_HOME)), "flags/environment")
+    path = config_file or home / "config.toml"
+    from_file: dict[str, Any] = {}
+    if path.exists():
+        try:
+            from_file = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+    elif config_file is not None:
+        raise ConfigError(f"config file {path} does not exist")
+    unknown = sorted(set(from_file) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {unknown}; known keys are {sorted(_FIELDS)}")
+    values: dict[str, Any] = {"home": home}
+    for layer, source in ((from_file, str(path)), (env, "environment"), (given, "command line")):
+        for name, value in layer.items():
+            if name != "home":
+                values[name] = _coerce(name, value, source)
+    config = NodeConfig(**values)
+    if config.advert_refresh_s >= config.advert_lifetime_s:
+        raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
+    return config

@@ -1,0 +1,51 @@
+"""The persistent list of peers this node has seen, so a restart does not need bootstrap peers.
+
+Only addresses taken from verified adverts are stored (never what an unverified peer claims), at
+most ``MAX_PEERS``, newest first, written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "peers.json"
+MAX_PEERS = 64
+
+
+class PeerCache:
+    def __init__(self, home: Path) -> None:
+        self.path = home / FILE_NAME
+        self._addrs: dict[str, list[str]] = {}  # peer id -> multiaddrs with /p2p/, insertion = age
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable peer cache %s: %s", self.path, exc)
+            return
+        if isinstance(data, dict):
+            for peer_id, addrs in list(data.items())[:MAX_PEERS]:
+                if isinstance(peer_id, str) and isinstance(addrs, list) and all(isinstance(a, str) for a in addrs):
+                    self._addrs[peer_id] = addrs[:16]
+
+    def remember(self, peer_id: str, addrs: list[str]) -> None:
+        self._addrs.pop(peer_id, None)
+        self._addrs = {peer_id: addrs, **self._addrs}
+        while len(self._addrs) > MAX_PEERS:
+            self._addrs.pop(next(reversed(self._addrs)))
+
+    def addresses(self) -> list[str]:
+        return [addr for addrs in self._addrs.values() for addr in addrs]
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self._addrs, indent=1))
+        os.replace(tmp, self.path)

@@ -1,0 +1,351 @@
+"""One node: host, DHT, gossip, membership and control socket, run as tasks of one trio nursery.
+
+Nothing here computes; every loop sleeps between rounds and bounds each network call with a
+deadline, so a slow or hostile peer can delay one round, never the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.tools.anyio_service import background_trio_service
+
+from crypto.identity import Identity
+from node.config import NodeConfig
+from node.control import serve_control
+from node.gossip import build_pubsub, install_validator
+from node.host import build_host, parse_peer_addr
+from node.membership import AdvertRecordValidator, MemberView, member_summary
+from node.peer_cache import PeerCache
+from node.peer_scores import PeerScores
+from node.streams import read_frame, write_frame
+from protocol import codec
+from protocol.errors import Rejected, SignerMismatch
+from protocol.framing import (
+    MAX_MEMBERS_REQUEST,
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+    encode_envelope_list,
+)
+from protocol.keys import DHT_NAMESPACE, advert_key, members_topic, run_members_key
+from protocol.messages import Hardware, NodeAdvert
+
+log = logging.getLogger(__name__)
+SOFTWARE_VERSION = "0.1.0"
+STREAM_TIMEOUT_S = 5.0
+DHT_TIMEOUT_S = 10.0
+TARGET_CONNECTIONS = 8
+# Heartbeats grow sparser as the run grows, so the members topic stays under about this many
+# messages per second in total (libp2p rate-limits each forwarding peer per topic).
+MEMBERS_TOPIC_BUDGET_PER_S = 5.0
+
+
+class JoinError(Exception):
+    """The node could not reach the swarm; the message says what to do about it."""
+
+
+class Node:
+    def __init__(self, config: NodeConfig, identity: Identity, hardware: Hardware) -> None:
+        self.config = config
+        self.identity = identity
+        self.hardware = hardware
+        self.peer_id = identity.peer_id
+        self.scores = PeerScores(on_ban=self._on_ban)
+        self.view = MemberView(config.run_id, self.peer_id)
+        self.peer_cache = PeerCache(config.home)
+        self.host = build_host(identity)
+        self.policy_step: int | None = None
+        self.started_at = time.time()
+        self._own_envelope: bytes | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join and serve until cancelled; reports the listen multiaddrs once ready."""
+        listen = [multiaddr.Multiaddr(addr) for addr in self.config.listen]
+        self.pubsub, router = build_pubsub(self.host)
+        self.dht = KadDHT(self.host, DHTMode.SERVER)
+        self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
+        topic = members_topic(self.config.run_id)
+        install_validator(self.pubsub, topic, (NodeAdvert,), self._on_gossip_advert, self.scores)
+        try:
+            async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
+                self._nursery = nursery
+                async with background_trio_service(self.pubsub), background_trio_service(router), \
+                        background_trio_service(self.dht):
+                    await self.pubsub.wait_until_ready()
+                    await nursery.start(serve_control, self.config.control_path, self.snapshot)
+                    self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
+                    subscription = await self.pubsub.subscribe(topic)
+                    nursery.start_soon(self._drain, subscription)
+                    self._refresh_own_advert()
+                    await self._join()
+                    for loop in (self._advertise_loop, self._heartbeat_loop, self._discovery_loop, self._upkeep_loop):
+                        nursery.start_soon(loop)
+                    task_status.started(self.addrs())
+                    await trio.sleep_forever()
+        finally:
+            self.peer_cache.save()
+
+    def addrs(self) -> list[str]:
+        return [str(addr) for addr in self.host.get_addrs()]
+
+    # ---- joining ---------------------------------------------------------------------------
+
+    async def _join(self) -> None:
+        own = set(self.addrs())
+        candidates = list(dict.fromkeys(a for a in [*self.config.bootstrap, *self.peer_cache.addresses()] if a not in own))
+        if not candidates:
+            if self.config.new_swarm:
+                log.info("starting a new swarm for run %s (no bootstrap peers given)", self.config.run_id)
+                return
+            raise JoinError(
+                "no bootstrap peers configured and no cached peers from an earlier run: pass "
+                "--bootstrap /ip4/.../tcp/.../p2p/<peer id> (the address `intellect-node bootstrap` prints), "
+                "or --new-swarm to start a new swarm"
+            )
+        reached = 0
+        async with trio.open_nursery() as nursery:
+            results: list[bool] = []
+
+            async def attempt(addr: str) -> None:
+                results.append(await self._connect_and_exchange(addr))
+
+            for addr in candidates:
+                nursery.start_soon(attempt, addr)
+        reached = sum(results)
+        if reached == 0 and not self.config.new_swarm:
+            raise JoinError(
+                f"could not reach any of {len(candidates)} bootstrap or cached peers "
+                f"({', '.join(candidates[:3])}{', ...' if len(candidates) > 3 else ''}); check the addresses "
+                "and that those nodes run, or pass --new-swarm to start a new swarm"
+            )
+        log.info("joined run %s through %d of %d peers", self.config.run_id, reached, len(candidates))
+
+    async def _connect_and_exchange(self, addr: str) -> bool:
+        try:
+            info = parse_peer_addr(addr)
+        except ValueError as exc:
+            log.warning("%s", exc)
+            return False
+        if info.peer_id == self.host.get_id():
+            return False
+        with trio.move_on_after(self.config.connect_timeout_s):
+            try:
+                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                await self.host.connect(info)
+                await self.dht.routing_table.add_peer(info.peer_id)
+            except Exception as exc:  # unreachable peers fail in many transport-specific ways
+                log.info("cannot connect to %s: %s", addr, exc)
+                return False
+            await self._exchange_members(info.peer_id)
+            return True
+        log.info("connecting to %s timed out", addr)
+        return False
+
+    # ---- the members protocol --------------------------------------------------------------
+
+    async def _exchange_members(self, peer: ID) -> None:
+        """Send our advert to ``peer`` and take the adverts it knows."""
+        peer_id = peer.to_base58()
+        try:
+            stream = await self.host.new_stream(peer, [TProtocol(MEMBERS_PROTOCOL)])
+        except Exception as exc:
+            log.info("members exchange with %s failed to open: %s", peer_id, exc)
+            return
+        try:
+            await write_frame(stream, self._own_envelope or b"")
+            payload = await read_frame(stream, MAX_MEMBERS_RESPONSE, STREAM_TIMEOUT_S)
+            envelopes = decode_envelope_list(payload)
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members response: {exc}")
+            return
+        except Exception as exc:
+            log.info("members exchange with %s failed: %s", peer_id, exc)
+            return
+        finally:
+            await _close(stream)
+        for envelope in envelopes:
+            self._accept_advert(envelope, delivered_by=peer_id)
+
+    async def _serve_members(self, stream: INetStream) -> None:
+        peer_id = stream.muxed_conn.peer_id.to_base58()
+        try:
+            if self.scores.is_banned(peer_id):
+                return
+            request = await read_frame(stream, MAX_MEMBERS_REQUEST, STREAM_TIMEOUT_S)
+            if request:
+                signed = codec.decode(request, NodeAdvert)
+                if signed.signer_peer_id != peer_id:
+                    raise SignerMismatch("members request carries an advert of another peer")
+                self._accept_advert(request, delivered_by=peer_id)
+            await write_frame(stream, encode_envelope_list(self.view.envelopes()))
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members request: {exc}")
+        except Exception as exc:
+            log.info("members request from %s failed: %s", peer_id, exc)
+        finally:
+            await _close(stream)
+
+    # ---- adverts ---------------------------------------------------------------------------
+
+    def own_advert(self) -> NodeAdvert:
+        return NodeAdvert(
+            peer_id=self.peer_id,
+            run_id=self.config.run_id,
+            roles=tuple(dict.fromkeys(self.config.roles)),
+            addrs=tuple(self.addrs()[:16]),
+            hardware=self.hardware,
+            throughput_tokens_per_s=None,
+            software_version=SOFTWARE_VERSION,
+            policy_step=self.policy_step,
+        )
+
+    def _refresh_own_advert(self) -> bytes:
+        self._own_envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=self.config.advert_lifetime_s)
+        self.view.accept(self._own_envelope)
+        return self._own_envelope
+
+    def _accept_advert(self, envelope: bytes, delivered_by: str | None) -> bool:
+        """Record a verified advert (charging ``delivered_by`` for a bad one); True if kept or known."""
+        try:
+            member = self.view.accept(envelope)
+        except Rejected as exc:
+            self.scores.reject(delivered_by, exc.reason, f"advert: {exc}")
+            return False
+        if member is not None and member.advert.peer_id != self.peer_id:
+            self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))
+        return True
+
+    def _on_gossip_advert(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
+        member = self.view.accept(raw)  # Rejected propagates to the gossip validator, which charges
+        if member is not None and member.advert.peer_id != self.peer_id:
+            self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))
+        return True
+
+    async def _advertise_loop(self) -> None:
+        key = advert_key(self.config.run_id, self.peer_id)
+        while True:
+            envelope = self._refresh_own_advert()
+            with trio.move_on_after(DHT_TIMEOUT_S):
+                try:
+                    await self.dht.put_value(key, envelope)
+                    await self.dht.provide(run_members_key(self.config.run_id))
+                except Exception as exc:  # no reachable DHT peers yet: the next round retries
+                    log.debug("advert DHT put failed: %s", exc)
+            await self._publish_advert()
+            await trio.sleep(self.config.advert_refresh_s)
+
+    async def _publish_advert(self) -> None:
+        if self._own_envelope is None:
+            return
+        try:
+            await self.pubsub.publish(members_topic(self.config.run_id), self._own_envelope)
+        except Exception as exc:
+            log.debug("advert publish failed: %s", exc)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            interval = max(self.config.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
+            await trio.sleep(interval)
+            await self._publish_advert()
+
+    async def _drain(self, subscription: Any) -> None:
+        """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
+        while True:
+            await subscription.get()
+
+    # ---- discovery and upkeep --------------------------------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        """Provider records on the run key find members that gossip has not reached yet."""
+        while True:
+            await trio.sleep(self.config.discovery_s)
+            with trio.move_on_after(DHT_TIMEOUT_S):
+                try:
+                    providers = await self.dht.find_providers(run_members_key(self.config.run_id), 20)
+                except Exception as exc:
+                    log.debug("provider lookup failed: %s", exc)
+                    continue
+                for info in providers:
+                    peer_id = info.peer_id.to_base58()
+                    if peer_id == self.peer_id or self.view.get(peer_id) is not None:
+                        continue
+                    value = await self.dht.get_value(advert_key(self.config.run_id, peer_id))
+                    if value is not None:
+                        self._accept_advert(value, delivered_by=None)
+            await self._connect_to_members()
+
+    async def _connect_to_members(self) -> None:
+        """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to."""
+        connected = {peer.to_base58() for peer in self.host.get_connected_peers()}
+        for member in self.view.members():
+            if len(connected) >= TARGET_CONNECTIONS:
+                return
+            peer_id = member.advert.peer_id
+            if peer_id == self.peer_id or peer_id in connected or self.scores.is_banned(peer_id):
+                continue
+            for addr in member.advert.addrs:
+                if await self._connect_and_exchange(addr):
+                    connected.add(peer_id)
+                    break
+
+    async def _upkeep_loop(self) -> None:
+        last_save = time.monotonic()
+        while True:
+            await trio.sleep(1.0)
+            for peer_id in self.view.prune():
+                log.info("member %s left (advert expired)", peer_id)
+            if time.monotonic() - last_save > 30:
+                self.peer_cache.save()
+                last_save = time.monotonic()
+
+    def _on_ban(self, peer_id: str) -> None:
+        try:
+            peer = ID.from_base58(peer_id)
+        except ValueError:
+            return
+        self.pubsub.add_to_blacklist(peer)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._disconnect, peer)
+
+    async def _disconnect(self, peer: ID) -> None:
+        try:
+            await self.host.disconnect(peer)
+        except Exception as exc:
+            log.debug("disconnect of %s failed: %s", peer, exc)
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``intellect-node status`` shows: this node, the run's members, rejection counts."""
+        now = time.time()
+        members = [member_summary(m, now) for m in sorted(self.view.members(), key=lambda m: m.advert.peer_id)]
+        return {
+            "peer_id": self.peer_id,
+            "run_id": self.config.run_id,
+            "version": SOFTWARE_VERSION,
+            "uptime_s": round(now - self.started_at, 1),
+            "addrs": self.addrs(),
+            "connected_peers": len(self.host.get_connected_peers()),
+            "members": members,
+            "rejections": dict(self.scores.rejections),
+            "banned": sorted(self.scores.banned),
+        }
+
+
+async def _close(stream: INetStream) -> None:
+    try:
+        await stream.close()
+    except Exception:  # the peer may have reset it already; nothing is left to release
+        pass

@@ -1,0 +1,54 @@
+"""Running a node as a process: identity, hardware, logging, and a clean stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+import trio
+
+from crypto.identity import load_or_create_identity
+from node.config import NodeConfig
+from node.hardware import detect_hardware
+from node.host import quiet_libp2p_logs
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}; use DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=numeric, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    quiet_libp2p_logs(verbose=numeric <= logging.DEBUG)
+
+
+async def _until_signal(cancel: Callable[[], None]) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            cancel()
+            return
+
+
+def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None]) -> None:
+    """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs."""
+    from node.runtime import Node  # libp2p is imported only by commands that run a node
+
+    config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    identity, created = load_or_create_identity(config.key_path)
+    if created:
+        log.info("created a new identity %s at %s", identity.peer_id, config.key_path)
+    node = Node(config, identity, detect_hardware(config.home))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_until_signal, nursery.cancel_scope.cancel)
+            addrs = await nursery.start(node.run)
+            on_ready(addrs)
+
+    trio.run(main)
+    log.info("node %s stopped", identity.peer_id)
