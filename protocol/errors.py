@@ -30,6 +30,8 @@ __all__ = [
     "Rejected",
     "Replayed",
     "SignerMismatch",
+    "Stalled",
+    "Truncated",
     "UnknownMessageType",
     "UnsupportedVersion",
     "WrongType",
@@ -70,3 +72,11 @@ class SignerMismatch(Rejected):
 
 class Replayed(Rejected):
     reason = "replayed"
+
+
+class Truncated(Rejected):
+    reason = "truncated"
+
+
+class Stalled(Rejected):
+    reason = "timeout"

@@ -1,0 +1,49 @@
+"""Length-prefixed frames for libp2p streams: u32 big-endian length, then that many bytes.
+
+py-libp2p 0.8.1's request/response breaks above about 6.8 MB and has no per-protocol size limit, so
+every stream protocol of ours uses these frames. The limit is checked on the 4-byte header, before
+a single payload byte is read.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+from protocol.errors import InvalidValue, MalformedBody, Oversize, WrongType
+
+HEADER = struct.Struct(">I")
+MEMBERS_PROTOCOL = "/ina/members/1.0.0"
+MAX_MEMBERS_REQUEST = 8192          # one NodeAdvert envelope, or nothing for a read-only query
+MAX_MEMBERS_RESPONSE = 1 << 20      # a msgpack list of advert envelopes
+MAX_MEMBERS_PER_RESPONSE = 512
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+def frame_length(header: bytes, limit: int) -> int:
+    """The payload length announced by ``header``; Oversize when it exceeds ``limit``."""
+    (length,) = HEADER.unpack(header)
+    if length > limit:
+        raise Oversize(f"frame announces {length} bytes, at most {limit} accepted")
+    return length
+
+
+def encode_envelope_list(envelopes: list[bytes]) -> bytes:
+    return msgpack.packb(envelopes[:MAX_MEMBERS_PER_RESPONSE], use_bin_type=True)
+
+
+def decode_envelope_list(payload: bytes) -> list[bytes]:
+    """The envelopes in a members response; each still needs ``protocol.codec.decode``."""
+    try:
+        value = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except (ValueError, TypeError) as exc:
+        raise MalformedBody(f"members response is not msgpack: {exc}") from None
+    if type(value) is not list or not all(type(item) is bytes for item in value):
+        raise WrongType("members response must be a list of byte strings")
+    if len(value) > MAX_MEMBERS_PER_RESPONSE:
+        raise InvalidValue(f"{len(value)} adverts, at most {MAX_MEMBERS_PER_RESPONSE}")
+    return value
