@@ -49,8 +49,8 @@ _PATH_EVENTS = (
 )
 
 
-def _limit(which: int, value: int) -> None:
-    resource.setrlimit(which, (value, value))
+def _limit(which: int, value: int, hard: int | None = None) -> None:
+    resource.setrlimit(which, (value, value if hard is None else hard))
 
 
 def _private_network() -> bool:
@@ -68,7 +68,8 @@ def main() -> None:
         json.dump({"network_namespace": network}, status)
 
     _limit(resource.RLIMIT_AS, config["memory_bytes"])
-    _limit(resource.RLIMIT_CPU, config["cpu_seconds"])
+    # SIGXCPU at the soft limit (reported as a timeout), SIGKILL a second later if it is caught
+    _limit(resource.RLIMIT_CPU, config["cpu_seconds"], config["cpu_seconds"] + 1)
     _limit(resource.RLIMIT_FSIZE, config["file_bytes"])
     _limit(resource.RLIMIT_NOFILE, 64)
     _limit(resource.RLIMIT_CORE, 0)

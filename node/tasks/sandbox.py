@@ -48,7 +48,11 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What a run did. ``returncode`` is negative when a signal killed it (e.g. -9 on timeout)."""
+    """What a run did.
+
+    ``returncode`` is negative when a signal killed it; ``timed_out`` means the wall-clock or the
+    CPU-time limit stopped it.
+    """
 
     returncode: int
     stdout: str
@@ -105,6 +109,7 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None
                 timed_out = True
                 os.killpg(process.pid, signal.SIGKILL)
                 returncode = process.wait()
+        timed_out = timed_out or returncode == -signal.SIGXCPU
         wall = time.monotonic() - started
         status_file = work / "sandbox-status.json"
         try:
