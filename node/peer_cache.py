@@ -21,6 +21,7 @@ class PeerCache:
     def __init__(self, home: Path) -> None:
         self.path = home / FILE_NAME
         self._addrs: dict[str, list[str]] = {}  # peer id -> multiaddrs with /p2p/, insertion = age
+        self.dirty = False
         self._load()
 
     def _load(self) -> None:
@@ -37,6 +38,9 @@ class PeerCache:
                     self._addrs[peer_id] = addrs[:16]
 
     def remember(self, peer_id: str, addrs: list[str]) -> None:
+        if next(iter(self._addrs), None) == peer_id and self._addrs[peer_id] == addrs:
+            return
+        self.dirty = True
         self._addrs.pop(peer_id, None)
         self._addrs = {peer_id: addrs, **self._addrs}
         while len(self._addrs) > MAX_PEERS:
@@ -49,3 +53,4 @@ class PeerCache:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self._addrs, indent=1))
         os.replace(tmp, self.path)
+        self.dirty = False

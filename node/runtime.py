@@ -301,14 +301,13 @@ class Node:
                     break
 
     async def _upkeep_loop(self) -> None:
-        last_save = time.monotonic()
+        """Expire members; persist the peer cache soon after it changes (a crash skips shutdown)."""
         while True:
             await trio.sleep(1.0)
             for peer_id in self.view.prune():
                 log.info("member %s left (advert expired)", peer_id)
-            if time.monotonic() - last_save > 30:
+            if self.peer_cache.dirty:
                 self.peer_cache.save()
-                last_save = time.monotonic()
 
     def _on_ban(self, peer_id: str) -> None:
         try:
