@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 # Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. Forged or malformed input is
 # never an accident of an honest peer, a stale message can be.
 PENALTIES: dict[str, float] = {
-    "bad_signature": 50.0,
-    "signer_mismatch": 50.0,
+    "bad_signature": 60.0,
+    "signer_mismatch": 60.0,
     "malformed": 25.0,
     "malformed_body": 25.0,
     "oversize": 25.0,
