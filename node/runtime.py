@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -36,8 +37,8 @@ from protocol.framing import (
     decode_envelope_list,
     encode_envelope_list,
 )
-from protocol.keys import DHT_NAMESPACE, advert_key, members_topic, run_members_key
-from protocol.messages import Hardware, NodeAdvert
+from protocol.keys import DHT_NAMESPACE, advert_key, announcements_topic, members_topic, run_members_key
+from protocol.messages import Hardware, Message, NodeAdvert
 
 log = logging.getLogger(__name__)
 SOFTWARE_VERSION = "0.1.0"
@@ -53,8 +54,23 @@ class JoinError(Exception):
     """The node could not reach the swarm; the message says what to do about it."""
 
 
+class Service(Protocol):
+    """A part of the node that runs beside membership: the shard overlay, a role's work loop.
+
+    ``run`` is started once the node has joined; it calls ``task_status.started()`` when ready and
+    runs until cancelled. Services register announcement handlers before the node starts.
+    """
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+# (signed message, raw envelope) -> False to drop quietly; raise Rejected to refuse.
+AnnouncementHandler = Callable[[codec.Signed[Any], bytes], bool | None]
+
+
 class Node:
-    def __init__(self, config: NodeConfig, identity: Identity, hardware: Hardware) -> None:
+    def __init__(self, config: NodeConfig, identity: Identity, hardware: Hardware,
+                 services: Sequence[Service] = ()) -> None:
         self.config = config
         self.identity = identity
         self.hardware = hardware
@@ -65,8 +81,12 @@ class Node:
         self.host = build_host(identity)
         self.policy_step: int | None = None
         self.started_at = time.time()
+        self.services = list(services)
+        self.extra_addrs: list[str] = []  # data-plane endpoints (e.g. /ip4/.../tcp/.../http)
         self._own_envelope: bytes | None = None
         self._nursery: trio.Nursery | None = None
+        self._advert_changed = trio.Event()
+        self._announcement_handlers: dict[str, tuple[type[Message], AnnouncementHandler]] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -78,6 +98,10 @@ class Node:
         self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
         topic = members_topic(self.config.run_id)
         install_validator(self.pubsub, topic, (NodeAdvert,), self._on_gossip_advert, self.scores)
+        if self._announcement_handlers:
+            accepted = tuple(cls for cls, _ in self._announcement_handlers.values())
+            install_validator(self.pubsub, announcements_topic(self.config.run_id), accepted,
+                              self._on_announcement, self.scores)
         try:
             async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -86,12 +110,15 @@ class Node:
                     await self.pubsub.wait_until_ready()
                     await nursery.start(serve_control, self.config.control_path, self.snapshot)
                     self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
-                    subscription = await self.pubsub.subscribe(topic)
-                    nursery.start_soon(self._drain, subscription)
+                    nursery.start_soon(self._drain, await self.pubsub.subscribe(topic))
+                    if self._announcement_handlers:
+                        nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
                     self._refresh_own_advert()
                     await self._join()
                     for loop in (self._advertise_loop, self._heartbeat_loop, self._discovery_loop, self._upkeep_loop):
                         nursery.start_soon(loop)
+                    for service in self.services:
+                        await nursery.start(service.run, self)
                     task_status.started(self.addrs())
                     await trio.sleep_forever()
         finally:
@@ -204,12 +231,20 @@ class Node:
             peer_id=self.peer_id,
             run_id=self.config.run_id,
             roles=tuple(dict.fromkeys(self.config.roles)),
-            addrs=tuple(self.addrs()[:16]),
+            addrs=tuple(dict.fromkeys([*self.addrs(), *self.extra_addrs]))[:16],
             hardware=self.hardware,
             throughput_tokens_per_s=None,
             software_version=SOFTWARE_VERSION,
             policy_step=self.policy_step,
         )
+
+    def update_advert(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
+        """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
+        if policy_step is not None:
+            self.policy_step = policy_step
+        if extra_addr is not None and extra_addr not in self.extra_addrs:
+            self.extra_addrs.append(extra_addr)
+        self._advert_changed.set()
 
     def _refresh_own_advert(self) -> bytes:
         self._own_envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=self.config.advert_lifetime_s)
@@ -244,7 +279,9 @@ class Node:
                 except Exception as exc:  # no reachable DHT peers yet: the next round retries
                     log.debug("advert DHT put failed: %s", exc)
             await self._publish_advert()
-            await trio.sleep(self.config.advert_refresh_s)
+            with trio.move_on_after(self.config.advert_refresh_s):
+                await self._advert_changed.wait()
+            self._advert_changed = trio.Event()
 
     async def _publish_advert(self) -> None:
         if self._own_envelope is None:
@@ -264,6 +301,40 @@ class Node:
         """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
         while True:
             await subscription.get()
+
+    # ---- announcements and provider records (used by services) -------------------------------
+
+    def on_announcement(self, cls: type[Message], handler: AnnouncementHandler) -> None:
+        """Accept ``cls`` on the run's announcements topic; call before ``run``."""
+        self._announcement_handlers[cls.TYPE] = (cls, handler)
+
+    def _on_announcement(self, signed: codec.Signed[Any], raw: bytes) -> bool:
+        _, handler = self._announcement_handlers[signed.message.TYPE]
+        return handler(signed, raw) is not False
+
+    async def announce(self, message: Message, lifetime_s: float) -> bytes:
+        """Sign and gossip ``message`` on the announcements topic; returns the envelope."""
+        envelope = codec.encode(message, self.identity, lifetime_s=lifetime_s)
+        await self.pubsub.publish(announcements_topic(self.config.run_id), envelope)
+        return envelope
+
+    async def provide(self, key: str) -> bool:
+        """Announce a provider record for ``key`` (e.g. "I hold shard k of step s")."""
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                return await self.dht.provide(key)
+            except Exception as exc:
+                log.debug("provide %s failed: %s", key, exc)
+        return False
+
+    async def find_providers(self, key: str, count: int = 20) -> list[str]:
+        """Peer ids that announced ``key``; empty on timeout or failure."""
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                return [info.peer_id.to_base58() for info in await self.dht.find_providers(key, count)]
+            except Exception as exc:
+                log.debug("find_providers %s failed: %s", key, exc)
+        return []
 
     # ---- discovery and upkeep --------------------------------------------------------------
 
