@@ -38,6 +38,10 @@ class PeerCache:
                     self._addrs[peer_id] = addrs[:16]
 
     def remember(self, peer_id: str, addrs: list[str]) -> None:
+        """Keep the dialable (``/p2p/``) addresses of a verified advert; others are data-plane URLs."""
+        addrs = [addr for addr in addrs if "/p2p/" in addr]
+        if not addrs:
+            return
         if next(iter(self._addrs), None) == peer_id and self._addrs[peer_id] == addrs:
             return
         self.dirty = True

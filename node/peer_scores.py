@@ -17,15 +17,18 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 # Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. Forged or malformed input is
-# never an accident of an honest peer, a stale message can be.
+# never an accident of an honest peer. A stale or superseded message is: gossip delivers an older
+# advert after a newer one by another path, a relayed message can expire in transit, and a peer
+# can answer with the older advert it holds. Those are counted but cost nothing, or a loaded
+# swarm would ban its honest members.
 PENALTIES: dict[str, float] = {
     "bad_signature": 60.0,
     "signer_mismatch": 60.0,
     "malformed": 25.0,
     "malformed_body": 25.0,
     "oversize": 25.0,
-    "expired": 2.0,
-    "replayed": 2.0,
+    "expired": 0.0,
+    "replayed": 0.0,
     "from_future": 5.0,
     "timeout": 5.0,
 }

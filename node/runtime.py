@@ -269,19 +269,28 @@ class Node:
         return True
 
     async def _advertise_loop(self) -> None:
-        key = advert_key(self.config.run_id, self.peer_id)
+        """Refresh and gossip the advert on a fixed cadence; the DHT store runs beside it.
+
+        The DHT put can take seconds under load; if the cadence waited for it, the refresh period
+        could exceed the advert lifetime and peers would expire a live node.
+        """
+        assert self._nursery is not None
         while True:
             envelope = self._refresh_own_advert()
-            with trio.move_on_after(DHT_TIMEOUT_S):
-                try:
-                    await self.dht.put_value(key, envelope)
-                    await self.dht.provide(run_members_key(self.config.run_id))
-                except Exception as exc:  # no reachable DHT peers yet: the next round retries
-                    log.debug("advert DHT put failed: %s", exc)
             await self._publish_advert()
+            self._nursery.start_soon(self._store_advert, envelope)
             with trio.move_on_after(self.config.advert_refresh_s):
                 await self._advert_changed.wait()
             self._advert_changed = trio.Event()
+
+    async def _store_advert(self, envelope: bytes) -> None:
+        """Put the advert and the run provider record; bounded so that puts never pile up."""
+        with trio.move_on_after(min(DHT_TIMEOUT_S, self.config.advert_refresh_s)):
+            try:
+                await self.dht.put_value(advert_key(self.config.run_id, self.peer_id), envelope)
+                await self.dht.provide(run_members_key(self.config.run_id))
+            except Exception as exc:  # no reachable DHT peers yet: the next round retries
+                log.debug("advert DHT put failed: %s", exc)
 
     async def _publish_advert(self) -> None:
         if self._own_envelope is None:
@@ -367,7 +376,7 @@ class Node:
             if peer_id == self.peer_id or peer_id in connected or self.scores.is_banned(peer_id):
                 continue
             for addr in member.advert.addrs:
-                if await self._connect_and_exchange(addr):
+                if "/p2p/" in addr and await self._connect_and_exchange(addr):
                     connected.add(peer_id)
                     break
 
@@ -381,11 +390,17 @@ class Node:
                 self.peer_cache.save()
 
     def _on_ban(self, peer_id: str) -> None:
+        """Drop a banned peer's gossip and connection.
+
+        Not ``Pubsub.add_to_blacklist``: in libp2p 0.8.1 its teardown races the dead-peer handler
+        (KeyError in ``_teardown_if_connected``) and takes the pubsub service, and the node, down.
+        Adding to the blacklist set and closing the connection reaches the same state safely.
+        """
         try:
             peer = ID.from_base58(peer_id)
         except ValueError:
             return
-        self.pubsub.add_to_blacklist(peer)
+        self.pubsub.blacklisted_peers.add(peer)
         if self._nursery is not None:
             self._nursery.start_soon(self._disconnect, peer)
 

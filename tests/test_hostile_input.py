@@ -185,14 +185,22 @@ async def test_forged_oversize_and_misplaced_dht_values_are_not_stored(target):
     assert target.process.poll() is None
 
 
-async def test_repeat_offender_is_banned(target):
+async def test_repeat_offender_is_banned_and_cut_off(target):
     async def action(attacker):
-        for _ in range(3):
-            bad = attacker.advert()
-            await attacker.send_members_request(frame(bad[:-1] + bytes([bad[-1] ^ 1])))
+        bad = attacker.advert()
+        forged = frame(bad[:-1] + bytes([bad[-1] ^ 1]))
+        for _ in range(2):  # two forgeries cost more than the ban threshold
+            await attacker.send_members_request(forged)
         with trio.fail_after(10):
             while attacker.identity.peer_id not in target.status()["banned"]:
                 await trio.sleep(0.2)
+        before = rejections(target).get("bad_signature", 0)
+        with trio.move_on_after(5):  # a banned peer's streams are not even read
+            try:
+                await attacker.send_members_request(forged)
+            except Exception:
+                pass
+        assert rejections(target).get("bad_signature", 0) == before
 
     await attack(target.addr, action)
     assert target.process.poll() is None

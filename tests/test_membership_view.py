@@ -69,7 +69,16 @@ def test_penalties_ban_at_threshold_and_decay():
     assert not scores.is_banned("p")
     scores.reject("p", "bad_signature")
     assert scores.is_banned("p") and banned == ["p"]
-    scores.reject("q", "expired")
-    assert scores.penalty("q", now=scores._penalty["q"][1] + 10) == pytest.approx(1.0)
+    scores.reject("q", "timeout")
+    assert scores.penalty("q", now=scores._penalty["q"][1] + 10) == pytest.approx(2.5)
     scores.reject(None, "malformed")
     assert scores.rejections["malformed"] == 1
+
+
+def test_stale_messages_from_honest_relays_are_counted_but_never_ban():
+    scores = PeerScores(ban_threshold=100)
+    for _ in range(1000):
+        scores.reject("relay", "expired")
+        scores.reject("relay", "replayed")
+    assert not scores.is_banned("relay")
+    assert scores.rejections == {"expired": 1000, "replayed": 1000}
