@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from node.config import ConfigError, NodeConfig, load_config
+from node.shards.config import ShardConfig, ShardConfigError, load_shard_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -35,7 +36,7 @@ def _config(**flags: Any) -> NodeConfig:
         raise typer.Exit(2) from None
 
 
-def _run(config: NodeConfig, announce: bool) -> None:
+def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None) -> None:
     from node.control import NodeAlreadyRunning
     from node.runtime import JoinError
     from node.service import run_node, setup_logging
@@ -48,7 +49,7 @@ def _run(config: NodeConfig, announce: bool) -> None:
                 print(addr, flush=True)
 
     try:
-        run_node(config, on_ready)
+        run_node(config, on_ready, shards)
     except (JoinError, NodeAlreadyRunning) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -84,6 +85,8 @@ def join(
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
     new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
+    trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
+    publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -92,7 +95,12 @@ def join(
         raise typer.Exit(2)
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
-    _run(cfg, announce=True)
+    try:
+        shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir})
+    except ShardConfigError as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    _run(cfg, announce=True, shards=shards)
 
 
 def _format_hardware(hw: dict[str, Any]) -> str:

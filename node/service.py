@@ -13,6 +13,7 @@ from crypto.identity import load_or_create_identity
 from node.config import NodeConfig
 from node.hardware import detect_hardware
 from node.host import quiet_libp2p_logs
+from node.shards.config import ShardConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +35,21 @@ async def _until_signal(cancel: Callable[[], None]) -> None:
             return
 
 
-def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None]) -> None:
-    """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs."""
+def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None) -> None:
+    """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs.
+
+    With ``shards`` the node also runs the weight broadcast overlay (node.shards).
+    """
     from node.runtime import Node  # libp2p is imported only by commands that run a node
+    from node.shards.service import ShardService
 
     config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     identity, created = load_or_create_identity(config.key_path)
     if created:
         log.info("created a new identity %s at %s", identity.peer_id, config.key_path)
     node = Node(config, identity, detect_hardware(config.home))
+    if shards is not None:
+        node.services.append(ShardService(node, shards))  # registers its gossip handlers first
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

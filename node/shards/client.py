@@ -1,0 +1,128 @@
+"""The shard client: one HTTP request per connection, heads checked by h11, bodies into a sink.
+
+Everything a server says is checked against what was asked: status, Content-Length and
+Content-Range must match the requested range exactly, or the answer is rejected (``malformed``)
+before a body byte is read. Integrity is not the transport's job: the sink hashes every byte and
+the fetcher compares the hash with the signed manifest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import h11
+import trio
+
+from crypto.identity import Identity
+from node.shards.config import MIB
+from node.shards.http import PEER_HEADER, ProgressWindow, header, read_head, recv_body, sign_request
+from protocol.errors import MalformedBody, Oversize, Stalled
+
+BODY_BUFFER = 1 * MIB
+_CONTENT_RANGE = re.compile(rb"bytes ([0-9]{1,15})-([0-9]{1,15})/([0-9]{1,15})")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A peer's shard server, from an advertised /ip4/<host>/tcp/<port>/http multiaddr."""
+
+    peer_id: str
+    host: str
+    port: int
+
+
+class HttpStatus(Exception):
+    """The server answered with a status other than the one asked for; ``body`` is its reason."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status, self.body = status, body
+
+
+class ShardClient:
+    def __init__(self, identity: Identity, stall_s: float) -> None:
+        self.identity = identity
+        self.stall_s = stall_s
+        self._buffers: list[bytearray] = []
+
+    async def _request(self, endpoint: Endpoint, target: str,
+                       extra: list[tuple[str, str]]) -> tuple[trio.SocketStream, h11.Response, bytes]:
+        with trio.move_on_after(self.stall_s):
+            stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+            handed_over = False
+            try:
+                headers = [("host", f"{endpoint.host}:{endpoint.port}"), *extra,
+                           (PEER_HEADER.decode(), sign_request(self.identity, endpoint.peer_id, target).decode())]
+                conn = h11.Connection(h11.CLIENT)
+                await stream.send_all(conn.send(h11.Request(method="GET", target=target, headers=headers)))
+                head, rest = await read_head(stream.socket, self.stall_s)
+                conn.receive_data(head)
+                event = conn.next_event()
+                if not isinstance(event, h11.Response):
+                    raise MalformedBody(f"not an HTTP response head: {type(event).__name__}")
+                handed_over = True
+                return stream, event, rest
+            except h11.RemoteProtocolError as exc:
+                raise MalformedBody(f"bad HTTP response: {exc}") from None
+            finally:
+                if not handed_over:
+                    await stream.aclose()
+        raise Stalled(f"no answer from {endpoint.peer_id} within {self.stall_s:g} s")
+
+    async def get(self, endpoint: Endpoint, target: str, limit: int, timeout_s: float | None = None) -> bytes:
+        """A small body (manifest, have map); HttpStatus for anything but 200."""
+        stream, response, rest = await self._request(endpoint, target, [])
+        try:
+            length = _content_length(response, limit)
+            chunks: list[bytes] = []
+            with trio.CancelScope() as scope:
+                window = ProgressWindow(scope, timeout_s or self.stall_s, 1)
+                await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
+                                bytearray(min(length, 1 << 16) or 1), window)
+            if scope.cancelled_caught:
+                raise Stalled(f"body from {endpoint.peer_id} stalled")
+            body = b"".join(chunks)
+        finally:
+            await stream.aclose()
+        if response.status_code != 200:
+            raise HttpStatus(response.status_code, body)
+        return body
+
+    async def get_range(self, endpoint: Endpoint, target: str, start: int, end: int,
+                        sink: Callable[[memoryview], None], min_bytes_per_window: int = MIB) -> None:
+        """Bytes [start, end) of ``target`` into ``sink``; Truncated, Stalled, MalformedBody, HttpStatus."""
+        stream, response, rest = await self._request(endpoint, target, [("range", f"bytes={start}-{end - 1}")])
+        buffer = self._buffers.pop() if self._buffers else bytearray(BODY_BUFFER)
+        try:
+            if response.status_code != 206:
+                length = _content_length(response, 1 << 16)
+                chunks: list[bytes] = []
+                with trio.move_on_after(self.stall_s) as scope:
+                    window = ProgressWindow(scope, self.stall_s, 1)
+                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)), buffer, window)
+                raise HttpStatus(response.status_code, b"".join(chunks))
+            length = _content_length(response, end - start)
+            content_range = header(response.headers, b"content-range")
+            match = _CONTENT_RANGE.fullmatch(content_range or b"")
+            if length != end - start or match is None or (int(match[1]), int(match[2])) != (start, end - 1):
+                raise MalformedBody(f"asked for bytes {start}-{end - 1}, got {content_range!r} ({length} bytes)")
+            with trio.CancelScope() as scope:
+                window = ProgressWindow(scope, self.stall_s, min_bytes_per_window)
+                await recv_body(stream.socket, rest, length, sink, buffer, window)
+            if scope.cancelled_caught:
+                raise Stalled(f"{endpoint.peer_id} sent under {min_bytes_per_window} bytes in {self.stall_s:g} s")
+        finally:
+            self._buffers.append(buffer)
+            await stream.aclose()
+
+
+def _content_length(response: h11.Response, limit: int) -> int:
+    value = header(response.headers, b"content-length")
+    if value is None or not value.isdigit() or len(value) > 15:
+        raise MalformedBody("response without a usable Content-Length")
+    length = int(value)
+    if length > limit:
+        raise Oversize(f"{length}-byte body, at most {limit} expected")
+    return length

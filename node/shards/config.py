@@ -1,0 +1,92 @@
+"""Settings of the weight broadcast overlay: defaults < environment (INTELLECT_NODE_SHARDS_*) < flags.
+
+They live apart from ``node.config.NodeConfig`` (whose TOML loader refuses unknown keys) so that
+the overlay can be configured without touching the node's own settings; the CLI passes the flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.messages import PEER_ID_PATTERN
+
+ENV_PREFIX = "INTELLECT_NODE_SHARDS_"
+MIB = 1 << 20
+
+
+class ShardConfigError(ValueError):
+    """A setting that cannot be used; the message names it and where it came from."""
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    data_dir: Path  # <home>/shards: nothing is ever written outside it
+    trainer: str | None = None  # the peer id allowed to sign this run's manifests
+    publish_dir: Path | None = None  # trainer: new step-<N>.safetensors files here are published
+    shard_size: int = 64 * MIB
+    keep_steps: int = 3  # async window (2) + 1
+    http_port: int = 0  # 0: any free port (it is advertised, so peers find it either way)
+    public_host: str | None = None  # host to advertise; default: the libp2p listen host
+    max_uploads: int = 8  # concurrent shard uploads in total
+    max_uploads_per_peer: int = 2
+    peer_rate_mib_s: float = 0.0  # per-peer upload rate limit; 0: none
+    max_downloads: int = 4  # concurrent shard downloads per checkpoint
+    stall_s: float = 10.0  # a transfer with no progress for this long is cut and charged
+    manifest_lifetime_s: float = 86400.0
+    reannounce_s: float = 30.0  # the trainer repeats its newest manifest for late joiners
+    discovery_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.trainer is not None and not re.fullmatch(PEER_ID_PATTERN, self.trainer):
+            raise ShardConfigError(f"trainer: {self.trainer!r} is not a peer id (12D3KooW...)")
+        if not 1 << 16 <= self.shard_size <= 1 << 30:
+            raise ShardConfigError(f"shard_size: {self.shard_size} outside [64 KiB, 1 GiB]")
+        for name in ("keep_steps", "max_uploads", "max_uploads_per_peer", "max_downloads"):
+            if getattr(self, name) < 1:
+                raise ShardConfigError(f"{name}: must be at least 1")
+        if not 0 <= self.http_port <= 65535:
+            raise ShardConfigError(f"http_port: {self.http_port} is not a port")
+
+    @property
+    def is_publisher(self) -> bool:
+        return self.publish_dir is not None
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ShardConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = str(_FIELDS[name].type)
+    if kind in ("Path", "Path | None"):
+        return Path(value).expanduser()
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float(value)
+    return str(value)
+
+
+def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ShardConfig:
+    """Merge environment and flags (None = not given) over the defaults; data always under ``home``."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        if name == "data_dir":
+            continue
+        raw = flags.get(name)
+        source = "command line"
+        if raw is None and ENV_PREFIX + name.upper() in environ:
+            raw, source = environ[ENV_PREFIX + name.upper()], "environment"
+        if raw is None:
+            continue
+        try:
+            values[name] = _coerce(name, raw)
+        except (TypeError, ValueError) as exc:
+            raise ShardConfigError(f"{name} from {source}: {exc}") from None
+    return ShardConfig(data_dir=home / "shards", **values)

@@ -1,0 +1,315 @@
+"""The shard server: verified byte ranges of held checkpoints over HTTP, with upload limits.
+
+Routes (specs/shardcast.md section 4):
+
+    GET /ina/v1/<run>/manifest                          newest manifest envelope held
+    GET /ina/v1/<run>/<step>/manifest                   that step's manifest envelope
+    GET /ina/v1/<run>/<step>/have?after=<v>&wait=<s>    which shards are verified (long-poll)
+    GET /ina/v1/<run>/<step>/checkpoint.safetensors     Range: bytes=a-b, only verified shards
+
+Limits: ``max_uploads`` concurrent bodies in total (503), ``max_uploads_per_peer`` per peer and a
+per-peer token bucket on requests and on bytes (429). A checkpoint this node published is served
+in seed mode: a shard that is being uploaded, or was uploaded more often than the least uploaded
+one, is refused with 409 and a list of shards to take instead, so the origin sends about one copy
+and the fetchers spread the rest among themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import h11
+import numpy as np
+import trio
+
+from node.peer_scores import PeerScores
+from node.shards.config import MIB, ShardConfig
+from node.shards.http import (
+    PEER_HEADER,
+    BadRequestAuth,
+    ProgressWindow,
+    header,
+    read_head,
+    response_head,
+    verify_request,
+)
+from node.shards.store import Checkpoint, ShardStore
+from protocol.errors import Rejected
+
+log = logging.getLogger(__name__)
+HEAD_TIMEOUT_S = 5.0
+MAX_HAVE_WAIT_S = 30.0
+SENDFILE_CHUNK = 4 * MIB
+SEED_HOLD_S = 5.0
+REQUESTS_PER_PEER_S = 50.0  # have long-polls and shard requests together; a burst of twice that
+_ROUTE = re.compile(r"/ina/v1/(?P<run>[a-z0-9][a-z0-9._-]{0,63})(?:/(?P<step>[0-9]{1,12}))?/"
+                    r"(?P<what>manifest|have|checkpoint\.safetensors)(?:\?(?P<query>[a-z0-9=&]{1,64}))?")
+_RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
+_QUERY_PARAM = re.compile(r"(after|wait)=([0-9]{1,12})")
+
+
+def pack_bits(flags: bytearray) -> str:
+    """One bit per shard, most significant first, as hex: compact for long-poll answers."""
+    return np.packbits(np.frombuffer(bytes(flags), dtype=np.uint8)).tobytes().hex()
+
+
+def unpack_bits(text: str, count: int) -> bytearray:
+    """The inverse of ``pack_bits``; ValueError if ``text`` does not hold ``count`` bits."""
+    raw = bytes.fromhex(text)
+    if len(raw) != (count + 7) // 8:
+        raise ValueError(f"{len(raw)} bytes of bits for {count} shards")
+    return bytearray(np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:count].tobytes())
+
+
+@dataclass
+class _Bucket:
+    rate: float
+    burst: float
+    tokens: float
+    at: float = field(default_factory=time.monotonic)
+
+    def take(self, amount: float) -> float:
+        """Take ``amount`` tokens; the seconds to wait before they are covered (0 if at once)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= amount
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+@dataclass
+class UploadStats:
+    bytes: int = 0
+    shards: int = 0
+    refused: int = 0  # 409, 429 and 503 answers
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
+
+class ShardServer:
+    def __init__(self, store: ShardStore, config: ShardConfig, own_peer_id: str, scores: PeerScores,
+                 on_upload: Callable[[], None] = lambda: None) -> None:
+        self.store, self.config, self.own_peer_id, self.scores = store, config, own_peer_id, scores
+        self.on_upload = on_upload
+        self.stats = UploadStats()
+        self.active = 0
+        self._active_per_peer: dict[str, int] = {}
+        self._requests: dict[str, _Bucket] = {}
+        self._bytes: dict[str, _Bucket] = {}
+
+    async def serve(self, host: str, port: int, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on host:port until cancelled; reports the bound port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with trio.open_nursery() as nursery:
+            task_status.started(listeners[0].socket.getsockname()[1])
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        sock = stream.socket
+        try:
+            try:
+                head, _ = await read_head(sock, HEAD_TIMEOUT_S)
+                conn = h11.Connection(h11.SERVER)
+                conn.receive_data(head)
+                request = conn.next_event()
+                if not isinstance(request, h11.Request) or not isinstance(conn.next_event(), h11.EndOfMessage):
+                    raise _HttpError(400, "a GET without a body, please")
+                await self._route(stream, request)
+            except Rejected as exc:
+                self.scores.rejections[f"http_{exc.reason}"] += 1
+            except h11.RemoteProtocolError as exc:
+                self.scores.rejections["http_bad_request"] += 1
+                await _send_error(stream, _HttpError(400, f"bad request: {exc}"))
+            except _HttpError as exc:
+                if exc.status in (409, 429, 503):
+                    self.stats.refused += 1
+                await _send_error(stream, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the client went away; nothing to clean up beyond closing
+        finally:
+            await stream.aclose()
+
+    def _peer_key(self, request: h11.Request, stream: trio.SocketStream) -> str:
+        value = header(request.headers, PEER_HEADER)
+        if value is not None:
+            try:
+                return verify_request(value, self.own_peer_id, request.target.decode("ascii"))
+            except BadRequestAuth as exc:
+                self.scores.rejections["http_bad_auth"] += 1
+                raise _HttpError(401, str(exc)) from None
+        return "addr:" + str(stream.socket.getpeername()[0])
+
+    async def _route(self, stream: trio.SocketStream, request: h11.Request) -> None:
+        if request.method != b"GET":
+            raise _HttpError(405, "only GET")
+        match = _ROUTE.fullmatch(request.target.decode("ascii", "replace"))
+        if match is None:
+            self.scores.rejections["http_bad_path"] += 1
+            raise _HttpError(404, "no such resource")
+        peer = self._peer_key(request, stream)
+        bucket = self._requests.setdefault(peer, _Bucket(REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S))
+        if bucket.take(1) > 0:
+            raise _HttpError(429, "too many requests", retry_after=1.0)
+        if match["run"] != self.store.root.name:
+            raise _HttpError(404, "unknown run")
+        what, step = match["what"], match["step"]
+        if step is None:
+            if what != "manifest" or not self.store.checkpoints:
+                raise _HttpError(404, "no manifest held")
+            newest = self.store.checkpoints[max(self.store.checkpoints)]
+            await _send_small(stream, 200, newest.envelope, "application/octet-stream")
+            return
+        checkpoint = self.store.checkpoints.get(int(step))
+        if what == "have":
+            await self._have(stream, checkpoint, _parse_query(match["query"]))
+            return
+        if checkpoint is None:
+            raise _HttpError(404, "step not held")
+        if what == "manifest":
+            await _send_small(stream, 200, checkpoint.envelope, "application/octet-stream")
+        else:
+            await self._send_range(stream, request, checkpoint, peer)
+
+    async def _have(self, stream: trio.SocketStream, checkpoint: Checkpoint | None,
+                    query: dict[str, int]) -> None:
+        if checkpoint is None:
+            raise _HttpError(404, "step not held")
+        with trio.move_on_after(min(query.get("wait", 0), MAX_HAVE_WAIT_S)):
+            while checkpoint.version <= query.get("after", -1):
+                await checkpoint.changed.wait()
+        body = json.dumps({"version": checkpoint.version, "shards": checkpoint.manifest.shard_count,
+                           "verified": pack_bits(checkpoint.verified)}).encode()
+        await _send_small(stream, 200, body, "application/json")
+
+    async def _send_range(self, stream: trio.SocketStream, request: h11.Request,
+                          checkpoint: Checkpoint, peer: str) -> None:
+        total = checkpoint.manifest.total_size
+        value = header(request.headers, b"range")
+        if value is None:
+            start, end = 0, total - 1
+        else:
+            match = _RANGE.fullmatch(value)
+            if match is None:
+                raise _HttpError(416, "one range bytes=a-b only")
+            start, end = int(match[1]), int(match[2])
+            if not start <= end < total:
+                raise _HttpError(416, f"range outside 0-{total - 1}")
+        if not checkpoint.range_verified(start, end + 1):
+            raise _HttpError(404, "range not verified here")
+        size = checkpoint.manifest.shard_size
+        shards = range(start // size, end // size + 1)
+        if checkpoint.origin:
+            self._seed_check(checkpoint, shards)
+        if self.active >= self.config.max_uploads:
+            raise _HttpError(503, "upload slots full", retry_after=1.0)
+        if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
+            raise _HttpError(429, "too many uploads to this peer", retry_after=1.0)
+        fd = os.open(checkpoint.data_path, os.O_RDONLY)
+        self.active += 1
+        self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+        for index in shards:
+            checkpoint.uploads[index] += 1
+            checkpoint.uploading[index] += 1
+        sent_all = False
+        try:
+            status = 206 if value is not None else 200
+            headers = [("content-type", "application/octet-stream"), ("content-length", str(end - start + 1))]
+            if value is not None:
+                headers.append(("content-range", f"bytes {start}-{end}/{total}"))
+            await stream.send_all(response_head(status, headers))
+            await self._sendfile(stream.socket, fd, start, end + 1 - start, peer)
+            sent_all = True
+            self.stats.shards += len(shards)
+        finally:
+            os.close(fd)
+            self.active -= 1
+            self._active_per_peer[peer] -= 1
+            if not self._active_per_peer[peer]:
+                del self._active_per_peer[peer]
+            for index in shards:
+                checkpoint.uploading[index] -= 1
+                checkpoint.uploaded_at[index] = time.monotonic()
+                if not sent_all:
+                    checkpoint.uploads[index] -= 1  # it did not arrive; it may be handed out again
+            self.on_upload()
+
+    def _seed_check(self, checkpoint: Checkpoint, shards: range) -> None:
+        """Seed mode: one copy of each shard first, and a while for peers to pass it on.
+
+        A shard already on its way to someone is refused; so is one handed out more often than
+        the least handed-out shard, until ``seed_hold_s`` after its last upload (its holder may
+        have died: then the origin serves it again rather than leave the swarm stuck).
+        """
+        least = min(checkpoint.uploads)
+        now = time.monotonic()
+        hold = max(SEED_HOLD_S, self.config.stall_s)
+        if all(checkpoint.uploading[i] == 0 and (checkpoint.uploads[i] <= least or now - checkpoint.uploaded_at[i] > hold)
+               for i in shards):
+            return
+        suggest = [i for i, count in enumerate(checkpoint.uploads) if count == least and not checkpoint.uploading[i]]
+        raise _HttpError(409, json.dumps({"suggest": suggest[:64]}))
+
+    async def _sendfile(self, sock: trio.socket.SocketType, fd: int, offset: int, count: int, peer: str) -> None:
+        """Zero-copy body; cut when the reader stops taking data (slow readers hold a slot)."""
+        rate = self.config.peer_rate_mib_s * MIB
+        bucket = self._bytes.setdefault(peer, _Bucket(rate, rate, rate)) if rate > 0 else None
+        with trio.CancelScope() as scope:
+            window = ProgressWindow(scope, self.config.stall_s, MIB)
+            while count:
+                chunk = min(count, SENDFILE_CHUNK if bucket is None else max(1, int(bucket.rate / 10)))
+                if bucket is not None:
+                    delay = bucket.take(chunk)
+                    if delay:
+                        await trio.sleep(delay)
+                        window.moved(0)
+                try:
+                    sent = os.sendfile(sock.fileno(), fd, offset, chunk)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sock)
+                    continue
+                if sent == 0:
+                    raise trio.BrokenResourceError("peer closed the connection")
+                offset += sent
+                count -= sent
+                self.stats.bytes += sent
+                window.moved(sent)
+                await trio.lowlevel.checkpoint()
+        if scope.cancelled_caught:
+            self.scores.rejections["upload_stalled"] += 1
+            raise trio.BrokenResourceError("reader stalled")
+
+
+def _parse_query(query: str | None) -> dict[str, int]:
+    params: dict[str, int] = {}
+    for part in (query or "").split("&"):
+        match = _QUERY_PARAM.fullmatch(part)
+        if match is None or match[1] in params:
+            raise _HttpError(400, "query takes after=<int> and wait=<int> once each")
+        params[match[1]] = int(match[2])
+    return params if query else {}
+
+
+async def _send_small(stream: trio.SocketStream, status: int, body: bytes, kind: str) -> None:
+    head = response_head(status, [("content-type", kind), ("content-length", str(len(body)))])
+    await stream.send_all(head + body)
+
+
+async def _send_error(stream: trio.SocketStream, error: _HttpError) -> None:
+    body = str(error).encode()
+    headers = [("content-type", "text/plain"), ("content-length", str(len(body)))]
+    if error.retry_after is not None:
+        headers.append(("retry-after", str(int(error.retry_after + 0.999))))
+    try:
+        await stream.send_all(response_head(error.status, headers) + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass

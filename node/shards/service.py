@@ -1,0 +1,385 @@
+"""The weight broadcast overlay as a node ``Service``: publish, learn, fetch, serve, retain.
+
+- The trainer (``publish_dir`` set) turns each ``step-<N>.safetensors`` dropped there into a held
+  checkpoint, signs its manifest, gossips it and provides it in the DHT.
+- Every node accepts manifests signed by the run's trainer only (``unauthorized_signer``), from
+  gossip, from a peer's HTTP server when a member advertises a newer step, or on restart from
+  disk; fetches each new step (``fetcher``), serves every verified shard (``server``), provides a
+  DHT record per (step, shard), keeps the newest ``keep_steps`` and advertises the newest complete
+  step as its ``policy_step``.
+- A bad shard is reported on gossip as a signed ``ShardComplaint``.
+
+``<data_dir>/status.json`` (replaced atomically) tells operators and tests what the node holds,
+fetched and uploaded, and the complaints it made and heard.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.shards.checkpoint import CheckpointFormatError, build_manifest
+from node.shards.client import HttpStatus, ShardClient
+from node.shards.config import ShardConfig
+from node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
+from node.shards.progress import CheckpointProgress
+from node.shards.server import ShardServer
+from node.shards.store import Checkpoint, InsufficientDisk, ShardStore
+from protocol import codec
+from protocol.errors import InvalidValue, Rejected
+from protocol.manifest import CheckpointManifest, ShardComplaint, UnauthorizedSigner, manifest_key, shard_key
+
+if TYPE_CHECKING:
+    from node.runtime import Node
+
+log = logging.getLogger(__name__)
+PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
+PUBLISH_POLL_S = 0.5
+STATUS_EVERY_S = 0.5
+PROVIDE_WORKERS = 2
+MAX_COMPLAINTS_KEPT = 100
+
+
+class ShardService:
+    def __init__(self, node: Node, config: ShardConfig) -> None:
+        self.node = node
+        self.config = config
+        self.run_id = node.config.run_id
+        self.trainer = config.trainer or (node.peer_id if config.is_publisher else None)
+        self.store = ShardStore(config.data_dir, self.run_id)
+        self.book = PeerBook()
+        self.client = ShardClient(node.identity, config.stall_s)
+        self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self._dirty)
+        self.progress = CheckpointProgress()
+        self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0}
+        self.complaints_made: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
+        self.complaints_heard: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
+        self.http_addr: str | None = None
+        self._fetches: dict[int, trio.CancelScope] = {}
+        self._incoming_send, self._incoming = trio.open_memory_channel[tuple[codec.Signed[CheckpointManifest], bytes]](64)
+        self._provide_send, self._provide_queue = trio.open_memory_channel[str](100_000)
+        self._nursery: trio.Nursery | None = None
+        self._status_dirty = True
+        if self.trainer is None:
+            log.warning("no trainer peer id configured (--trainer): this node accepts no checkpoint manifests")
+        node.on_announcement(CheckpointManifest, self._on_manifest_gossip)
+        node.on_announcement(ShardComplaint, self._on_complaint)
+
+    # ---- checking manifests ----------------------------------------------------------------
+
+    def _authorize(self, signed: codec.Signed[CheckpointManifest]) -> None:
+        if signed.message.run_id != self.run_id:
+            raise InvalidValue(f"manifest for run {signed.message.run_id!r}, this node is in {self.run_id!r}")
+        if signed.signer_peer_id != self.trainer:
+            raise UnauthorizedSigner(f"manifest signed by {signed.signer_peer_id}, not this run's trainer")
+
+    def decode_manifest(self, envelope: bytes) -> codec.Signed[CheckpointManifest]:
+        """A manifest envelope from anywhere (peer, disk), fully checked, or ``Rejected``."""
+        signed = codec.decode(envelope, CheckpointManifest)
+        self._authorize(signed)
+        return signed
+
+    def _on_manifest_gossip(self, signed: codec.Signed[CheckpointManifest], raw: bytes) -> bool:
+        self._authorize(signed)
+        try:
+            self._incoming_send.send_nowait((signed, raw))
+        except trio.WouldBlock:
+            log.warning("manifest queue full; step %d will be found by discovery", signed.message.step)
+        return True
+
+    def _on_complaint(self, signed: codec.Signed[ShardComplaint], raw: bytes) -> bool:
+        complaint = signed.message
+        if complaint.run_id != self.run_id:
+            raise InvalidValue(f"complaint for run {complaint.run_id!r}")
+        record = self.book.peers.get(complaint.accused)
+        if record is not None:
+            record.complaints += 1
+        self.complaints_heard.append({"reporter": signed.signer_peer_id, "accused": complaint.accused,
+                                      "step": complaint.step, "shard": complaint.shard})
+        self._dirty()
+        return True
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        resumed = await trio.to_thread.run_sync(self.store.reopen, self.decode_manifest)
+        self.counters["resumed_shards"] = sum(resumed)
+        host = self._listen_host()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            port = await nursery.start(self.server.serve, host, self.config.http_port)
+            self.http_addr = f"/ip4/{self.config.public_host or host}/tcp/{port}/http"
+            newest = self.store.newest_complete()
+            node.update_advert(extra_addr=self.http_addr, policy_step=newest.step if newest else None)
+            for _ in range(PROVIDE_WORKERS):
+                nursery.start_soon(self._provide_worker)
+            for checkpoint in list(self.store.checkpoints.values()):
+                self._provide_held(checkpoint)
+                if not checkpoint.complete:
+                    await nursery.start(self._fetch, checkpoint)
+            nursery.start_soon(self._intake_loop)
+            nursery.start_soon(self._discovery_loop)
+            nursery.start_soon(self._status_loop)
+            if self.config.publish_dir is not None:
+                nursery.start_soon(self._publish_loop)
+            log.info("shard overlay serving on %s (data in %s)", self.http_addr, self.store.root)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _listen_host(self) -> str:
+        """The HTTP server listens where libp2p does (127.0.0.1 in tests, 0.0.0.0 in production)."""
+        for addr in self.node.config.listen:
+            match = re.fullmatch(r"/ip4/([0-9.]+)/tcp/[0-9]+", addr)
+            if match:
+                return match[1]
+        return "0.0.0.0"
+
+    # ---- new manifests ---------------------------------------------------------------------
+
+    async def _intake_loop(self) -> None:
+        async for signed, envelope in self._incoming:
+            await self._accept(signed, envelope)
+
+    async def _accept(self, signed: codec.Signed[CheckpointManifest], envelope: bytes) -> None:
+        manifest = signed.message
+        held = self.store.checkpoints.get(manifest.step)
+        if held is not None:
+            if held.manifest.checkpoint_hash != manifest.checkpoint_hash:
+                log.warning("trainer signed two different manifests for step %d; keeping the first", manifest.step)
+            elif signed.envelope.expiry_ms > _expiry_ms(held.envelope):
+                self.store.replace_envelope(held, envelope)  # serve the copy that lasts longest
+            return
+        steps = sorted(self.store.checkpoints)
+        if len(steps) >= self.config.keep_steps and manifest.step < steps[-self.config.keep_steps]:
+            return  # older than everything we keep
+        try:
+            checkpoint = await trio.to_thread.run_sync(self.store.begin, signed, envelope)
+        except InsufficientDisk as exc:
+            log.error("cannot fetch: %s", exc)
+            return
+        self._retain()
+        if manifest.step in self.store.checkpoints:
+            self._queue_provide(manifest_key(self.run_id, manifest.step))
+            assert self._nursery is not None
+            await self._nursery.start(self._fetch, checkpoint)
+
+    async def _fetch(self, checkpoint: Checkpoint, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        step = checkpoint.step
+        with trio.CancelScope() as scope:
+            self._fetches[step] = scope
+            task_status.started()
+            self.progress.start(step, checkpoint.manifest.total_size,
+                                checkpoint.verified_count * checkpoint.manifest.shard_size)
+            fetch = CheckpointFetch(checkpoint, self.store, self.book, self.client, self.config, self.node.scores,
+                                    self, self.node.peer_id, self.trainer or "", self._providers_of(step))
+            try:
+                await fetch.run()
+            finally:
+                self.progress.finish(step, checkpoint.complete)
+                self._fetches.pop(step, None)
+            log.info("step %d verified and complete (%d shards)", step, checkpoint.manifest.shard_count)
+            self._retain()
+            newest = self.store.newest_complete()
+            if newest is not None:
+                self.node.update_advert(policy_step=newest.step)
+            self._dirty()
+
+    def _providers_of(self, step: int) -> Any:
+        async def find(shard: int) -> list[str]:
+            return await self.node.find_providers(shard_key(self.run_id, step, shard))
+        return find
+
+    def _retain(self) -> None:
+        """Keep the newest ``keep_steps`` steps (complete or not): cancel and delete the rest."""
+        steps = sorted(self.store.checkpoints)
+        for step in steps[: max(0, len(steps) - self.config.keep_steps)]:
+            scope = self._fetches.pop(step, None)
+            if scope is not None:
+                scope.cancel()
+        for step in self.store.prune(self.config.keep_steps):
+            log.info("dropped step %d (keeping the newest %d)", step, self.config.keep_steps)
+
+    # ---- fetch events (called by CheckpointFetch) -------------------------------------------
+
+    def verified(self, checkpoint: Checkpoint, shard: int, peer_id: str, nbytes: int) -> None:
+        self.counters["fetched_bytes"] += nbytes
+        self.counters["fetched_shards"] += 1
+        self.progress.advance(checkpoint.step, nbytes, peer_id)
+        self._queue_provide(shard_key(self.run_id, checkpoint.step, shard))
+        self._dirty()
+
+    def bad_shard(self, checkpoint: Checkpoint, shard: int, peer_id: str, digest: bytes) -> None:
+        self.counters["bad_shards"] += 1
+        complaint = ShardComplaint(run_id=self.run_id, step=checkpoint.step,
+                                   checkpoint_hash=checkpoint.manifest.checkpoint_hash, shard=shard,
+                                   accused=peer_id, received_hash=digest)
+        self.complaints_made.append({"accused": peer_id, "step": checkpoint.step, "shard": shard})
+        log.warning("peer %s served a bad shard %d of step %d; complaining", peer_id, shard, checkpoint.step)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._complain, complaint)
+        self._dirty()
+
+    async def _complain(self, complaint: ShardComplaint) -> None:
+        try:
+            await self.node.announce(complaint, lifetime_s=ShardComplaint.MAX_LIFETIME_S)
+        except Exception as exc:  # gossip not ready or no peers: the local penalty still stands
+            log.info("complaint could not be published: %s", exc)
+
+    # ---- provider records ------------------------------------------------------------------
+
+    def _provide_held(self, checkpoint: Checkpoint) -> None:
+        self._queue_provide(manifest_key(self.run_id, checkpoint.step))
+        for index, mark in enumerate(checkpoint.verified):
+            if mark:
+                self._queue_provide(shard_key(self.run_id, checkpoint.step, index))
+
+    def _queue_provide(self, key: str) -> None:
+        try:
+            self._provide_send.send_nowait(key)
+        except trio.WouldBlock:
+            log.debug("provide queue full, skipping %s", key)
+
+    async def _provide_worker(self) -> None:
+        async for key in self._provide_queue:
+            await self.node.provide(key)
+
+    # ---- discovery: members that advertise a newer step --------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            known = max(self.store.checkpoints, default=-1)
+            newer = []
+            for member in self.node.view.members():
+                advert = member.advert
+                if advert.peer_id == self.node.peer_id:
+                    continue
+                self.book.learn(advert.peer_id, advert.addrs)
+                if advert.policy_step is not None and advert.policy_step > known:
+                    newer.append(advert)
+            if newer and self.trainer is not None:
+                best = max(newer, key=lambda a: a.policy_step or 0)
+                await self._manifest_from(best.peer_id, best.addrs)
+            await trio.sleep(self.config.discovery_s)
+
+    async def _manifest_from(self, peer_id: str, addrs: tuple[str, ...]) -> None:
+        endpoint = http_endpoint(peer_id, addrs)
+        if endpoint is None or self.node.scores.is_banned(peer_id):
+            return
+        try:
+            envelope = await self.client.get(endpoint, f"/ina/v1/{self.run_id}/manifest",
+                                             limit=CheckpointManifest.MAX_SIZE)
+            signed = self.decode_manifest(envelope)
+        except Rejected as exc:
+            self.node.scores.reject(peer_id, exc.reason, f"manifest over HTTP: {exc}")
+            return
+        except (HttpStatus, OSError) as exc:
+            log.debug("manifest from %s: %s", peer_id, exc)
+            return
+        await self._accept(signed, envelope)
+
+    # ---- publishing (the trainer) ------------------------------------------------------------
+
+    async def _publish_loop(self) -> None:
+        """Publish each new step-<N>.safetensors in publish_dir; repeat the newest for late joiners."""
+        assert self.config.publish_dir is not None
+        self.config.publish_dir.mkdir(parents=True, exist_ok=True)
+        last_announce = trio.current_time()
+        while True:
+            newest = max(self.store.checkpoints, default=-1)
+            for step, path in sorted(self._published_files()):
+                if step > newest:
+                    await self._publish(path, step, parent=newest if newest >= 0 else None)
+                    newest = step
+                    last_announce = trio.current_time()
+                else:
+                    log.warning("ignoring %s: step %d is not after the newest step %d", path.name, step, newest)
+                    path.unlink(missing_ok=True)
+            if newest >= 0 and trio.current_time() - last_announce >= self.config.reannounce_s:
+                await self._announce(self.store.checkpoints[newest])
+                last_announce = trio.current_time()
+            await trio.sleep(PUBLISH_POLL_S)
+
+    def _published_files(self) -> list[tuple[int, Path]]:
+        assert self.config.publish_dir is not None
+        found = []
+        for path in self.config.publish_dir.iterdir():
+            match = PUBLISHED_FILE.fullmatch(path.name)
+            if match and path.is_file() and not path.is_symlink():
+                found.append((int(match[1]), path))
+        return found
+
+    async def _publish(self, path: Path, step: int, parent: int | None) -> None:
+        staged = self.store.staging_path(step)
+        await trio.to_thread.run_sync(shutil.move, path, staged)
+        try:
+            manifest = await trio.to_thread.run_sync(lambda: build_manifest(
+                staged, run_id=self.run_id, step=step, parent_step=parent, shard_size=self.config.shard_size))
+        except (CheckpointFormatError, InvalidValue) as exc:
+            log.error("cannot publish %s: %s", path.name, exc)
+            staged.unlink(missing_ok=True)
+            return
+        envelope = codec.encode(manifest, self.node.identity, lifetime_s=self.config.manifest_lifetime_s)
+        checkpoint = self.store.add_published(staged, self.decode_manifest(envelope), envelope)
+        self._retain()
+        self.node.update_advert(policy_step=step)
+        log.info("published step %d: %d bytes in %d shards, checkpoint %s", step, manifest.total_size,
+                 manifest.shard_count, manifest.checkpoint_hash.hex()[:16])
+        await self._announce(checkpoint)
+        self._provide_held(checkpoint)
+        self._dirty()
+
+    async def _announce(self, checkpoint: Checkpoint) -> None:
+        try:
+            envelope = await self.node.announce(checkpoint.manifest, lifetime_s=self.config.manifest_lifetime_s)
+        except Exception as exc:  # no gossip peers yet: discovery and the next re-announcement cover it
+            log.info("announcing step %d failed: %s", checkpoint.step, exc)
+            return
+        self.store.replace_envelope(checkpoint, envelope)
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def _dirty(self) -> None:
+        self._status_dirty = True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "peer_id": self.node.peer_id,
+            "http": self.http_addr,
+            "steps": {str(c.step): {"complete": c.complete, "verified": c.verified_count,
+                                    "shards": c.manifest.shard_count, "origin": c.origin,
+                                    "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
+                                    "path": str(c.data_path)}
+                      for c in self.store.checkpoints.values()},
+            **self.counters,
+            "uploaded_bytes": self.server.stats.bytes,
+            "uploaded_shards": self.server.stats.shards,
+            "uploads_refused": self.server.stats.refused,
+            "complaints_made": list(self.complaints_made),
+            "complaints_heard": list(self.complaints_heard),
+        }
+
+    async def _status_loop(self) -> None:
+        path = self.config.data_dir / "status.json"
+        while True:
+            if self._status_dirty:
+                self._status_dirty = False
+                tmp = path.with_name("status.json.tmp")
+                tmp.write_text(json.dumps(self.status(), indent=1))
+                os.replace(tmp, path)
+            await trio.sleep(STATUS_EVERY_S)
+
+
+def _expiry_ms(envelope: bytes) -> int:
+    """Expiry of a held envelope; 0 once it no longer decodes (expired), so any fresh copy wins."""
+    try:
+        return codec.decode(envelope, CheckpointManifest).envelope.expiry_ms
+    except Rejected:
+        return 0

@@ -1,0 +1,266 @@
+"""Checkpoints on disk: one directory per step, partial until every shard is verified.
+
+    <data_dir>/<run_id>/<step:012d>.partial/   manifest.ine, checkpoint.safetensors, verified
+    <data_dir>/<run_id>/<step:012d>/           manifest.ine, checkpoint.safetensors
+
+Directory names come only from the configured run id (checked against the run-id pattern) and an
+integer step, never from a peer's string, so nothing can be written outside the data directory.
+A partial file may hold unverified bytes in shards not yet marked; the ``verified`` list (one byte
+per shard, replaced atomically) says which ranges may be served. Completion is one directory
+rename after an fsync, so a half checkpoint never looks complete, even after kill -9 or power loss.
+On restart every shard marked verified is hashed again before it is trusted (a resume never
+re-downloads a good shard and never keeps a torn one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from node.shards.checkpoint import hash_range
+from protocol.codec import Signed
+from protocol.errors import Rejected
+from protocol.manifest import CheckpointManifest
+from protocol.messages import RUN_ID_PATTERN
+
+log = logging.getLogger(__name__)
+PARTIAL = ".partial"
+MANIFEST_FILE = "manifest.ine"
+DATA_FILE = "checkpoint.safetensors"
+VERIFIED_FILE = "verified"
+_STEP_DIR = re.compile(r"(\d{12})(\.partial)?")
+
+
+class InsufficientDisk(Exception):
+    """The checkpoint does not fit in the free space of the data directory."""
+
+
+@dataclass
+class Checkpoint:
+    """One step held (fully or partly) by this node, with what the server and fetcher share."""
+
+    manifest: CheckpointManifest
+    envelope: bytes
+    directory: Path
+    verified: bytearray  # one byte per shard: 1 once its hash matched
+    origin: bool = False  # published by this node: its server hands out each shard once first
+    uploads: list[int] = field(default_factory=list)  # per shard: uploads started (seed mode)
+    uploading: list[int] = field(default_factory=list)  # per shard: uploads in flight
+    uploaded_at: list[float] = field(default_factory=list)  # per shard: when the last upload ended
+    version: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def __post_init__(self) -> None:
+        self.uploads = [0] * self.manifest.shard_count
+        self.uploading = [0] * self.manifest.shard_count
+        self.uploaded_at = [0.0] * self.manifest.shard_count
+
+    @property
+    def step(self) -> int:
+        return self.manifest.step
+
+    @property
+    def complete(self) -> bool:
+        return not self.directory.name.endswith(PARTIAL)
+
+    @property
+    def data_path(self) -> Path:
+        return self.directory / DATA_FILE
+
+    @property
+    def verified_count(self) -> int:
+        return sum(self.verified)
+
+    def bump(self) -> None:
+        """Wake everyone waiting on this checkpoint's state (have long-polls, schedulers)."""
+        self.version += 1
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def range_verified(self, start: int, end: int) -> bool:
+        """True when every shard that [start, end) touches is verified."""
+        size = self.manifest.shard_size
+        return end > start and all(self.verified[i] for i in range(start // size, (end - 1) // size + 1))
+
+
+ManifestDecoder = Callable[[bytes], Signed[CheckpointManifest]]
+
+
+class ShardStore:
+    """The checkpoints of one run under ``data_dir/run_id``."""
+
+    def __init__(self, data_dir: Path, run_id: str) -> None:
+        if not re.fullmatch(RUN_ID_PATTERN, run_id):
+            raise ValueError(f"run id {run_id!r} is not a valid run id")
+        self.root = data_dir.resolve() / run_id
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.checkpoints: dict[int, Checkpoint] = {}
+
+    def _dir(self, step: int, partial: bool) -> Path:
+        if type(step) is not int or not 0 <= step < 10**12:
+            raise ValueError(f"step {step!r} cannot name a directory")
+        path = self.root / (f"{step:012d}" + (PARTIAL if partial else ""))
+        assert path.parent == self.root  # the name above cannot contain a separator; belt and braces
+        return path
+
+    # ---- restart ---------------------------------------------------------------------------
+
+    def reopen(self, decode: ManifestDecoder) -> list[int]:
+        """Load what an earlier run left; returns, per partial step, the shards kept after re-hashing.
+
+        A directory whose manifest no longer decodes (expired, another trainer) is deleted.
+        """
+        resumed: list[int] = []
+        for path in sorted(self.root.iterdir()):
+            match = _STEP_DIR.fullmatch(path.name)
+            if match is None or not path.is_dir():
+                self._remove(path)  # temp files of a publish that crashed, or junk
+                continue
+            try:
+                envelope = (path / MANIFEST_FILE).read_bytes()
+                signed = decode(envelope)
+            except (OSError, Rejected) as exc:
+                log.info("dropping %s: %s", path.name, exc)
+                self._remove(path)
+                continue
+            manifest = signed.message
+            if manifest.step != int(match.group(1)) or manifest.step in self.checkpoints:
+                self._remove(path)
+                continue
+            partial = match.group(2) is not None
+            if partial:
+                verified = self._recheck(path, manifest)
+                resumed.append(sum(verified))
+            else:
+                verified = bytearray([1]) * manifest.shard_count
+            self.checkpoints[manifest.step] = Checkpoint(manifest, envelope, path, verified)
+        return resumed
+
+    def _recheck(self, path: Path, manifest: CheckpointManifest) -> bytearray:
+        try:
+            claimed = (path / VERIFIED_FILE).read_bytes()
+        except OSError:
+            claimed = b""
+        verified = bytearray(manifest.shard_count)
+        if len(claimed) != manifest.shard_count or (path / DATA_FILE).stat().st_size != manifest.total_size:
+            return verified
+        fd = os.open(path / DATA_FILE, os.O_RDONLY)
+        try:
+            for index, mark in enumerate(claimed):
+                if mark == 1 and hash_range(fd, *manifest.shard_range(index)) == manifest.shard_hashes[index]:
+                    verified[index] = 1
+        finally:
+            os.close(fd)
+        return verified
+
+    # ---- fetching --------------------------------------------------------------------------
+
+    def begin(self, signed: Signed[CheckpointManifest], envelope: bytes) -> Checkpoint:
+        """A new partial checkpoint: manifest written, data file allocated (sparse), nothing verified."""
+        manifest = signed.message
+        free = shutil.disk_usage(self.root).free
+        if manifest.total_size > free:
+            raise InsufficientDisk(f"step {manifest.step} needs {manifest.total_size} bytes, {free} free")
+        directory = self._dir(manifest.step, partial=True)
+        self._remove(directory)
+        directory.mkdir(mode=0o700)
+        _write_atomic(directory / MANIFEST_FILE, envelope)
+        with open(directory / DATA_FILE, "wb") as f:
+            f.truncate(manifest.total_size)
+        checkpoint = Checkpoint(manifest, envelope, directory, bytearray(manifest.shard_count))
+        _write_atomic(directory / VERIFIED_FILE, bytes(checkpoint.verified))
+        self.checkpoints[manifest.step] = checkpoint
+        return checkpoint
+
+    def mark_verified(self, checkpoint: Checkpoint, index: int) -> None:
+        checkpoint.verified[index] = 1
+        if not checkpoint.complete:
+            _write_atomic(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
+        checkpoint.bump()
+
+    def finalize(self, checkpoint: Checkpoint) -> None:
+        """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""
+        if checkpoint.verified_count != checkpoint.manifest.shard_count:
+            raise ValueError(f"step {checkpoint.step} has unverified shards")
+        fd = os.open(checkpoint.data_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        (checkpoint.directory / VERIFIED_FILE).unlink(missing_ok=True)
+        final = self._dir(checkpoint.step, partial=False)
+        self._remove(final)
+        os.rename(checkpoint.directory, final)
+        _fsync_dir(self.root)
+        checkpoint.directory = final
+        checkpoint.bump()
+
+    # ---- publishing ------------------------------------------------------------------------
+
+    def staging_path(self, step: int) -> Path:
+        """Where a publisher puts a new file before its manifest exists (removed on restart)."""
+        return self.root / f"publish-{step:012d}.tmp"
+
+    def add_published(self, staged: Path, signed: Signed[CheckpointManifest], envelope: bytes) -> Checkpoint:
+        """Move a staged file whose manifest this node signed into place, complete at once."""
+        manifest = signed.message
+        tmp = self.root / f"publish-{manifest.step:012d}.dir.tmp"
+        self._remove(tmp)
+        tmp.mkdir(mode=0o700)
+        _write_atomic(tmp / MANIFEST_FILE, envelope)
+        os.rename(staged, tmp / DATA_FILE)
+        final = self._dir(manifest.step, partial=False)
+        self._remove(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        checkpoint = Checkpoint(manifest, envelope, final, bytearray([1]) * manifest.shard_count, origin=True)
+        self.checkpoints[manifest.step] = checkpoint
+        return checkpoint
+
+    def replace_envelope(self, checkpoint: Checkpoint, envelope: bytes) -> None:
+        """Keep the freshest signed copy of a manifest (re-announcements extend its expiry)."""
+        checkpoint.envelope = envelope
+        _write_atomic(checkpoint.directory / MANIFEST_FILE, envelope)
+
+    # ---- retention -------------------------------------------------------------------------
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete every step but the newest ``keep``; returns the deleted steps."""
+        doomed = sorted(self.checkpoints)[:-keep] if len(self.checkpoints) > keep else []
+        for step in doomed:
+            self._remove(self.checkpoints.pop(step).directory)
+        return doomed
+
+    def newest_complete(self) -> Checkpoint | None:
+        complete = [c for c in self.checkpoints.values() if c.complete]
+        return max(complete, key=lambda c: c.step) if complete else None
+
+    def _remove(self, path: Path) -> None:
+        if path.parent != self.root:
+            raise ValueError(f"refusing to remove {path}: not directly under {self.root}")
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
