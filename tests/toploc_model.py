@@ -29,6 +29,11 @@ class TinyConfig:
     mlp: int = 1408
     eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Trained Llama models have token embeddings far smaller than the residual stream they feed,
+    # so hidden states depend on the context, not mostly on the current token as they would with
+    # unit-scale random embeddings. That context dependence is what makes a changed prompt
+    # visible, so the test model keeps it.
+    embed_scale: float = 0.1
 
 
 class TinyLlama:
@@ -45,7 +50,7 @@ class TinyLlama:
         def norm() -> torch.Tensor:
             return 1.0 + 0.1 * torch.randn(h, generator=gen)
 
-        self.embed = torch.randn(config.vocab, h, generator=gen)
+        self.embed = config.embed_scale * torch.randn(config.vocab, h, generator=gen)
         self.blocks = [
             {
                 "attn_norm": norm(),
@@ -91,8 +96,9 @@ class TinyLlama:
 
         ``cache`` (one (k, v) pair per layer, grown in place) holds earlier positions;
         ``split`` computes every projection as a sum over that many slices of its input
-        dimension (another accumulation order, as another kernel would); ``layer`` returns the
-        residual stream after that many blocks instead of the final normed state.
+        dimension (another accumulation order, as another kernel would); ``layer`` stops after
+        that many blocks and returns their output through the final norm (a worker skipping
+        the last layers would hand in exactly that).
         """
         c = self.config
         head_dim = c.hidden // c.heads
@@ -102,7 +108,7 @@ class TinyLlama:
         cos, sin = _rope(positions, head_dim, c.rope_theta, dtype)
         for index, block in enumerate(self.blocks):
             if layer is not None and index == layer:
-                return x
+                break
             w = {name: t.to(dtype) for name, t in block.items()}
             hn = _rms_norm(x, w["attn_norm"], c.eps)
             q = _proj(hn, w["q"], split).view(batch, length, c.heads, head_dim).transpose(1, 2)
@@ -142,7 +148,8 @@ class TinyLlama:
         position = prompt.numel()
         completion, states = [], []
         for _ in range(new_tokens):
-            probs = torch.softmax(h.float() @ self.embed.T, dim=-1)
+            logits = h.float() @ self.embed.T / (self.config.embed_scale * self.config.hidden**0.5)
+            probs = torch.softmax(logits, dim=-1)
             token = torch.multinomial(probs, 1, generator=gen)
             completion.append(token)
             h = self.forward(token[None], start=position, cache=cache, dtype=dtype)[0, -1]
