@@ -1,7 +1,7 @@
 """The persistent list of peers this node has seen, so a restart does not need bootstrap peers.
 
 Only addresses taken from verified adverts are stored (never what an unverified peer claims), at
-most ``MAX_PEERS``, newest first, written atomically.
+most ``MAX_PEERS``, most recently changed first, written atomically.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class PeerCache:
         addrs = [addr for addr in addrs if "/p2p/" in addr]
         if not addrs:
             return
-        if next(iter(self._addrs), None) == peer_id and self._addrs[peer_id] == addrs:
-            return
+        if self._addrs.get(peer_id) == addrs:
+            return  # recency alone is not worth a disk write per heartbeat
         self.dirty = True
         self._addrs.pop(peer_id, None)
         self._addrs = {peer_id: addrs, **self._addrs}

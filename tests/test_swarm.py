@@ -10,7 +10,9 @@ from node.local_swarm import LocalSwarm
 
 FAST = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "10", "INTELLECT_NODE_ADVERT_REFRESH_S": "2",
         "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}
-CONVERGENCE_BOUND_S = 20.0
+# Converges in about 1 s on an idle 2-core machine (bench/membership.py measures it); the bound
+# leaves room for a loaded CI machine.
+CONVERGENCE_BOUND_S = 60.0
 
 
 @pytest.fixture
