@@ -52,11 +52,13 @@ class PeerScores:
     def reject(self, peer_id: str | None, reason: str, detail: str = "") -> None:
         """Count a refused input and charge the peer that sent it (None when unknown)."""
         self.rejections[reason] += 1
-        log.info("rejected input from %s: %s %s", peer_id or "unknown peer", reason, detail[:200])
-        if peer_id is None or peer_id in self.banned:
+        cost = PENALTIES.get(reason, DEFAULT_PENALTY)
+        log.log(logging.INFO if cost else logging.DEBUG, "rejected input from %s: %s %s",
+                peer_id or "unknown peer", reason, detail[:200])
+        if peer_id is None or peer_id in self.banned or not cost:
             return
         now = time.monotonic()
-        points = self.penalty(peer_id, now) + PENALTIES.get(reason, DEFAULT_PENALTY)
+        points = self.penalty(peer_id, now) + cost
         self._penalty[peer_id] = (points, now)
         if points >= self.ban_threshold:
             self.banned.add(peer_id)
