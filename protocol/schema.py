@@ -171,7 +171,12 @@ class Record:
         missing = [name for name in names if name not in value]
         if missing:
             raise MissingField(f"{path}: missing field {missing[0]!r}")
-        return cls(**{name: validator.decode(value[name], f"{path}.{name}") for name, validator in fields})
+        record = cls(**{name: validator.decode(value[name], f"{path}.{name}") for name, validator in fields})
+        record.check(path)
+        return record
+
+    def check(self, path: str) -> None:
+        """Rules that relate fields to one another; raise ``InvalidValue``. Fields are checked already."""
 
     def to_wire(self) -> dict[str, Any]:
         return {name: validator.encode(getattr(self, name)) for name, validator in self.wire_fields()}

@@ -1,0 +1,128 @@
+"""RolloutBatch: what an inference worker delivers, signed, to validators and trainers.
+
+Token ids, logprobs and TOPLOC proofs travel as packed byte strings (u32 / f32 little-endian), so a
+batch of a few hundred completions stays a few hundred KB and decodes without a Python object per
+token. The worker's reward is advisory: validators and trainers recompute it. specs/rollouts.md is
+normative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from protocol.errors import InvalidValue, SignerMismatch
+from protocol.messages import MESSAGE_TYPES, PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from protocol.schema import Bytes, Float, Int, ListOf, Nested, Optional, Record, Str, wire
+
+TOPLOC_CHUNK = 32
+TOPLOC_PROOF_BYTES = 258
+MAX_COMPLETION_TOKENS = 32768
+MAX_PROMPT_TOKENS = 32768
+FINISH_REASONS = frozenset({"stop", "length"})
+TOKEN_DTYPE = np.dtype("<u4")
+LOGPROB_DTYPE = np.dtype("<f4")
+
+
+def pack_tokens(ids: list[int] | np.ndarray) -> bytes:
+    return np.asarray(ids, dtype=TOKEN_DTYPE).tobytes()
+
+
+def unpack_tokens(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=TOKEN_DTYPE)
+
+
+def pack_logprobs(values: list[float] | np.ndarray) -> bytes:
+    return np.asarray(values, dtype=LOGPROB_DTYPE).tobytes()
+
+
+def unpack_logprobs(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=LOGPROB_DTYPE)
+
+
+def proof_count(tokens: int) -> int:
+    return -(-tokens // TOPLOC_CHUNK)
+
+
+@dataclass(frozen=True)
+class SamplingSettings(Record):
+    temperature: float = wire(Float(0.0, 10.0))
+    top_p: float = wire(Float(0.0, 1.0))
+    max_tokens: int = wire(Int(1, MAX_COMPLETION_TOKENS))
+
+
+@dataclass(frozen=True)
+class CompletionRecord(Record):
+    token_ids: bytes = wire(Bytes(4 * MAX_COMPLETION_TOKENS, min_len=4))
+    logprobs: bytes = wire(Bytes(4 * MAX_COMPLETION_TOKENS, min_len=4))
+    finish_reason: str = wire(Str(8, choices=FINISH_REASONS))
+    proofs: tuple[bytes, ...] = wire(ListOf(Bytes(TOPLOC_PROOF_BYTES, min_len=TOPLOC_PROOF_BYTES),
+                                            max_items=proof_count(MAX_COMPLETION_TOKENS)))
+    reward: float | None = wire(Optional(Float(-1e6, 1e6)))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) // 4
+
+    def check(self, path: str) -> None:
+        if len(self.token_ids) % 4:
+            raise InvalidValue(f"{path}.token_ids: {len(self.token_ids)} bytes is not a whole number of u32")
+        if len(self.logprobs) != len(self.token_ids):
+            raise InvalidValue(f"{path}.logprobs: {len(self.logprobs) // 4} values for {self.num_tokens} tokens")
+        if len(self.proofs) != proof_count(self.num_tokens):
+            raise InvalidValue(f"{path}.proofs: {len(self.proofs)} proofs for {self.num_tokens} tokens, "
+                               f"expected {proof_count(self.num_tokens)}")
+        logprobs = unpack_logprobs(self.logprobs)
+        if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 0):
+            raise InvalidValue(f"{path}.logprobs: not all finite and <= 0")
+
+
+@dataclass(frozen=True)
+class RolloutGroup(Record):
+    """One task's prompt and the n completions sampled for it (a GRPO group)."""
+
+    counter: int = wire(Int(0, 2**32))
+    task_id: str = wire(Str(128))
+    length_target: int | None = wire(Optional(Int(1, MAX_COMPLETION_TOKENS)))
+    prompt_ids: bytes = wire(Bytes(4 * MAX_PROMPT_TOKENS, min_len=4))
+    completions: tuple[CompletionRecord, ...] = wire(ListOf(Nested(CompletionRecord), max_items=64))
+
+    def check(self, path: str) -> None:
+        if len(self.prompt_ids) % 4:
+            raise InvalidValue(f"{path}.prompt_ids: not a whole number of u32")
+        if not self.completions:
+            raise InvalidValue(f"{path}.completions: empty group")
+
+
+@dataclass(frozen=True)
+class RolloutBatch(Message):
+    TYPE: ClassVar[str] = "rollout_batch"
+    MAX_SIZE: ClassVar[int] = 16 << 20
+    MAX_LIFETIME_S: ClassVar[float] = 3600.0
+
+    run_id: str = wire(Str(64, pattern=RUN_ID_PATTERN))
+    worker: str = wire(Str(64, pattern=PEER_ID_PATTERN))
+    policy_step: int = wire(Int(0, 2**40))
+    manifest_hash: bytes = wire(Bytes(32, min_len=32))
+    engine: str = wire(Str(16, choices=frozenset({"torch", "vllm"})))
+    sampling: SamplingSettings = wire(Nested(SamplingSettings))
+    groups: tuple[RolloutGroup, ...] = wire(ListOf(Nested(RolloutGroup), max_items=1024))
+
+    def check(self, path: str) -> None:
+        counters = [group.counter for group in self.groups]
+        if len(set(counters)) != len(counters):
+            raise InvalidValue(f"{path}.groups: a task counter appears twice")
+        for group in self.groups:
+            for completion in group.completions:
+                if completion.num_tokens > self.sampling.max_tokens:
+                    raise InvalidValue(f"{path}: a completion has {completion.num_tokens} tokens, "
+                                       f"over max_tokens {self.sampling.max_tokens}")
+
+    def check_signer(self, signer_peer_id: str) -> None:
+        if self.worker != signer_peer_id:
+            raise SignerMismatch("rollout batch names a worker other than its signer")
+
+
+MESSAGE_TYPES[RolloutBatch.TYPE] = RolloutBatch

@@ -1,0 +1,104 @@
+import dataclasses
+
+import msgpack
+import numpy as np
+import pytest
+
+from crypto.envelope import seal
+from crypto.identity import Identity
+from protocol import codec, errors
+from protocol.rollouts import (
+    CompletionRecord,
+    RolloutBatch,
+    RolloutGroup,
+    SamplingSettings,
+    pack_logprobs,
+    pack_tokens,
+    proof_count,
+    unpack_logprobs,
+    unpack_tokens,
+)
+
+WORKER = Identity.generate()
+
+
+def completion(tokens: int = 40, **changes) -> CompletionRecord:
+    fields = dict(token_ids=pack_tokens(range(tokens)), logprobs=pack_logprobs([-0.5] * tokens), finish_reason="stop",
+                  proofs=tuple(bytes(258) for _ in range(proof_count(tokens))), reward=1.0)
+    fields.update(changes)
+    return CompletionRecord(**fields)
+
+
+def batch(groups=None, **changes) -> RolloutBatch:
+    fields = dict(
+        run_id="r", worker=WORKER.peer_id, policy_step=3, manifest_hash=bytes(range(32)), engine="torch",
+        sampling=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64),
+        groups=groups if groups is not None else (
+            RolloutGroup(counter=0, task_id="t0", length_target=50, prompt_ids=pack_tokens([1, 2, 3]),
+                         completions=(completion(40), completion(33, finish_reason="length"))),
+            RolloutGroup(counter=1, task_id="t1", length_target=None, prompt_ids=pack_tokens([4]),
+                         completions=(completion(1),)),
+        ),
+    )
+    fields.update(changes)
+    return RolloutBatch(**fields)
+
+
+def resealed(body: dict) -> bytes:
+    return seal(WORKER, RolloutBatch.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(body, use_bin_type=True), lifetime_s=60)
+
+
+def test_round_trip_and_packed_arrays():
+    original = batch()
+    decoded = codec.decode(codec.encode(original, WORKER, lifetime_s=600), RolloutBatch).message
+    assert decoded == original
+    first = decoded.groups[0].completions[0]
+    assert unpack_tokens(first.token_ids).tolist() == list(range(40))
+    assert np.allclose(unpack_logprobs(first.logprobs), -0.5)
+    assert proof_count(32) == 1 and proof_count(33) == 2 and proof_count(1) == 1
+
+
+def test_a_batch_signed_by_someone_other_than_the_worker_is_refused():
+    with pytest.raises(errors.SignerMismatch):
+        codec.decode(resealed(batch(worker=Identity.generate().peer_id).to_wire()), RolloutBatch)
+
+
+@pytest.mark.parametrize("broken,match", [
+    (lambda c: dataclasses.replace(c, token_ids=c.token_ids + b"\x00"), "whole number"),
+    (lambda c: dataclasses.replace(c, logprobs=c.logprobs[:-4]), "values for"),
+    (lambda c: dataclasses.replace(c, proofs=c.proofs[:-1]), "proofs for"),
+    (lambda c: dataclasses.replace(c, proofs=c.proofs + (bytes(258),)), "proofs for"),
+    (lambda c: dataclasses.replace(c, logprobs=pack_logprobs([0.5] * c.num_tokens)), "<= 0"),
+    (lambda c: dataclasses.replace(c, logprobs=pack_logprobs([float("nan")] * c.num_tokens)), "finite"),
+])
+def test_inconsistent_completions_are_invalid(broken, match):
+    bad = batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
+                                     completions=(broken(completion(40)),)),))
+    with pytest.raises(errors.InvalidValue, match=match):
+        codec.decode(resealed(bad.to_wire()), RolloutBatch)
+
+
+def test_duplicate_counters_empty_groups_and_overlong_completions_are_invalid():
+    group = RolloutGroup(counter=5, task_id="t", length_target=None, prompt_ids=pack_tokens([1]), completions=(completion(4),))
+    with pytest.raises(errors.InvalidValue, match="twice"):
+        codec.decode(resealed(batch(groups=(group, group)).to_wire()), RolloutBatch)
+    with pytest.raises(errors.InvalidValue, match="empty group"):
+        codec.decode(resealed(batch(groups=(dataclasses.replace(group, completions=()),)).to_wire()), RolloutBatch)
+    with pytest.raises(errors.InvalidValue, match="max_tokens"):
+        long = dataclasses.replace(group, completions=(completion(65),))
+        codec.decode(resealed(batch(groups=(long,)).to_wire()), RolloutBatch)
+
+
+def test_malformed_proof_length_is_invalid():
+    bad = completion(10, proofs=(bytes(257),))
+    body = batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
+                                      completions=(bad,)),)).to_wire()
+    with pytest.raises(errors.InvalidValue):
+        codec.decode(resealed(body), RolloutBatch)
+
+
+def test_a_node_advert_is_not_accepted_where_a_batch_is_expected():
+    from tests.protocol_samples import sample_advert
+
+    with pytest.raises(errors.UnknownMessageType):
+        codec.decode(codec.encode(sample_advert(WORKER), WORKER, lifetime_s=60), RolloutBatch)
