@@ -27,7 +27,7 @@ from node.host import build_host, parse_peer_addr
 from node.membership import AdvertRecordValidator, MemberView, member_summary
 from node.peer_cache import PeerCache
 from node.peer_scores import PeerScores
-from node.streams import read_frame, write_frame
+from node.streams import close_quietly, read_frame, write_frame
 from protocol import codec
 from protocol.errors import Rejected, SignerMismatch
 from protocol.framing import (
@@ -201,7 +201,7 @@ class Node:
             log.info("members exchange with %s failed: %s", peer_id, exc)
             return
         finally:
-            await _close(stream)
+            await close_quietly(stream)
         for envelope in envelopes:
             self._accept_advert(envelope, delivered_by=peer_id)
 
@@ -222,7 +222,7 @@ class Node:
         except Exception as exc:
             log.info("members request from %s failed: %s", peer_id, exc)
         finally:
-            await _close(stream)
+            await close_quietly(stream)
 
     # ---- adverts ---------------------------------------------------------------------------
 
@@ -428,9 +428,3 @@ class Node:
             "banned": sorted(self.scores.banned),
         }
 
-
-async def _close(stream: INetStream) -> None:
-    try:
-        await stream.close()
-    except Exception:  # the peer may have reset it already; nothing is left to release
-        pass

@@ -33,3 +33,11 @@ async def read_frame(stream: INetStream, limit: int, timeout_s: float) -> bytes:
 
 async def write_frame(stream: INetStream, payload: bytes) -> None:
     await stream.write(frame(payload))
+
+
+async def close_quietly(stream: INetStream) -> None:
+    """Close a stream the peer may already have reset; there is nothing left to release then."""
+    try:
+        await stream.close()
+    except Exception:
+        pass

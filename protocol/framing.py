@@ -47,3 +47,25 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
     if len(value) > MAX_MEMBERS_PER_RESPONSE:
         raise InvalidValue(f"{len(value)} adverts, at most {MAX_MEMBERS_PER_RESPONSE}")
     return value
+
+ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
+DELIVERY_STATUSES = frozenset({"stored", "duplicate", "rejected"})
+MAX_DELIVERY_REPLY = 1024
+
+
+def encode_delivery_reply(status: str, reason: str = "") -> bytes:
+    return msgpack.packb({"status": status, "reason": reason[:200]}, use_bin_type=True)
+
+
+def decode_delivery_reply(payload: bytes) -> tuple[str, str]:
+    """(status, reason) of a rollout delivery answer; ``Rejected`` if it is not one."""
+    try:
+        value = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except (ValueError, TypeError) as exc:
+        raise MalformedBody(f"delivery reply is not msgpack: {exc}") from None
+    if type(value) is not dict or set(value) != {"status", "reason"}:
+        raise WrongType("delivery reply must be a map of status and reason")
+    status, reason = value["status"], value["reason"]
+    if type(status) is not str or type(reason) is not str or status not in DELIVERY_STATUSES:
+        raise InvalidValue(f"delivery reply status {str(status)[:20]!r} is not one of {sorted(DELIVERY_STATUSES)}")
+    return status, reason

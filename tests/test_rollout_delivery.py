@@ -1,0 +1,97 @@
+"""Two real in-process nodes on 127.0.0.1: a worker delivers rollout batches to a receiver."""
+
+import os
+
+import pytest
+import trio
+from libp2p.custom_types import TProtocol
+
+from crypto.identity import Identity
+from node.config import NodeConfig
+from node.rollout_exchange import DeliveryFailed, RolloutReceiver, deliver
+from node.rollout_inbox import RolloutInbox
+from node.runtime import Node
+from node.streams import read_frame
+from protocol import codec
+from protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
+from protocol.rollouts import RolloutBatch
+from tests.protocol_samples import CPU_HARDWARE
+from tests.test_rollouts_wire import batch
+
+RUN = "delivery-test"
+
+
+def make_node(tmp_path, name, identity, bootstrap=(), services=()) -> Node:
+    config = NodeConfig(home=tmp_path / name, run_id=RUN, roles=["trainer"], listen=["/ip4/127.0.0.1/tcp/0"],
+                        bootstrap=list(bootstrap), new_swarm=not bootstrap, heartbeat_s=1, discovery_s=2)
+    config.home.mkdir(parents=True, exist_ok=True)
+    return Node(config, identity, CPU_HARDWARE, services=services)
+
+
+@pytest.fixture
+async def pair(tmp_path, nursery):
+    inbox = RolloutInbox(tmp_path / "receiver" / "inbox")
+    stored = []
+    receiver_service = RolloutReceiver(inbox, on_stored=lambda digest, signed: stored.append(digest))
+    receiver = make_node(tmp_path, "receiver", Identity.generate(), services=[receiver_service])
+    addrs = await nursery.start(receiver.run)
+    worker_identity = Identity.generate()
+    worker = make_node(tmp_path, "worker", worker_identity, bootstrap=addrs)
+    await nursery.start(worker.run)
+    return receiver, worker, worker_identity, inbox, stored
+
+
+def signed_batch(identity: Identity, **changes) -> bytes:
+    return codec.encode(batch(**{"run_id": RUN, "worker": identity.peer_id, **changes}), identity, lifetime_s=600)
+
+
+async def test_batch_is_stored_durably_once_and_retries_are_duplicates(pair):
+    receiver, worker, identity, inbox, stored = pair
+    envelope = signed_batch(identity)
+    assert await deliver(worker, receiver.peer_id, envelope) == "stored"
+    assert await deliver(worker, receiver.peer_id, envelope) == "duplicate"
+    assert len(stored) == 1 and inbox.pending() == stored
+    assert inbox.load(stored[0]) == envelope
+    assert codec.decode(RolloutInbox(inbox.directory).load(stored[0]), RolloutBatch).message.run_id == RUN
+
+
+async def test_invalid_batches_are_refused_with_their_reason_and_charged(pair):
+    receiver, worker, identity, inbox, _ = pair
+    with pytest.raises(DeliveryFailed, match="invalid_value"):
+        await deliver(worker, receiver.peer_id, signed_batch(identity, run_id="another-run"))
+    forged = bytearray(signed_batch(identity))
+    forged[-5] ^= 1
+    with pytest.raises(DeliveryFailed, match="bad_signature"):
+        await deliver(worker, receiver.peer_id, bytes(forged))
+    assert inbox.pending() == []
+    assert receiver.scores.rejections["bad_signature"] == 1
+    assert receiver.scores.penalty(identity.peer_id) > 0
+
+
+async def test_oversize_frame_is_refused_before_reading_and_garbage_is_malformed(pair):
+    receiver, worker, _, inbox, _ = pair
+    for raw, reason in ((HEADER.pack(RolloutBatch.MAX_SIZE + 1), "oversize"), (frame(os.urandom(500)), "malformed")):
+        stream = await worker.host.new_stream(receiver.host.get_id(), [TProtocol(ROLLOUTS_PROTOCOL)])
+        await stream.write(raw)
+        status, answered = decode_delivery_reply(await read_frame(stream, 1024, 10))
+        assert (status, answered) == ("rejected", reason)
+    assert inbox.pending() == []
+
+
+async def test_delivery_to_an_absent_peer_gives_up_with_a_clear_error(pair):
+    _, worker, _, _, _ = pair
+    with pytest.raises(DeliveryFailed, match="after 2 attempts"):
+        with trio.fail_after(30):
+            await deliver(worker, Identity.generate().peer_id, b"x", attempts=2, first_backoff_s=0.1)
+
+
+def test_inbox_removes_half_written_files_on_start(tmp_path):
+    inbox = RolloutInbox(tmp_path)
+    digest, new = inbox.store(b"batch")
+    assert new and inbox.store(b"batch") == (digest, False)
+    (tmp_path / f"{'0' * 64}.batch.tmp-123").write_bytes(b"half")
+    reopened = RolloutInbox(tmp_path)
+    assert reopened.pending() == [digest]
+    assert not list(tmp_path.glob("*.tmp-*"))
+    with pytest.raises(ValueError):
+        reopened.load("../../etc/passwd")
