@@ -3,7 +3,7 @@
 A ``CheckpointManifest`` names every byte of one checkpoint: the safetensors file is cut into
 fixed-size shards and the manifest carries each shard's blake3 hash, so a shard taken from any
 untrusted peer is checked before it is kept, served or loaded. Only the run's trainer may sign one;
-that check needs configuration, so it lives in ``node.shards`` (reason ``unauthorized_signer``).
+which key that is comes from configuration, so ``authorize_manifest`` takes it as an argument.
 
 Cross-field rules (shard count, tensor ranges, the checkpoint hash) are checked in
 ``__post_init__``, so a manifest that decodes is internally consistent and one that is built
@@ -151,6 +151,14 @@ class ShardComplaint(Message):
     def check_signer(self, signer_peer_id: str) -> None:
         if self.accused == signer_peer_id:
             raise InvalidValue("a peer cannot complain about itself")
+
+
+def authorize_manifest(manifest: CheckpointManifest, signer_peer_id: str, run_id: str, trainer: str | None) -> None:
+    """Refuse a manifest of another run, or one not signed by the run's trainer (None: nobody's)."""
+    if manifest.run_id != run_id:
+        raise InvalidValue(f"manifest for run {manifest.run_id!r}, this node is in {run_id!r}")
+    if trainer is None or signer_peer_id != trainer:
+        raise UnauthorizedSigner(f"manifest signed by {signer_peer_id}, not this run's trainer")
 
 
 def shard_key(run_id: str, step: int, index: int) -> str:

@@ -66,7 +66,7 @@ async def read_head(sock: trio.socket.SocketType, timeout_s: float) -> tuple[byt
     buffer = bytearray()
     with trio.move_on_after(timeout_s):
         while True:
-            end = buffer.find(b"\r\n\r\n")
+            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
             if end >= 0:
                 return bytes(buffer[: end + 4]), bytes(buffer[end + 4:])
             if len(buffer) > MAX_HEAD:

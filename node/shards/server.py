@@ -264,7 +264,8 @@ class ShardServer:
         rate = self.config.peer_rate_mib_s * MIB
         bucket = self._bytes.setdefault(peer, _Bucket(rate, rate, rate)) if rate > 0 else None
         with trio.CancelScope() as scope:
-            window = ProgressWindow(scope, self.config.stall_s, MIB)
+            # A paced upload must not look stalled to ourselves: expect half the allowed rate.
+            window = ProgressWindow(scope, self.config.stall_s, MIB if bucket is None else min(MIB, int(rate * self.config.stall_s / 2)))
             while count:
                 chunk = min(count, SENDFILE_CHUNK if bucket is None else max(1, int(bucket.rate / 10)))
                 if bucket is not None:
@@ -291,12 +292,12 @@ class ShardServer:
 
 def _parse_query(query: str | None) -> dict[str, int]:
     params: dict[str, int] = {}
-    for part in (query or "").split("&"):
+    for part in query.split("&") if query else ():
         match = _QUERY_PARAM.fullmatch(part)
         if match is None or match[1] in params:
             raise _HttpError(400, "query takes after=<int> and wait=<int> once each")
         params[match[1]] = int(match[2])
-    return params if query else {}
+    return params
 
 
 async def _send_small(stream: trio.SocketStream, status: int, body: bytes, kind: str) -> None:

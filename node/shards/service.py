@@ -35,7 +35,7 @@ from node.shards.server import ShardServer
 from node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from protocol import codec
 from protocol.errors import InvalidValue, Rejected
-from protocol.manifest import CheckpointManifest, ShardComplaint, UnauthorizedSigner, manifest_key, shard_key
+from protocol.manifest import CheckpointManifest, ShardComplaint, authorize_manifest, manifest_key, shard_key
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -76,10 +76,7 @@ class ShardService:
     # ---- checking manifests ----------------------------------------------------------------
 
     def _authorize(self, signed: codec.Signed[CheckpointManifest]) -> None:
-        if signed.message.run_id != self.run_id:
-            raise InvalidValue(f"manifest for run {signed.message.run_id!r}, this node is in {self.run_id!r}")
-        if signed.signer_peer_id != self.trainer:
-            raise UnauthorizedSigner(f"manifest signed by {signed.signer_peer_id}, not this run's trainer")
+        authorize_manifest(signed.message, signed.signer_peer_id, self.run_id, self.trainer)
 
     def decode_manifest(self, envelope: bytes) -> codec.Signed[CheckpointManifest]:
         """A manifest envelope from anywhere (peer, disk), fully checked, or ``Rejected``."""

@@ -1,0 +1,467 @@
+"""Fast checks of the weight broadcast's parts: manifest schema and signing, sharding, the store's
+atomicity and path safety, the mmap loader, and the HTTP server and client against bad input."""
+
+import dataclasses
+from pathlib import Path
+
+import blake3
+import msgpack
+import pytest
+import torch
+import trio
+from safetensors import safe_open
+
+from crypto.envelope import seal
+from crypto.identity import Identity
+from node.peer_scores import PeerScores
+from node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
+from node.shards.client import Endpoint, HttpStatus, ShardClient
+from node.shards.config import ShardConfig, ShardConfigError, load_shard_config
+from node.shards.loader import load_tensors
+from node.shards.server import ShardServer, pack_bits, unpack_bits
+from node.shards.store import PARTIAL, ShardStore
+from protocol import codec
+from protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated
+from protocol.manifest import (
+    CheckpointManifest,
+    ShardComplaint,
+    TensorEntry,
+    UnauthorizedSigner,
+    authorize_manifest,
+    checkpoint_hash,
+    shard_key,
+)
+
+RUN = "unit-run"
+SHARD = 1 << 16
+
+
+def tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model.embed_tokens.weight": torch.randn(512, 256, generator=g),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(96, 128, generator=g).to(torch.bfloat16),
+        "model.layers.0.input_layernorm.weight": torch.ones(96, dtype=torch.float16),
+        "lm_head.bias": torch.arange(7, dtype=torch.int64),
+        "model.empty": torch.empty(0, 3),
+    }
+
+
+@pytest.fixture
+def checkpoint_file(tmp_path) -> Path:
+    path = tmp_path / "ckpt.safetensors"
+    write_safetensors(tensors(), path)
+    return path
+
+
+@pytest.fixture
+def manifest(checkpoint_file) -> CheckpointManifest:
+    return build_manifest(checkpoint_file, run_id=RUN, step=5, parent_step=4, shard_size=SHARD)
+
+
+def signed_envelope(manifest: CheckpointManifest, identity: Identity) -> bytes:
+    return codec.encode(manifest, identity, lifetime_s=600)
+
+
+# ---- manifest schema and signing ---------------------------------------------------------------
+
+def test_manifest_round_trip_and_trainer_only(manifest):
+    trainer, other = Identity.generate(), Identity.generate()
+    signed = codec.decode(signed_envelope(manifest, trainer), CheckpointManifest)
+    assert signed.message == manifest
+    authorize_manifest(signed.message, signed.signer_peer_id, RUN, trainer.peer_id)
+    forged = codec.decode(signed_envelope(manifest, other), CheckpointManifest)
+    with pytest.raises(UnauthorizedSigner) as caught:
+        authorize_manifest(forged.message, forged.signer_peer_id, RUN, trainer.peer_id)
+    assert caught.value.reason == "unauthorized_signer"
+    with pytest.raises(UnauthorizedSigner):
+        authorize_manifest(signed.message, signed.signer_peer_id, RUN, None)  # no trainer configured
+    with pytest.raises(InvalidValue):
+        authorize_manifest(signed.message, signed.signer_peer_id, "another-run", trainer.peer_id)
+
+
+def test_manifest_matches_the_file(manifest, checkpoint_file):
+    data = checkpoint_file.read_bytes()
+    assert manifest.total_size == len(data)
+    assert manifest.shard_count == -(-len(data) // SHARD) == len(manifest.shard_hashes)
+    for i, digest in enumerate(manifest.shard_hashes):
+        start, end = manifest.shard_range(i)
+        assert digest == blake3.blake3(data[start:end]).digest()
+    assert manifest.shard_range(manifest.shard_count - 1)[1] == len(data)
+    with safe_open(str(checkpoint_file), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(e.name for e in manifest.tensors)
+        assert f.metadata() == {"format": "pt"}
+
+
+def wire_body(manifest: CheckpointManifest, **changes) -> dict:
+    body = manifest.to_wire()
+    body.update(changes)
+    return body
+
+
+def forged_envelope(identity: Identity, body: dict) -> bytes:
+    return seal(identity, CheckpointManifest.TYPE, 1, msgpack.packb(body, use_bin_type=True), lifetime_s=600)
+
+
+@pytest.mark.parametrize("name,changes,reason", [
+    ("absurd_total", {"total_size": 1 << 50}, "invalid_value"),
+    ("tiny_shards", {"shard_size": 1}, "invalid_value"),
+    ("huge_shards", {"shard_size": 1 << 31}, "invalid_value"),
+    ("negative_step", {"step": -1}, "invalid_value"),
+    ("parent_not_before", {"parent_step": 5}, "invalid_value"),
+    ("too_few_hashes", "drop_hash", "invalid_value"),
+    ("short_hash", "short_hash", "invalid_value"),
+    ("wrong_checkpoint_hash", {"checkpoint_hash": b"\x00" * 32}, "invalid_value"),
+    ("size_mismatch_with_hashes", "bigger_total", "invalid_value"),
+    ("tensor_past_end", "tensor_past_end", "invalid_value"),
+    ("overlapping_tensors", "overlap", "invalid_value"),
+    ("dotdot_name", "name:../../etc/passwd", "invalid_value"),
+    ("slash_name", "name:model/layers.0", "invalid_value"),
+    ("hidden_name", "name:.bashrc", "invalid_value"),
+    ("double_dot_inside", "name:a..b", "invalid_value"),
+    ("nul_name", "name:a\x00b", "invalid_value"),
+    ("unknown_dtype", "dtype:F128", "invalid_value"),
+    ("extra_field", {"url": "http://evil"}, "extra_field"),
+    ("string_step", {"step": "5"}, "wrong_type"),
+])
+def test_bad_manifests_are_rejected(manifest, name, changes, reason):
+    body = manifest.to_wire()
+    if isinstance(changes, dict):
+        body.update(changes)
+    elif changes == "drop_hash":
+        body["shard_hashes"] = body["shard_hashes"][:-1]
+    elif changes == "short_hash":
+        body["shard_hashes"][0] = b"\x01" * 31
+    elif changes == "bigger_total":
+        body["total_size"] += SHARD
+    elif changes == "tensor_past_end":
+        body["tensors"][-1]["offset"] = manifest.total_size - 1
+    elif changes == "overlap":
+        body["tensors"][1]["offset"] = body["tensors"][0]["offset"]
+    elif changes.startswith("name:"):
+        body["tensors"][0]["name"] = changes[5:]
+    elif changes.startswith("dtype:"):
+        body["tensors"][0]["dtype"] = changes[6:]
+    with pytest.raises(Rejected) as caught:
+        codec.decode(forged_envelope(Identity.generate(), body), CheckpointManifest)
+    assert caught.value.reason == reason
+
+
+def test_oversize_manifest_is_refused_before_parsing():
+    junk = b"\x00" * (CheckpointManifest.MAX_SIZE + 1)
+    with pytest.raises(Oversize):
+        codec.decode(junk, CheckpointManifest)
+
+
+def test_complaint_about_oneself_is_refused(manifest):
+    me = Identity.generate()
+    complaint = ShardComplaint(run_id=RUN, step=5, checkpoint_hash=manifest.checkpoint_hash, shard=0,
+                               accused=me.peer_id, received_hash=b"\x00" * 32)
+    with pytest.raises(InvalidValue):
+        codec.encode(complaint, me, lifetime_s=60)
+    other = Identity.generate()
+    assert codec.decode(codec.encode(complaint, other, lifetime_s=60), ShardComplaint).message == complaint
+
+
+def test_keys_are_short_and_distinct():
+    keys = {shard_key(RUN, step, i) for step in range(3) for i in range(50)}
+    assert len(keys) == 150 and all(len(k) == 32 for k in keys)
+
+
+def test_unsafe_tensor_names_are_not_written(tmp_path):
+    for name in ("../x", "a/b", ".x", "a..b"):
+        with pytest.raises(CheckpointFormatError):
+            write_safetensors({name: torch.zeros(2)}, tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_checkpoint_hash_covers_every_shard(manifest):
+    hashes = list(manifest.shard_hashes)
+    hashes[-1] = bytes(32)
+    assert checkpoint_hash(SHARD, manifest.total_size, tuple(hashes)) != manifest.checkpoint_hash
+
+
+# ---- store: atomic completion, resume, retention, path safety -----------------------------------
+
+def decoder(trainer: Identity):
+    def decode(envelope: bytes):
+        signed = codec.decode(envelope, CheckpointManifest)
+        authorize_manifest(signed.message, signed.signer_peer_id, RUN, trainer.peer_id)
+        return signed
+    return decode
+
+
+def fill(store: ShardStore, checkpoint, source: Path, shards) -> None:
+    data = source.read_bytes()
+    with open(checkpoint.data_path, "r+b") as f:
+        for i in shards:
+            start, end = checkpoint.manifest.shard_range(i)
+            f.seek(start)
+            f.write(data[start:end])
+            store.mark_verified(checkpoint, i)
+
+
+def test_partial_checkpoint_is_never_complete_and_resumes_after_restart(tmp_path, manifest, checkpoint_file):
+    trainer = Identity.generate()
+    envelope = signed_envelope(manifest, trainer)
+    store = ShardStore(tmp_path / "data", RUN)
+    checkpoint = store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    assert checkpoint.directory.name.endswith(PARTIAL) and not checkpoint.complete
+    assert store.newest_complete() is None
+    fill(store, checkpoint, checkpoint_file, [0, 2])
+    # A torn shard: marked verified on disk (say the marker hit the disk, the data did not).
+    (checkpoint.directory / "verified").write_bytes(bytes([1, 0, 1, 1] + [0] * (manifest.shard_count - 4)))
+
+    reopened = ShardStore(tmp_path / "data", RUN)
+    assert reopened.reopen(decoder(trainer)) == [2]  # shards 0 and 2 re-hashed and kept; 3 refused
+    again = reopened.checkpoints[5]
+    assert list(again.verified[:4]) == [1, 0, 1, 0] and not again.complete
+    fill(reopened, again, checkpoint_file, [i for i in range(manifest.shard_count) if not again.verified[i]])
+    reopened.finalize(again)
+    assert again.complete and again.directory.name == f"{5:012d}"
+    assert not (again.directory / "verified").exists()
+    assert again.data_path.read_bytes() == checkpoint_file.read_bytes()
+    assert sorted(p.name for p in reopened.root.iterdir()) == [f"{5:012d}"]
+
+
+def test_finalize_refuses_unverified(tmp_path, manifest):
+    envelope = signed_envelope(manifest, Identity.generate())
+    store = ShardStore(tmp_path, RUN)
+    checkpoint = store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    with pytest.raises(ValueError):
+        store.finalize(checkpoint)
+
+
+def test_reopen_drops_foreign_and_junk_directories(tmp_path, manifest):
+    trainer, other = Identity.generate(), Identity.generate()
+    store = ShardStore(tmp_path, RUN)
+    envelope = signed_envelope(manifest, other)  # not the trainer: must not survive a restart
+    store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    (store.root / "publish-000000000009.tmp").write_bytes(b"half a file")
+    reopened = ShardStore(tmp_path, RUN)
+    assert reopened.reopen(decoder(trainer)) == []
+    assert list(reopened.root.iterdir()) == []
+
+
+def test_retention_keeps_newest_steps(tmp_path, checkpoint_file):
+    trainer = Identity.generate()
+    store = ShardStore(tmp_path, RUN)
+    for step in range(1, 6):
+        m = build_manifest(checkpoint_file, run_id=RUN, step=step, parent_step=None, shard_size=SHARD)
+        envelope = signed_envelope(m, trainer)
+        store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    assert store.prune(3) == [1, 2]
+    assert sorted(store.checkpoints) == [3, 4, 5]
+    assert sorted(p.name for p in store.root.iterdir()) == [f"{s:012d}{PARTIAL}" for s in (3, 4, 5)]
+
+
+def test_store_paths_stay_inside_the_data_directory(tmp_path):
+    for bad in ("../escape", "/abs", "a/b", ".."):
+        with pytest.raises(ValueError):
+            ShardStore(tmp_path, bad)
+    store = ShardStore(tmp_path / "d", RUN)
+    for bad_step in (-1, 10**12, "1/../../x"):
+        with pytest.raises(ValueError):
+            store._dir(bad_step, partial=False)
+    with pytest.raises(ValueError):
+        store._remove(tmp_path / "outside")
+    assert list(tmp_path.iterdir()) == [tmp_path / "d"]
+
+
+def test_config_layers_and_checks(tmp_path):
+    config = load_shard_config(tmp_path, {"trainer": None}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(1 << 20),
+                                                             "INTELLECT_NODE_SHARDS_STALL_S": "3"})
+    assert config.shard_size == 1 << 20 and config.stall_s == 3.0 and config.data_dir == tmp_path / "shards"
+    assert config.keep_steps == 3
+    with pytest.raises(ShardConfigError):
+        load_shard_config(tmp_path, {"trainer": "not a peer id"}, {})
+    with pytest.raises(ShardConfigError):
+        load_shard_config(tmp_path, {}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": "12"})
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+def test_loader_returns_views_of_one_mapping(checkpoint_file, manifest):
+    loaded = load_tensors(checkpoint_file, manifest)
+    expected = tensors()
+    assert list(loaded) == [e.name for e in manifest.tensors]
+    for name, tensor in expected.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor)
+    big = loaded["model.embed_tokens.weight"]
+    assert big.untyped_storage().nbytes() == big.nbytes  # a view of the mapping, not a copy of the file
+    big.mul_(0)  # private mapping: the file other nodes are served from never changes
+    assert hash_shards(checkpoint_file, SHARD) == manifest.shard_hashes
+
+
+def test_loader_refuses_a_file_of_the_wrong_size(checkpoint_file, manifest, tmp_path):
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(checkpoint_file.read_bytes()[:-1])
+    with pytest.raises(ValueError):
+        load_tensors(short, manifest)
+
+
+# ---- HTTP server and client --------------------------------------------------------------------
+
+def test_bits_round_trip():
+    flags = bytearray([1, 0, 0, 1, 1, 1, 0, 1, 1, 0, 1])
+    assert unpack_bits(pack_bits(flags), len(flags)) == flags
+    with pytest.raises(ValueError):
+        unpack_bits("ff", 11)
+
+
+class Served:
+    def __init__(self, tmp_path: Path, checkpoint_file: Path, manifest: CheckpointManifest, **config) -> None:
+        self.trainer = Identity.generate()
+        envelope = signed_envelope(manifest, self.trainer)
+        self.store = ShardStore(tmp_path / "srv", RUN)
+        self.checkpoint = self.store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+        self.config = ShardConfig(data_dir=tmp_path / "srv", **config)
+        self.scores = PeerScores()
+        self.server = ShardServer(self.store, self.config, self.trainer.peer_id, self.scores)
+        self.source = checkpoint_file
+        self.manifest = manifest
+
+    def fill(self, shards) -> None:
+        fill(self.store, self.checkpoint, self.source, shards)
+
+    async def start(self, nursery: trio.Nursery) -> Endpoint:
+        port = await nursery.start(self.server.serve, "127.0.0.1", 0)
+        return Endpoint(self.trainer.peer_id, "127.0.0.1", port)
+
+
+TARGET = f"/ina/v1/{RUN}/5/checkpoint.safetensors"
+
+
+async def fetch(client: ShardClient, endpoint: Endpoint, start: int, end: int, target: str = TARGET) -> bytes:
+    parts: list[bytes] = []
+    await client.get_range(endpoint, target, start, end, lambda view: parts.append(bytes(view)))
+    return b"".join(parts)
+
+
+async def raw_request(endpoint: Endpoint, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+    await stream.send_all(request)
+    out = b""
+    with trio.move_on_after(5):
+        while chunk := await stream.receive_some(65536):
+            out += chunk
+    await stream.aclose()
+    return out
+
+
+async def test_server_serves_only_verified_ranges_and_refuses_path_tricks(tmp_path, checkpoint_file, manifest):
+    served = Served(tmp_path, checkpoint_file, manifest)
+    served.fill([0, 1])
+    client = ShardClient(Identity.generate(), stall_s=5)
+    data = checkpoint_file.read_bytes()
+    async with trio.open_nursery() as nursery:
+        endpoint = await served.start(nursery)
+        assert await fetch(client, endpoint, 0, SHARD) == data[:SHARD]
+        assert await fetch(client, endpoint, 100, 2 * SHARD) == data[100:2 * SHARD]
+        with pytest.raises(HttpStatus) as caught:
+            await fetch(client, endpoint, SHARD, 3 * SHARD)  # shard 2 not verified here
+        assert caught.value.status == 404
+        have = await client.get(endpoint, f"/ina/v1/{RUN}/5/have", limit=4096)
+        assert b'"version": 2' in have and pack_bits(served.checkpoint.verified).encode() in have
+        assert await client.get(endpoint, f"/ina/v1/{RUN}/5/manifest", limit=1 << 20) == served.checkpoint.envelope
+        for target in (f"/ina/v1/{RUN}/5/../../../etc/passwd", f"/ina/v1/{RUN}/5/%2e%2e/x", "/etc/passwd",
+                       f"/ina/v1/{RUN}/5/checkpoint.safetensors/../manifest", f"/ina/v1/../{RUN}/5/manifest"):
+            answer = await raw_request(endpoint, f"GET {target} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            assert answer.startswith(b"HTTP/1.1 404"), (target, answer[:80])
+        answer = await raw_request(endpoint, b"GET /x HTTP/1.1\r\n" + b"x-pad: " + b"a" * 20000 + b"\r\n\r\n")
+        assert answer == b""  # oversize head: dropped without an answer
+        answer = await raw_request(endpoint, b"\x00\x01garbage\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400")
+        answer = await raw_request(endpoint, f"GET {TARGET} HTTP/1.1\r\nhost: x\r\nrange: bytes=0-1,5-9\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 416")
+        answer = await raw_request(endpoint, f"GET {TARGET} HTTP/1.1\r\nhost: x\r\nx-ina-peer: {served.trainer.peer_id} 1 {'0' * 128}\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 401")
+        nursery.cancel_scope.cancel()
+    assert served.scores.rejections["http_bad_path"] >= 3
+    assert served.scores.rejections["http_oversize"] == 1
+    assert not any(p.name == "passwd" for p in tmp_path.rglob("*"))
+
+
+async def test_have_long_poll_wakes_on_a_new_shard(tmp_path, checkpoint_file, manifest):
+    served = Served(tmp_path, checkpoint_file, manifest)
+    client = ShardClient(Identity.generate(), stall_s=5)
+    async with trio.open_nursery() as nursery:
+        endpoint = await served.start(nursery)
+        async def later() -> None:
+            await trio.sleep(0.3)
+            served.fill([3])
+        nursery.start_soon(later)
+        with trio.fail_after(3):
+            have = await client.get(endpoint, f"/ina/v1/{RUN}/5/have?after=0&wait=10", limit=4096)
+        assert b'"version": 1' in have
+        nursery.cancel_scope.cancel()
+
+
+async def test_upload_caps_and_seed_mode(tmp_path, checkpoint_file, manifest):
+    served = Served(tmp_path, checkpoint_file, manifest, max_uploads_per_peer=1, peer_rate_mib_s=0.02, stall_s=5)
+    served.fill(range(manifest.shard_count))
+    served.checkpoint.origin = True
+    one, two = ShardClient(Identity.generate(), stall_s=5), ShardClient(Identity.generate(), stall_s=5)
+    statuses: list[int] = []
+
+    async def attempt(client: ShardClient, endpoint: Endpoint, shard: int) -> None:
+        try:
+            await fetch(client, endpoint, shard * SHARD, (shard + 1) * SHARD)
+            statuses.append(200)
+        except HttpStatus as exc:
+            statuses.append(exc.status)
+
+    async with trio.open_nursery() as nursery:
+        endpoint = await served.start(nursery)
+        async with trio.open_nursery() as inner:
+            inner.start_soon(attempt, one, endpoint, 0)  # paced at 20 KiB/s: still running below
+            await trio.sleep(0.3)
+            await attempt(one, endpoint, 1)  # same peer, second upload: per-peer cap
+            await attempt(two, endpoint, 0)  # shard 0 is on its way to someone: seed mode
+        await attempt(two, endpoint, 0)  # 0 was handed out once, 1 never: still seed mode
+        await attempt(two, endpoint, 1)
+        nursery.cancel_scope.cancel()
+    assert statuses == [429, 409, 200, 409, 200]
+    assert served.server.stats.shards == 2 and served.server.stats.refused == 3
+
+
+async def hostile_server(behaviour: str, length: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Answers one range request badly: truncated, stalled, trickling or with the wrong range."""
+    async def handle(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        if behaviour == "wrong_range":
+            await stream.send_all(f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\ncontent-range: bytes 1-{length}/99999\r\n\r\n".encode())
+            return
+        await stream.send_all(f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\ncontent-range: bytes 0-{length - 1}/99999\r\n\r\n".encode())
+        await stream.send_all(b"x" * 1000)
+        if behaviour == "truncated":
+            await stream.aclose()
+        elif behaviour == "stall":
+            await trio.sleep_forever()
+        elif behaviour == "trickle":  # one byte now and then: never silent, never useful
+            while True:
+                await trio.sleep(0.2)
+                await stream.send_all(b"x")
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+@pytest.mark.parametrize("behaviour,error", [("truncated", Truncated), ("stall", Stalled), ("trickle", Stalled),
+                                             ("wrong_range", MalformedBody)])
+async def test_client_rejects_bad_transfers(behaviour, error):
+    client = ShardClient(Identity.generate(), stall_s=1.0)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(hostile_server, behaviour, SHARD)
+        with trio.fail_after(10), pytest.raises(error):
+            await fetch(client, Endpoint(Identity.generate().peer_id, "127.0.0.1", port), 0, SHARD)
+        nursery.cancel_scope.cancel()
+
+
+def test_manifest_entry_size(manifest):
+    entry = next(e for e in manifest.tensors if e.name == "model.layers.0.mlp.up_proj.weight")
+    assert entry.nbytes == 96 * 128 * 2
+    with pytest.raises(InvalidValue):
+        dataclasses.replace(manifest, parent_step=9)
+    assert TensorEntry.from_wire(entry.to_wire()) == entry
