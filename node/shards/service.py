@@ -351,7 +351,7 @@ class ShardService:
             "peer_id": self.node.peer_id,
             "http": self.http_addr,
             "steps": {str(c.step): {"complete": c.complete, "verified": c.verified_count,
-                                    "shards": c.manifest.shard_count, "origin": c.origin,
+                                    "shards": c.manifest.shard_count, "total_size": c.manifest.total_size, "origin": c.origin,
                                     "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
                                     "path": str(c.data_path)}
                       for c in self.store.checkpoints.values()},
