@@ -1,0 +1,50 @@
+"""Inference engines: generation with final-hidden-state capture, and verification prefill.
+
+- ``node.engine.base``: the ``Engine`` interface, ``SamplingParams``, ``Completion``,
+  ``PrefillResult``, and the conventions every engine shares (which hidden state belongs to which
+  token, which log-probability is reported, how per-completion seeds are derived).
+- ``node.engine.torch_engine``: ``TorchEngine``, CPU by default, HF-layout Llama and Qwen2.
+- ``node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
+
+``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class; nothing heavy is
+imported until then, so ``import node.engine`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from node.engine.base import Engine
+
+ENGINE_NAMES = ("auto", "torch", "vllm")
+
+
+class EngineUnavailable(RuntimeError):
+    """The requested engine cannot run on this machine (says what is missing)."""
+
+
+def _vllm_missing() -> str | None:
+    """Why vLLM cannot run here, or None when it can."""
+    if importlib.util.find_spec("vllm") is None:
+        return "the vllm package is not installed (pip install 'intellect-node[gpu]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return None
+
+
+def select_engine(name: str) -> type[Engine]:
+    """The engine class for ``name``: ``auto`` takes vLLM when it can run, else torch."""
+    if name not in ENGINE_NAMES:
+        raise ValueError(f"unknown engine {name!r}; choose one of {ENGINE_NAMES}")
+    if name == "vllm" or (name == "auto" and _vllm_missing() is None):
+        missing = _vllm_missing()
+        if missing is not None:
+            raise EngineUnavailable(f"engine 'vllm' requested but {missing}; use --engine torch")
+        from node.engine.vllm_engine import VllmEngine
+
+        return VllmEngine
+    from node.engine.torch_engine import TorchEngine
+
+    return TorchEngine

@@ -1,0 +1,176 @@
+"""The engine interface every inference backend implements (torch on CPU, vLLM on GPU).
+
+Roles talk to engines in token ids only; text and chat templates are the caller's business.
+
+Which hidden state belongs to which token. For a completion ``c_0 .. c_{k-1}`` after a prompt of
+``P`` tokens, ``hidden_states[i]`` is the final hidden state (after the model's final norm) at
+sequence position ``P - 1 + i``: the state whose logits the token ``c_i`` was sampled from.
+Generation has every one of these without an extra forward pass (the last one comes from the
+step that sampled the last token), and a verifier's prefill over ``prompt + completion[:-1]``
+produces exactly the same positions. TOPLOC proofs are built on these rows.
+
+Which log-probability is reported. ``logprobs[i]`` is ``log softmax(logits)[c_i]`` of the raw
+model distribution at that position: no temperature, no top-p. That is what a validator can
+recompute with one prefill, whatever sampling parameters the worker used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from safetensors.torch import load_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` is greedy (seed unused).
+
+    ``stop_token_ids``: None means the model's end-of-sequence ids; an empty tuple means never
+    stop early (benchmarks use that to generate a fixed length). The stop token that ends a
+    completion is part of it (validators must see the termination).
+    ``seed``: completion ``j`` of prompt ``p`` samples from its own generator seeded with
+    ``derive_seed(seed, p * n + j)``, so its tokens do not depend on how the engine batches.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError("temperature must be finite and >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion; ``hidden_states`` is None when capture was switched off."""
+
+    prompt_index: int
+    sample_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    hidden_states: torch.Tensor | None  # [len(token_ids), hidden_size], see module docstring
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What a verifier recomputes for one (prompt, completion) pair."""
+
+    hidden_states: torch.Tensor  # [len(completion), hidden_size]
+    logprobs: torch.Tensor  # [len(completion)], float32
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The 63-bit seed of completion ``index`` of a request made with ``seed``."""
+    digest = hashlib.sha256(f"intellect-node/sample/{seed}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def read_safetensors_dir(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (``model.safetensors`` or the sharded layout)."""
+    directory = Path(path)
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors files in {directory}")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(directory / name))
+    return tensors
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """Token ids of a user prompt as the model expects it: through its chat template if it has
+    one (ending with the generation prompt), else BOS + the text."""
+    if tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        return list(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
+    """Refuse empty prompts and out-of-vocabulary ids before they reach an embedding lookup."""
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
+
+
+class Engine(ABC):
+    """An inference backend: generation with hidden-state capture, and verification prefill."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def from_checkpoint(cls, path: str | Path, **options: Any) -> Engine:
+        """Build the engine from an HF-layout directory (config.json, safetensors, tokenizer)."""
+
+    @property
+    @abstractmethod
+    def hidden_size(self) -> int:
+        """Width of the captured hidden states."""
+
+    @property
+    @abstractmethod
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a completion when ``SamplingParams.stop_token_ids`` is None."""
+
+    @abstractmethod
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Replace the weights in place (HF parameter names), e.g. from verified shards.
+
+        Every weight of the model must be present (a tied output head may be omitted) with the
+        right shape; nothing is changed when the check fails.
+        """
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Replace the weights with those of another checkpoint directory of the same model."""
+        self.load_state_dict(read_safetensors_dir(path))
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        capture_hidden: bool = True,
+    ) -> list[list[Completion]]:
+        """``n`` completions per prompt: result[p][j] is sample j of prompt p."""
+
+    @abstractmethod
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[PrefillResult]:
+        """Hidden states and log-probabilities of each completion given its prompt, batched."""

@@ -1,0 +1,305 @@
+"""The CPU engine: HF-layout Llama and Qwen2 models run by transformers, our own decode loop.
+
+Only the decoder stack (``model.model``) and the output head come from transformers; batching,
+KV cache use, sampling, stopping and hidden-state capture are here, because the protocol needs
+exact control over them:
+
+- the base model's ``last_hidden_state`` is already after the final norm, so capture costs one
+  row copy per step, and the output head runs only on the rows that are sampled from;
+- prompts are left-padded in one batch and prefilled once, then the cache is repeated for the
+  ``n`` samples; finished rows are dropped from the cache so that long stragglers do not drag a
+  full batch along;
+- each completion samples from its own seeded generator (``base.derive_seed``) with the
+  exponential-race form of multinomial sampling, so its tokens depend only on its seed and the
+  model's logits, not on batch composition.
+
+Verification prefill right-pads ``prompt + completion[:-1]`` without a cache and reads the same
+positions the generation captured (see ``node.engine.base``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from node.engine.base import (
+    Completion,
+    Engine,
+    FinishReason,
+    PrefillResult,
+    SamplingParams,
+    check_prompts,
+    derive_seed,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero every token outside the smallest set whose probability reaches ``top_p``."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+class TorchEngine(Engine):
+    """Batched generation and prefill with PyTorch (CPU by default)."""
+
+    name = "torch"
+
+    def __init__(self, model: PreTrainedModel, max_batch_rows: int = 64) -> None:
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model type {model_type!r} not supported: {SUPPORTED_MODEL_TYPES}")
+        if max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be >= 1")
+        self.model = model.eval()  # generation runs under inference_mode: no grads kept
+        self.max_batch_rows = max_batch_rows
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = int(model.config.max_position_embeddings)
+        self.pad_id = int(model.config.pad_token_id or 0)
+        eos = model.generation_config.eos_token_id or model.config.eos_token_id
+        self._eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_rows: int = 64,
+        **options: Any,
+    ) -> TorchEngine:
+        """Load with transformers (``sdpa`` attention); extra options go to ``from_pretrained``."""
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, attn_implementation="sdpa", **options
+        ).to(device)
+        return cls(model, max_batch_rows=max_batch_rows)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        current = self.model.state_dict()  # shares storage with the parameters
+        unknown = sorted(set(tensors) - set(current))
+        optional = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        missing = sorted(set(current) - set(tensors) - optional)
+        wrong = sorted(k for k in tensors if k in current and tensors[k].shape != current[k].shape)
+        if unknown or missing or wrong:
+            raise ValueError(
+                f"state dict does not fit the model: unknown {unknown[:5]}, "
+                f"missing {missing[:5]}, wrong shape {wrong[:5]}"
+            )
+        with torch.no_grad():
+            for key, value in tensors.items():
+                current[key].copy_(value)
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden).float()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        capture_hidden: bool = True,
+    ) -> list[list[Completion]]:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        check_prompts(prompts, self.vocab_size)
+        longest = max((len(p) for p in prompts), default=0)
+        if longest + params.max_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt ({longest}) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"{self.max_positions} positions"
+            )
+        stops = self._eos if params.stop_token_ids is None else tuple(params.stop_token_ids)
+        per_chunk = max(1, self.max_batch_rows // n)
+        results: list[list[Completion]] = []
+        with torch.inference_mode():
+            for start in range(0, len(prompts), per_chunk):
+                chunk = range(start, min(start + per_chunk, len(prompts)))
+                results.extend(
+                    self._generate_chunk(prompts, chunk, n, params, stops, capture_hidden)
+                )
+        return results
+
+    def _generate_chunk(
+        self,
+        prompts: Sequence[Sequence[int]],
+        chunk: range,
+        n: int,
+        params: SamplingParams,
+        stops: tuple[int, ...],
+        capture: bool,
+    ) -> list[list[Completion]]:
+        lengths = torch.tensor([len(prompts[p]) for p in chunk], device=self.device)
+        width = int(lengths.max())
+        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long, device=self.device)
+        for row, p in enumerate(chunk):  # left padding: every prompt ends at column width - 1
+            ids[row, width - len(prompts[p]) :] = torch.tensor(prompts[p], device=self.device)
+            mask[row, width - len(prompts[p]) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state[:, -1].repeat_interleave(n, dim=0)
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        next_pos = lengths.repeat_interleave(n)
+
+        rows = len(chunk) * n
+        max_tokens = params.max_tokens
+        tokens = torch.zeros((rows, max_tokens), dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((rows, max_tokens), dtype=torch.float32, device=self.device)
+        captured = (
+            torch.empty((rows, max_tokens, self.hidden_size), dtype=self.dtype, device=self.device)
+            if capture
+            else None
+        )
+        generators = []
+        for row in range(rows):
+            g = torch.Generator(device=self.device)
+            g.manual_seed(derive_seed(params.seed, chunk.start * n + row))
+            generators.append(g)
+        stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
+        active = torch.arange(rows, device=self.device)  # original row of each cache row
+        active_gens = list(generators)
+        lengths_out = torch.full((rows,), max_tokens, dtype=torch.long)
+        reasons: list[FinishReason] = ["length"] * rows
+
+        for step in range(max_tokens):
+            if captured is not None:
+                captured[active, step] = hidden
+            logits = self._head(hidden)
+            chosen = self._sample(logits, params, active_gens)
+            tokens[active, step] = chosen
+            logprobs[active, step] = torch.log_softmax(logits, dim=-1).gather(
+                -1, chosen[:, None]
+            )[:, 0]
+            done = torch.isin(chosen, stop_ids)
+            for r in active[done].tolist():
+                lengths_out[r], reasons[r] = step + 1, "stop"
+            if step + 1 == max_tokens:
+                break
+            if bool(done.any()):
+                keep = (~done).nonzero()[:, 0]
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                active_gens = [active_gens[k] for k in keep.tolist()]
+                active, chosen, mask, next_pos = (
+                    active[keep], chosen[keep], mask[keep], next_pos[keep]
+                )
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = self.model.model(
+                input_ids=chosen[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            hidden = out.last_hidden_state[:, -1]
+            next_pos = next_pos + 1
+
+        grouped: list[list[Completion]] = []
+        for i, p in enumerate(chunk):
+            group = []
+            for j in range(n):
+                row = i * n + j
+                k = int(lengths_out[row])
+                group.append(
+                    Completion(
+                        prompt_index=p,
+                        sample_index=j,
+                        token_ids=tokens[row, :k].tolist(),
+                        logprobs=logprobs[row, :k].tolist(),
+                        finish_reason=reasons[row],
+                        hidden_states=captured[row, :k].clone() if captured is not None else None,
+                    )
+                )
+            grouped.append(group)
+        return grouped
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]
+    ) -> torch.Tensor:
+        """One token per row: greedy at temperature 0, else multinomial by exponential race."""
+        if params.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1:
+            probs = _top_p_filter(probs, params.top_p)
+        race = torch.empty_like(probs)
+        for row, generator in enumerate(generators):
+            race[row].exponential_(generator=generator)
+        return (probs / race).argmax(dim=-1)
+
+    # --- verification -------------------------------------------------------------------------
+
+    def prefill(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> list[PrefillResult]:
+        if len(prompts) != len(completions):
+            raise ValueError("need one completion per prompt")
+        check_prompts(prompts, self.vocab_size)
+        for i, c in enumerate(completions):
+            if c and (min(c) < 0 or max(c) >= self.vocab_size):
+                raise ValueError(f"completion {i} has token ids outside [0, {self.vocab_size})")
+            if len(prompts[i]) + len(c) > self.max_positions + 1:
+                raise ValueError(f"pair {i} is longer than the model's positions")
+        results: list[PrefillResult | None] = [None] * len(prompts)
+        # similar lengths together: less padding
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+        with torch.inference_mode():
+            for start in range(0, len(order), self.max_batch_rows):
+                batch = order[start : start + self.max_batch_rows]
+                for i, result in zip(batch, self._prefill_batch(prompts, completions, batch)):
+                    results[i] = result
+        return [r for r in results if r is not None]
+
+    def _prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        batch: list[int],
+    ) -> list[PrefillResult]:
+        seqs = [list(prompts[i]) + list(completions[i])[:-1] for i in batch]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(batch), width), dtype=torch.long, device=self.device)
+        for row, seq in enumerate(seqs):  # right padding: positions are plain 0..len-1
+            ids[row, : len(seq)] = torch.tensor(seq, device=self.device)
+            mask[row, : len(seq)] = 1
+        hidden = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
+        hidden = hidden.last_hidden_state
+        results = []
+        for row, i in enumerate(batch):
+            start, count = len(prompts[i]) - 1, len(completions[i])
+            rows = hidden[row, start : start + count]
+            targets = torch.tensor(list(completions[i]), dtype=torch.long, device=self.device)
+            logits = self._head(rows)
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
+            results.append(PrefillResult(hidden_states=rows.clone(), logprobs=lp))
+        return results
