@@ -150,7 +150,7 @@ def test_nan_and_inf_chunks_match_the_oracle() -> None:
     tokens=st.integers(1, 40),
     width=st.sampled_from([16, 64, 256, 300]),
     chunk_size=st.sampled_from([1, 4, 32]),
-    topk=st.sampled_from([1, 8, 16]),
+    topk=st.sampled_from([1, 8, 12, 16]),  # 12: odd levels in the product tree
     kind=st.sampled_from(["randn", "ties"]),
     seed=st.integers(0, 2**16),
 )
