@@ -17,7 +17,9 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# The build needs setuptools (already in .venv) and a compiler plus Python headers on the machine.
+# The build needs a compiler and Python headers on the machine, and setuptools in .venv (70.1 or
+# later builds wheels without the separate `wheel` package; a no-op when already satisfied).
+$py -m pip install -q "setuptools>=70.1"
 MAX_JOBS="$(nproc)" $py -m pip wheel -q --no-deps --no-build-isolation --no-binary toploc \
     -w "$tmp" "toploc==$version"
 $py -m pip install -q --no-deps --force-reinstall "$tmp"/toploc-*.whl
