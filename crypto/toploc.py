@@ -40,7 +40,7 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 PRIME: Final = 65497
-"""The field GF(65497): the largest prime below 2**16, so coefficients fit a u16."""
+"""The field GF(65497): the reference's prime, below 2**16 so that coefficients fit a u16."""
 
 NOT_MEASURED: Final = float(2**64)
 """Mantissa figure when no mantissa was compared; the reference reports the same value."""
@@ -114,6 +114,8 @@ def build_proofs(
     fp32 / fp16 inputs are rounded to bf16 first (round to nearest even, as ``Tensor.to``), the
     same way ``verify_proofs`` does, so prover and verifier compare the same numbers. Equals the
     reference's ``build_proofs_bytes(hidden, chunk_size, topk, skip_prefill=True)`` for bf16.
+    Raises ``ValueError`` for invalid arguments, including a chunk of fewer than ``topk`` values
+    (where the reference logs an error and returns all-zero proofs).
     """
     rows = _as_bf16(hidden, chunk_size, topk)
     positions = _chunk_topk_positions(rows, chunk_size, topk)
