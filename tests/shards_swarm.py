@@ -14,7 +14,9 @@ import torch
 from node.local_swarm import LocalSwarm, NodeProcess
 from node.shards.checkpoint import write_safetensors
 
-FAST = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "10", "INTELLECT_NODE_ADVERT_REFRESH_S": "3",
+# Adverts live long enough that a node busy hashing hundreds of MiB on a loaded machine does not
+# drop out of its peers' member lists; discovery stays quick.
+FAST = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
         "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}
 
 
