@@ -65,7 +65,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="512 tokens, 5 rounds (well under a minute)")
     args = parser.parse_args()
-    tokens, rounds = (512, 5) if args.quick else (2048, 15)
+    tokens, rounds = (512, 5) if args.quick else (2048, 25)
     try:
         import toploc as reference
     except ImportError:

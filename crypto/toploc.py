@@ -305,8 +305,8 @@ def _heap_topk(mag: np.ndarray, groups: np.ndarray, k: int, head: int) -> np.nda
     starts = np.concatenate(([0], ends[:-1]))
     counts = ends - starts
     width = max(int(counts.max()), _HEAP_ROW_FACTOR * k)
-    row_of = np.repeat(np.arange(count), counts)
-    slots = row_of * width + (np.arange(flat.size) - starts[row_of])
+    # Survivor j of row r (j counted from the row's first survivor) goes to r * width + j.
+    slots = np.arange(flat.size) + np.repeat(np.arange(count) * width - starts, counts)
     compact = np.full(count * width, -1, dtype=np.int16)
     compact[slots] = mag.reshape(-1)[flat]
     chosen = torch.from_numpy(compact.reshape(count, width)).topk(k).indices.numpy()
