@@ -8,8 +8,9 @@ shard was verified). Origin upload bytes come from the trainer's status file.
 Peer: `shardcast` 0.3.2 in its own venv (.bench-venv-shardcast; created on first use): an origin
 through its Python API, two `shardcast-middle` relays (check interval 1 s) and N
 `shardcast-client`s, each in its own working directory, each restarted until it succeeds (a
-client gives up when a relay lists a version it has not finished downloading, and concurrent
-clients race on the fixed /tmp/dummy.bin they use to rank servers). Every shardcast server gets
+client gives up when a relay lists a version it has not finished downloading). Relays and clients
+each get a private /tmp (`unshare -m` and a tmpfs; hence the work directory is not under /tmp):
+they all write the fixed /tmp/dummy.bin when ranking servers, and concurrent ones kill each other. Every shardcast server gets
 the data1.bin that its clients download first to rank servers. The clock starts
 at `broadcast()` and stops when the last client has written the reassembled file.
 
@@ -119,6 +120,15 @@ def ensure_peer() -> Path:
     return PEER_VENV / "bin"
 
 
+def private_tmp(command: list[str]) -> list[str]:
+    """``command`` in its own mount namespace with an empty /tmp (shardcast clients share fixed
+    scratch files there); unchanged where unshare is not available."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return command
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /tmp && exec "$@"', "sh",
+            *command]
+
+
 def run_peer(work: Path, clients: int, mib: int, repeats: int) -> list[tuple[float, bool]]:
     """(seconds, all correct) per repeat."""
     bin_dir = ensure_peer()
@@ -141,10 +151,10 @@ def run_peer(work: Path, clients: int, mib: int, repeats: int) -> list[tuple[flo
         assert origin.stdout is not None and origin.stdin is not None
         assert origin.stdout.readline().strip() == "ready"
         for i, port in enumerate(middle_ports):
-            procs.append(subprocess.Popen([str(bin_dir / "shardcast-middle"), "--upstream", f"http://127.0.0.1:{origin_port}",
-                                           "--data-dir", str(base / f"middle{i}" / "data"), "--port", str(port),
-                                           "--check-interval", "1", "--log-level", "WARNING"],
-                                          stdout=logs, stderr=logs, env=env, cwd=base / f"middle{i}"))
+            procs.append(subprocess.Popen(private_tmp([
+                str(bin_dir / "shardcast-middle"), "--upstream", f"http://127.0.0.1:{origin_port}",
+                "--data-dir", str(base / f"middle{i}" / "data"), "--port", str(port), "--check-interval", "1",
+                "--log-level", "WARNING"]), stdout=logs, stderr=logs, env=env, cwd=base / f"middle{i}"))
         servers = ",".join(f"http://127.0.0.1:{p}" for p in middle_ports)
         for repeat in range(repeats):
             source = base / f"checkpoint-{repeat}.safetensors"
@@ -165,10 +175,10 @@ def run_peer(work: Path, clients: int, mib: int, repeats: int) -> list[tuple[flo
                     if proc is None:
                         cwd = outputs[i].parent
                         cwd.mkdir(exist_ok=True)
-                        running[i] = subprocess.Popen([str(bin_dir / "shardcast-client"), "--servers", servers,
-                                                       "--version", version, "--output-dir", str(cwd / "dl"),
-                                                       "--output-file", str(outputs[i]), "--log-level", "ERROR"],
-                                                      stdout=logs, stderr=logs, env=env, cwd=cwd)
+                        running[i] = subprocess.Popen(private_tmp([
+                            str(bin_dir / "shardcast-client"), "--servers", servers, "--version", version,
+                            "--output-dir", str(cwd / "dl"), "--output-file", str(outputs[i]), "--log-level", "ERROR"]),
+                            stdout=logs, stderr=logs, env=env, cwd=cwd)
                     elif proc.poll() is not None:
                         del running[i]
                         if proc.returncode == 0 and outputs[i].exists():
@@ -208,7 +218,8 @@ def main() -> None:
     counts = [int(c) for c in args.fetchers.split(",")]
     summary = []
     all_correct = True
-    with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp:
+    (ROOT / "out").mkdir(exist_ok=True)  # not /tmp: shardcast clients get a private /tmp (see run_peer)
+    with tempfile.TemporaryDirectory(prefix="bench-broadcast-", dir=ROOT / "out") as tmp:
         work = Path(tmp)
         for count in counts:
             print(f"{args.mib} MiB to {count} fetchers", flush=True)

@@ -9,9 +9,9 @@ Routes (specs/shardcast.md section 4):
 
 Limits: ``max_uploads`` concurrent bodies in total (503), ``max_uploads_per_peer`` per peer and a
 per-peer token bucket on requests and on bytes (429). A checkpoint this node published is served
-in seed mode: a shard that is being uploaded, or was uploaded more often than the least uploaded
-one, is refused with 409 and a list of shards to take instead, so the origin sends about one copy
-and the fetchers spread the rest among themselves.
+in seed mode: a shard that is being uploaded, or was uploaded within the last few seconds, is
+refused with 409 and a list of shards to take instead, so the origin sends about one copy and the
+fetchers spread the rest among themselves.
 """
 
 from __future__ import annotations
@@ -244,19 +244,21 @@ class ShardServer:
             self.on_upload()
 
     def _seed_check(self, checkpoint: Checkpoint, shards: range) -> None:
-        """Seed mode: one copy of each shard first, and a while for peers to pass it on.
+        """Seed mode: each shard once, then a while for the peers to pass it on.
 
-        A shard already on its way to someone is refused; so is one handed out more often than
-        the least handed-out shard, until ``seed_hold_s`` after its last upload (its holder may
-        have died: then the origin serves it again rather than leave the swarm stuck).
+        A shard on its way to someone is refused, and so is one already handed out, until
+        ``max(SEED_HOLD_S, stall_s)`` after its last upload ended (if its holders died or left,
+        the origin then serves it again rather than leave the swarm stuck).
         """
-        least = min(checkpoint.uploads)
         now = time.monotonic()
         hold = max(SEED_HOLD_S, self.config.stall_s)
-        if all(checkpoint.uploading[i] == 0 and (checkpoint.uploads[i] <= least or now - checkpoint.uploaded_at[i] > hold)
-               for i in shards):
+
+        def servable(i: int) -> bool:
+            return not checkpoint.uploading[i] and (not checkpoint.uploads[i] or now - checkpoint.uploaded_at[i] > hold)
+
+        if all(servable(i) for i in shards):
             return
-        suggest = [i for i, count in enumerate(checkpoint.uploads) if count == least and not checkpoint.uploading[i]]
+        suggest = [i for i in range(checkpoint.manifest.shard_count) if servable(i)]
         raise _HttpError(409, json.dumps({"suggest": suggest[:64]}))
 
     async def _sendfile(self, sock: trio.socket.SocketType, fd: int, offset: int, count: int, peer: str) -> None:
