@@ -134,17 +134,15 @@ class TinyLlama:
             x = x + _proj(gated, w["down"], split)
         return _rms_norm(x, self.final_norm.to(dtype), c.eps)
 
-    def generate(
-        self, prompt: torch.Tensor, new_tokens: int, *, seed: int, dtype: torch.dtype = torch.float32
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample ``new_tokens`` after ``prompt`` [len] with a KV cache, as an inference worker.
+    def generate(self, prompt: torch.Tensor, new_tokens: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``new_tokens`` after ``prompt`` [len] with a KV cache in fp32, as a worker would.
 
         Returns (completion [new_tokens], hidden [new_tokens, hidden]): row j is the final
         hidden state at the position of completion token j, computed when that token was fed.
         """
         gen = torch.Generator().manual_seed(seed)
         cache: list[tuple[torch.Tensor, torch.Tensor]] = []
-        h = self.forward(prompt[None], cache=cache, dtype=dtype)[0, -1]
+        h = self.forward(prompt[None], cache=cache)[0, -1]
         position = prompt.numel()
         completion, states = [], []
         for _ in range(new_tokens):
@@ -152,7 +150,7 @@ class TinyLlama:
             probs = torch.softmax(logits, dim=-1)
             token = torch.multinomial(probs, 1, generator=gen)
             completion.append(token)
-            h = self.forward(token[None], start=position, cache=cache, dtype=dtype)[0, -1]
+            h = self.forward(token[None], start=position, cache=cache)[0, -1]
             states.append(h)
             position += 1
         return torch.cat(completion), torch.stack(states)
