@@ -115,7 +115,7 @@ class Node:
                         nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
                     self._refresh_own_advert()
                     await self._join()
-                    for loop in (self._advertise_loop, self._heartbeat_loop, self._discovery_loop, self._upkeep_loop):
+                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
                         nursery.start_soon(loop)
                     for service in self.services:
                         await nursery.start(service.run, self)
@@ -269,19 +269,25 @@ class Node:
         return True
 
     async def _advertise_loop(self) -> None:
-        """Refresh and gossip the advert on a fixed cadence; the DHT store runs beside it.
+        """Gossip the advert every heartbeat; re-sign (and re-store in the DHT) when due or changed.
 
-        The DHT put can take seconds under load; if the cadence waited for it, the refresh period
-        could exceed the advert lifetime and peers would expire a live node.
+        One loop, one message per interval: the heartbeat repeats the current envelope, which is
+        re-signed every ``advert_refresh_s`` so it never nears expiry. The interval grows with the
+        run (``MEMBERS_TOPIC_BUDGET_PER_S``). The DHT store runs beside the loop: it can take seconds
+        under load, and the cadence must not wait for it or peers would expire a live node.
         """
         assert self._nursery is not None
+        signed_at = -float("inf")
         while True:
-            envelope = self._refresh_own_advert()
+            if time.monotonic() - signed_at >= self.config.advert_refresh_s or self._advert_changed.is_set():
+                self._advert_changed = trio.Event()
+                signed_at = time.monotonic()
+                self._nursery.start_soon(self._store_advert, self._refresh_own_advert())
             await self._publish_advert()
-            self._nursery.start_soon(self._store_advert, envelope)
-            with trio.move_on_after(self.config.advert_refresh_s):
+            interval = max(self.config.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
+            next_signing = signed_at + self.config.advert_refresh_s - time.monotonic()
+            with trio.move_on_after(max(0.0, min(interval, next_signing))):
                 await self._advert_changed.wait()
-            self._advert_changed = trio.Event()
 
     async def _store_advert(self, envelope: bytes) -> None:
         """Put the advert and the run provider record; bounded so that puts never pile up."""
@@ -299,12 +305,6 @@ class Node:
             await self.pubsub.publish(members_topic(self.config.run_id), self._own_envelope)
         except Exception as exc:
             log.debug("advert publish failed: %s", exc)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            interval = max(self.config.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
-            await trio.sleep(interval)
-            await self._publish_advert()
 
     async def _drain(self, subscription: Any) -> None:
         """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
@@ -423,6 +423,8 @@ class Node:
             "uptime_s": round(now - self.started_at, 1),
             "addrs": self.addrs(),
             "connected_peers": len(self.host.get_connected_peers()),
+            "gossip_peers": len(self.pubsub.peers),
+            "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,
             "rejections": dict(self.scores.rejections),
             "banned": sorted(self.scores.banned),
