@@ -47,9 +47,9 @@ class ShardClient:
         self.stall_s = stall_s
         self._buffers: list[bytearray] = []
 
-    async def _request(self, endpoint: Endpoint, target: str,
-                       extra: list[tuple[str, str]]) -> tuple[trio.SocketStream, h11.Response, bytes]:
-        with trio.move_on_after(self.stall_s):
+    async def _request(self, endpoint: Endpoint, target: str, extra: list[tuple[str, str]],
+                       head_timeout_s: float) -> tuple[trio.SocketStream, h11.Response, bytes]:
+        with trio.move_on_after(head_timeout_s):
             stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
             handed_over = False
             try:
@@ -57,7 +57,7 @@ class ShardClient:
                            (PEER_HEADER.decode(), sign_request(self.identity, endpoint.peer_id, target).decode())]
                 conn = h11.Connection(h11.CLIENT)
                 await stream.send_all(conn.send(h11.Request(method="GET", target=target, headers=headers)))
-                head, rest = await read_head(stream.socket, self.stall_s)
+                head, rest = await read_head(stream.socket, head_timeout_s)
                 conn.receive_data(head)
                 event = conn.next_event()
                 if not isinstance(event, h11.Response):
@@ -69,16 +69,20 @@ class ShardClient:
             finally:
                 if not handed_over:
                     await stream.aclose()
-        raise Stalled(f"no answer from {endpoint.peer_id} within {self.stall_s:g} s")
+        raise Stalled(f"no answer from {endpoint.peer_id} within {head_timeout_s:g} s")
 
     async def get(self, endpoint: Endpoint, target: str, limit: int, timeout_s: float | None = None) -> bytes:
-        """A small body (manifest, have map); HttpStatus for anything but 200."""
-        stream, response, rest = await self._request(endpoint, target, [])
+        """A small body (manifest, have map); HttpStatus for anything but 200.
+
+        ``timeout_s`` (default ``stall_s``) bounds the wait for the answer: a long-poll needs more.
+        """
+        timeout_s = timeout_s or self.stall_s
+        stream, response, rest = await self._request(endpoint, target, [], timeout_s)
         try:
             length = _content_length(response, limit)
             chunks: list[bytes] = []
             with trio.CancelScope() as scope:
-                window = ProgressWindow(scope, timeout_s or self.stall_s, 1)
+                window = ProgressWindow(scope, self.stall_s, 1)
                 await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
                                 bytearray(min(length, 1 << 16) or 1), window)
             if scope.cancelled_caught:
@@ -93,7 +97,8 @@ class ShardClient:
     async def get_range(self, endpoint: Endpoint, target: str, start: int, end: int,
                         sink: Callable[[memoryview], None], min_bytes_per_window: int = MIB) -> None:
         """Bytes [start, end) of ``target`` into ``sink``; Truncated, Stalled, MalformedBody, HttpStatus."""
-        stream, response, rest = await self._request(endpoint, target, [("range", f"bytes={start}-{end - 1}")])
+        stream, response, rest = await self._request(endpoint, target, [("range", f"bytes={start}-{end - 1}")],
+                                                      self.stall_s)
         buffer = self._buffers.pop() if self._buffers else bytearray(BODY_BUFFER)
         try:
             if response.status_code != 206:

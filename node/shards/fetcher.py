@@ -158,6 +158,7 @@ class CheckpointFetch:
         target_base = f"/ina/v1/{self.store.root.name}/{manifest.step}/have"
         version: int | None = None
         delay = 0.0
+        complete = False
         try:
             while peer_id not in self.blocked:
                 await trio.sleep(delay)
@@ -182,9 +183,11 @@ class CheckpointFetch:
                 self.refused = {key: t for key, t in self.refused.items() if key[0] != peer_id}
                 self._poke()
                 if all(bits):
-                    return  # a complete peer never changes again
+                    complete = True  # a complete peer never changes again: it stays in `watched`
+                    return
         finally:
-            self.watched.discard(peer_id)
+            if not complete:
+                self.watched.discard(peer_id)
 
     async def _discover_providers(self) -> None:
         """Provider records find holders our member view missed (large swarms, late adverts)."""

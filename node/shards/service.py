@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
-PUBLISH_POLL_S = 0.5
+PUBLISH_POLL_S = 0.1
 STATUS_EVERY_S = 0.5
 PROVIDE_WORKERS = 2
 MAX_COMPLAINTS_KEPT = 100
@@ -109,6 +109,8 @@ class ShardService:
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         resumed = await trio.to_thread.run_sync(self.store.reopen, self.decode_manifest)
         self.counters["resumed_shards"] = sum(resumed)
+        for checkpoint in self.store.checkpoints.values():
+            checkpoint.origin = self.trainer == node.peer_id  # a restarted trainer seeds again
         host = self._listen_host()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
