@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from crypto.toploc import build_proofs, verify_proofs
 from node.engine import EngineUnavailable, select_engine
 from node.engine.base import Completion, SamplingParams, encode_prompt
 from node.engine.torch_engine import TorchEngine
@@ -101,6 +102,26 @@ def test_prefill_reproduces_generation(
         # bf16 (what TOPLOC keeps) agrees on nearly every element
         same = r.hidden_states.bfloat16() == c.hidden_states.bfloat16()
         assert same.float().mean() > 0.99
+
+
+def test_toploc_proofs_from_generation_verify_against_prefill(
+    engine: TorchEngine, sampled: list[list[Completion]], prompts: list[list[int]]
+) -> None:
+    """A worker's proofs pass a validator's recomputation, with no measurable error at all.
+
+    (Rejection of forgeries is crypto.toploc's to test: on a model this small, the top-k of the
+    final hidden states hardly depends on the tokens, so a tampered completion is not a useful
+    negative here.)
+    """
+    flat = [c for group in sampled for c in group]
+    recomputed = engine.prefill([prompts[c.prompt_index] for c in flat], [c.token_ids for c in flat])
+    for c, r in zip(flat, recomputed):
+        assert c.hidden_states is not None
+        proofs = build_proofs(c.hidden_states)
+        assert len(proofs) == 1  # 24 tokens: one (short) chunk of 32
+        verdicts = verify_proofs(r.hidden_states, proofs)
+        assert [v.ok for v in verdicts] == [True]
+        assert verdicts[0].exp_mismatches == 0
 
 
 def test_prefill_of_a_tampered_completion_differs(

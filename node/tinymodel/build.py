@@ -147,8 +147,10 @@ def _training_batch(
     return ids, mask, labels
 
 
-def train(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe) -> float:
-    """Supervised warm-up on toy tasks; returns the last step's loss."""
+def train(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe
+) -> float | None:
+    """Supervised warm-up on toy tasks; returns the last step's loss (None for zero steps)."""
     rng = random.Random(f"intellect-node/tinymodel/train/{recipe.seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup = max(1, recipe.train_steps // 10)
@@ -156,7 +158,7 @@ def train(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: T
         optimizer, lambda step: min(1.0, (step + 1) / warmup)
     )
     model.train()
-    loss = torch.tensor(float("nan"))
+    loss: torch.Tensor | None = None
     for _ in range(recipe.train_steps):
         ids, mask, labels = _training_batch(rng, recipe, tokenizer)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -166,7 +168,7 @@ def train(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: T
         optimizer.step()
         schedule.step()
     model.eval()
-    return float(loss.detach())
+    return None if loss is None else float(loss.detach())
 
 
 def greedy_accuracy(

@@ -1,0 +1,49 @@
+"""TOPLOC proofs for a whole batch of completions in a few calls instead of one per completion.
+
+``crypto.toploc.build_proofs`` proves each chunk of ``chunk_size`` rows independently of the
+others, and its fixed cost per call is comparable to the work of a short completion. So the full
+chunks of all completions go through one call (their rows concatenated: chunk boundaries stay
+where they were), and the short tail chunks go through one call per distinct tail length (with
+``chunk_size`` set to that length, each tail is exactly one chunk). The bytes are identical to
+``[build_proofs(h) for h in hidden_states]``; the batched form roughly halves proof time on the
+tiny model, which is what keeps proving within 5% of generation throughput.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
+
+
+def build_completion_proofs(
+    hidden_states: Sequence[torch.Tensor],
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    topk: int = DEFAULT_TOPK,
+) -> list[list[bytes]]:
+    """Proofs per completion, from each completion's captured hidden states [tokens, hidden]."""
+    full_counts = [h.shape[0] // chunk_size for h in hidden_states]
+    full_rows = [h[: n * chunk_size] for h, n in zip(hidden_states, full_counts) if n]
+    full_proofs = (
+        build_proofs(torch.cat(full_rows), chunk_size=chunk_size, topk=topk) if full_rows else []
+    )
+    tails: dict[int, list[int]] = defaultdict(list)  # tail length -> completion indices
+    for i, h in enumerate(hidden_states):
+        if h.shape[0] % chunk_size:
+            tails[h.shape[0] % chunk_size].append(i)
+    tail_proofs: dict[int, bytes] = {}
+    for length, members in tails.items():
+        rows = torch.cat([hidden_states[i][-length:] for i in members])
+        for i, proof in zip(members, build_proofs(rows, chunk_size=length, topk=topk)):
+            tail_proofs[i] = proof
+    result, start = [], 0
+    for i, count in enumerate(full_counts):
+        proofs = full_proofs[start : start + count]
+        start += count
+        if i in tail_proofs:
+            proofs = proofs + [tail_proofs[i]]
+        result.append(proofs)
+    return result

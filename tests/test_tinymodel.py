@@ -1,0 +1,70 @@
+"""The tiny model: HF layout, tokenizer coverage of the toy prompts, reuse, determinism."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from node.engine.base import encode_prompt
+from node.tasks.schema import with_length_target
+from node.tasks.toy import generate_toy_tasks
+from node.tinymodel import ensure_tiny_model
+from node.tinymodel.build import RECIPE_FILE, _training_batch
+from tests.engine_helpers import QUICK_RECIPE, quick_tiny_model
+
+
+def test_hf_layout_and_tokenizer() -> None:
+    path = quick_tiny_model()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", RECIPE_FILE):
+        assert (path / name).is_file(), name
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "qwen2"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    for task in generate_toy_tasks(seed=3, count=20):
+        prompt = with_length_target(task, 128).prompt
+        ids = encode_prompt(tokenizer, prompt)
+        assert ids[0] == tokenizer.bos_token_id
+        assert tokenizer.decode(ids, skip_special_tokens=True) == prompt + "\n"
+        assert len(ids) <= 30, "the BPE merges the fixed prompt words"
+        answer = task.verification_info["answer"]
+        assert len(tokenizer.encode(answer, add_special_tokens=False)) == len(answer)  # digits
+    # any text still encodes (byte-level): nothing is unknown
+    text = "Unicode ∑ and emoji 🙂 survive"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_reuse_and_recipe_check() -> None:
+    path = quick_tiny_model()
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert ensure_tiny_model(path, QUICK_RECIPE) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # not rebuilt
+    with pytest.raises(ValueError, match="another recipe"):
+        ensure_tiny_model(path, dataclasses.replace(QUICK_RECIPE, train_steps=1))
+
+
+def test_build_is_deterministic(tmp_path: Path) -> None:
+    recipe = dataclasses.replace(QUICK_RECIPE, train_steps=3)
+    first = load_file(ensure_tiny_model(tmp_path / "a", recipe) / "model.safetensors")
+    second = load_file(ensure_tiny_model(tmp_path / "b", recipe) / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_training_lowers_the_answer_loss(tmp_path: Path) -> None:
+    untrained = ensure_tiny_model(tmp_path / "u", dataclasses.replace(QUICK_RECIPE, train_steps=0))
+    trained = quick_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    ids, mask, labels = _training_batch(random.Random(99), QUICK_RECIPE, tokenizer)
+    losses = []
+    for path in (untrained, trained):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.no_grad():
+            losses.append(float(model(input_ids=ids, attention_mask=mask, labels=labels).loss))
+    assert losses[1] < losses[0] - 1.0
