@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from crypto.toploc import build_proofs, verify_proofs
 from node.engine import EngineUnavailable, select_engine
 from node.engine.base import Completion, SamplingParams, encode_prompt
+from node.engine.proofs import build_completion_proofs
 from node.engine.torch_engine import TorchEngine
 from tests.engine_helpers import quick_tiny_model
 
@@ -114,7 +115,9 @@ def test_toploc_proofs_from_generation_verify_against_prefill(
     negative here.)
     """
     flat = [c for group in sampled for c in group]
-    recomputed = engine.prefill([prompts[c.prompt_index] for c in flat], [c.token_ids for c in flat])
+    recomputed = engine.prefill(
+        [prompts[c.prompt_index] for c in flat], [c.token_ids for c in flat]
+    )
     for c, r in zip(flat, recomputed):
         assert c.hidden_states is not None
         proofs = build_proofs(c.hidden_states)
@@ -122,6 +125,13 @@ def test_toploc_proofs_from_generation_verify_against_prefill(
         verdicts = verify_proofs(r.hidden_states, proofs)
         assert [v.ok for v in verdicts] == [True]
         assert verdicts[0].exp_mismatches == 0
+
+
+def test_batched_proofs_equal_per_completion_proofs() -> None:
+    generator = torch.Generator().manual_seed(0)
+    lengths = [1, 5, 31, 32, 33, 64, 65, 100, 5, 33, 0]
+    hidden = [torch.randn(n, 192, generator=generator) for n in lengths]
+    assert build_completion_proofs(hidden) == [build_proofs(h) for h in hidden]
 
 
 def test_prefill_of_a_tampered_completion_differs(

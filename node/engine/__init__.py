@@ -5,6 +5,7 @@
   token, which log-probability is reported, how per-completion seeds are derived).
 - ``node.engine.torch_engine``: ``TorchEngine``, CPU by default, HF-layout Llama and Qwen2.
 - ``node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
+- ``node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
 
 ``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class; nothing heavy is
 imported until then, so ``import node.engine`` stays cheap.

@@ -73,7 +73,7 @@ def _read_capped(path: Path, limit: int) -> str:
 
 
 def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``source`` as ``__main__`` in the sandbox, feeding ``stdin``; never raises for bad code."""
+    """Run ``source`` as ``__main__`` in the sandbox, fed ``stdin``; never raises for bad code."""
     limits = limits or SandboxLimits()
     with tempfile.TemporaryDirectory(prefix="ina-sandbox-") as tmp:
         work = Path(tmp)

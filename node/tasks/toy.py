@@ -1,9 +1,12 @@
 """Toy tasks generated from a seed, small enough for a few-M-parameter model on CPU.
 
 Two kinds: ``add`` (two-digit addition, as in the GRPO experiment in design.md) and ``reverse``
-(reverse a short lowercase word). The same seed gives the same tasks on every machine (Python's
-``random.Random`` is specified to be reproducible for a given seed), so a swarm can agree on a
-task set by agreeing on ``(seed, count, kinds)``.
+(reverse a string of 3 to 6 digits). Both answers are digit strings on purpose: the tiny model's
+tokenizer splits digits individually, so no answer depends on how a BPE merged random letters.
+
+The same seed gives the same tasks on every machine (Python's ``random.Random`` is specified to be
+reproducible for a given seed), so a swarm can agree on a task set by agreeing on
+``(seed, count, kinds)``.
 
 A completion is correct when its last whitespace-separated word equals the answer: the model may
 "think" before answering (length targets ask it to), but the final word must be the answer.
@@ -26,8 +29,8 @@ def toy_example(kind: str, rng: random.Random) -> tuple[str, str]:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         return f"What is {a} + {b}?", str(a + b)
     if kind == "reverse":
-        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
-        return f"Reverse the word {word}.", word[::-1]
+        digits = "".join(rng.choice(string.digits) for _ in range(rng.randint(3, 6)))
+        return f"Reverse the digits {digits}.", digits[::-1]
     raise ValueError(f"unknown toy task kind {kind!r}; known: {TOY_KINDS}")
 
 

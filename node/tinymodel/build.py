@@ -178,10 +178,8 @@ def greedy_accuracy(
     prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
     params = SamplingParams(temperature=0.0, max_tokens=12)
     outputs = engine.generate(prompts, n=1, params=params, capture_hidden=False)
-    solved = sum(
-        verify_toy(tokenizer.decode(group[0].token_ids, skip_special_tokens=True), t.verification_info)
-        for t, group in zip(tasks, outputs)
-    )
+    texts = [tokenizer.decode(group[0].token_ids, skip_special_tokens=True) for group in outputs]
+    solved = sum(verify_toy(text, t.verification_info) for t, text in zip(tasks, texts))
     return solved / len(tasks)
 
 
