@@ -49,8 +49,8 @@ def file_sha256(node: NodeProcess, step: int) -> str:
 class ShardSwarm:
     """A trainer (origin) and fetchers as real processes on 127.0.0.1."""
 
-    def __init__(self, root: Path, run_id: str, env: dict[str, str]) -> None:
-        self.swarm = LocalSwarm(root, run_id=run_id, timing=FAST)
+    def __init__(self, root: Path, run_id: str, env: dict[str, str], timing: dict[str, str] | None = None) -> None:
+        self.swarm = LocalSwarm(root, run_id=run_id, timing=FAST if timing is None else timing)
         self.env = env
         self.publish_dir = root / "publish"
         self.origin: NodeProcess | None = None

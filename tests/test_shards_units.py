@@ -333,9 +333,11 @@ TARGET = f"/ina/v1/{RUN}/5/checkpoint.safetensors"
 
 
 async def fetch(client: ShardClient, endpoint: Endpoint, start: int, end: int, target: str = TARGET) -> bytes:
-    parts: list[bytes] = []
-    await client.get_range(endpoint, target, start, end, lambda view: parts.append(bytes(view)))
-    return b"".join(parts)
+    dest = bytearray(end - start)
+    seen = bytearray()
+    await client.get_range(endpoint, target, start, memoryview(dest), seen.extend)
+    assert seen == dest  # every received stretch was shown to the hasher exactly once, in order
+    return bytes(dest)
 
 
 async def raw_request(endpoint: Endpoint, request: bytes) -> bytes:

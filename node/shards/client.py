@@ -2,8 +2,9 @@
 
 Everything a server says is checked against what was asked: status, Content-Length and
 Content-Range must match the requested range exactly, or the answer is rejected (``malformed``)
-before a body byte is read. Integrity is not the transport's job: the sink hashes every byte and
-the fetcher compares the hash with the signed manifest.
+before a body byte is read. A shard's body is received straight into its place in the mmapped
+checkpoint file (one kernel copy, no user-space buffer); integrity is not the transport's job: the
+fetcher hashes every stretch as it lands and compares the hash with the signed manifest.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import trio
 
 from crypto.identity import Identity
 from node.shards.config import MIB
-from node.shards.http import PEER_HEADER, ProgressWindow, header, read_head, recv_body, sign_request
+from node.shards.http import PEER_HEADER, ProgressWindow, header, read_head, recv_body, recv_into_view, sign_request
 from protocol.errors import MalformedBody, Oversize, Stalled
 
-BODY_BUFFER = 1 * MIB
+HASH_CHUNK = 1 * MIB  # bytes received before the fetcher hashes them: large enough to amortize calls
 _CONTENT_RANGE = re.compile(rb"bytes ([0-9]{1,15})-([0-9]{1,15})/([0-9]{1,15})")
 
 
@@ -45,7 +46,6 @@ class ShardClient:
     def __init__(self, identity: Identity, stall_s: float) -> None:
         self.identity = identity
         self.stall_s = stall_s
-        self._buffers: list[bytearray] = []
 
     async def _request(self, endpoint: Endpoint, target: str, extra: list[tuple[str, str]],
                        head_timeout_s: float) -> tuple[trio.SocketStream, h11.Response, bytes]:
@@ -94,19 +94,22 @@ class ShardClient:
             raise HttpStatus(response.status_code, body)
         return body
 
-    async def get_range(self, endpoint: Endpoint, target: str, start: int, end: int,
-                        sink: Callable[[memoryview], None], min_bytes_per_window: int = MIB) -> None:
-        """Bytes [start, end) of ``target`` into ``sink``; Truncated, Stalled, MalformedBody, HttpStatus."""
+    async def get_range(self, endpoint: Endpoint, target: str, start: int, dest: memoryview,
+                        on_chunk: Callable[[memoryview], None], min_bytes_per_window: int = MIB) -> None:
+        """Bytes [start, start + len(dest)) of ``target`` received straight into ``dest`` (e.g. an
+        mmap of the checkpoint file); ``on_chunk`` sees each stretch as it lands (to hash it).
+        Raises Truncated, Stalled, MalformedBody, Oversize or HttpStatus."""
+        end = start + len(dest)
         stream, response, rest = await self._request(endpoint, target, [("range", f"bytes={start}-{end - 1}")],
                                                       self.stall_s)
-        buffer = self._buffers.pop() if self._buffers else bytearray(BODY_BUFFER)
         try:
             if response.status_code != 206:
                 length = _content_length(response, 1 << 16)
                 chunks: list[bytes] = []
                 with trio.move_on_after(self.stall_s) as scope:
                     window = ProgressWindow(scope, self.stall_s, 1)
-                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)), buffer, window)
+                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
+                                    bytearray(length or 1), window)
                 raise HttpStatus(response.status_code, b"".join(chunks))
             length = _content_length(response, end - start)
             content_range = header(response.headers, b"content-range")
@@ -115,11 +118,10 @@ class ShardClient:
                 raise MalformedBody(f"asked for bytes {start}-{end - 1}, got {content_range!r} ({length} bytes)")
             with trio.CancelScope() as scope:
                 window = ProgressWindow(scope, self.stall_s, min_bytes_per_window)
-                await recv_body(stream.socket, rest, length, sink, buffer, window)
+                await recv_into_view(stream.socket, rest, dest, on_chunk, window, HASH_CHUNK)
             if scope.cancelled_caught:
                 raise Stalled(f"{endpoint.peer_id} sent under {min_bytes_per_window} bytes in {self.stall_s:g} s")
         finally:
-            self._buffers.append(buffer)
             await stream.aclose()
 
 

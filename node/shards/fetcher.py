@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import mmap
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -129,15 +129,18 @@ class CheckpointFetch:
         self._wake = trio.Event()
 
     async def run(self) -> None:
-        fd = os.open(self.checkpoint.data_path, os.O_RDWR)
+        with open(self.checkpoint.data_path, "r+b") as f:
+            mapped = mmap.mmap(f.fileno(), self.checkpoint.manifest.total_size, access=mmap.ACCESS_WRITE)
+        view = memoryview(mapped)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_peers, nursery)
                 nursery.start_soon(self._discover_providers)
-                await self._schedule(nursery, fd)
+                await self._schedule(nursery, view)
                 nursery.cancel_scope.cancel()
         finally:
-            os.close(fd)
+            view.release()
+            mapped.close()
         await trio.to_thread.run_sync(self.store.finalize, self.checkpoint)
 
     # ---- who has what --------------------------------------------------------------------
@@ -200,7 +203,7 @@ class CheckpointFetch:
 
     # ---- scheduling ------------------------------------------------------------------------
 
-    async def _schedule(self, nursery: trio.Nursery, fd: int) -> None:
+    async def _schedule(self, nursery: trio.Nursery, view: memoryview) -> None:
         checkpoint = self.checkpoint
         while checkpoint.verified_count < checkpoint.manifest.shard_count:
             if len(self.active) < self.config.max_downloads:
@@ -209,7 +212,7 @@ class CheckpointFetch:
                     shard, peer_id = choice
                     self.active[shard] = peer_id
                     self.book.peers[peer_id].in_flight += 1
-                    nursery.start_soon(self._download, shard, peer_id, fd)
+                    nursery.start_soon(self._download, shard, peer_id, view)
                     continue
             with trio.move_on_after(0.25):
                 await self._wake.wait()
@@ -242,22 +245,15 @@ class CheckpointFetch:
         preferred = [i for i in fresh if i in self.suggested]
         return random.choice(preferred or fresh), self.origin
 
-    async def _download(self, shard: int, peer_id: str, fd: int) -> None:
+    async def _download(self, shard: int, peer_id: str, view: memoryview) -> None:
         manifest = self.checkpoint.manifest
         start, end = manifest.shard_range(shard)
         record = self.book.peers[peer_id]
         hasher = blake3.blake3()
-        position = start
-
-        def sink(view: memoryview) -> None:
-            nonlocal position
-            hasher.update(view)
-            os.pwrite(fd, view, position)
-            position += len(view)
-
         began = trio.current_time()
         try:
-            await self.client.get_range(record.endpoint, self.target, start, end, sink)
+            with view[start:end] as dest:  # the shard's place in the mmapped file
+                await self.client.get_range(record.endpoint, self.target, start, dest, hasher.update)
         except HttpStatus as exc:
             self._refused(shard, peer_id, exc)
         except Rejected as exc:

@@ -128,6 +128,27 @@ async def recv_body(sock: trio.socket.SocketType, prefix: bytes, length: int, si
         remaining -= filled
 
 
+async def recv_into_view(sock: trio.socket.SocketType, prefix: bytes, dest: memoryview,
+                         on_chunk: Callable[[memoryview], None], window: ProgressWindow, chunk: int) -> None:
+    """Fill ``dest`` exactly (``prefix`` first) straight from the socket, no intermediate buffer;
+    ``on_chunk`` sees each filled stretch of about ``chunk`` bytes, in order, once."""
+    if len(prefix) > len(dest):
+        raise Oversize(f"peer sent {len(prefix)} bytes for a {len(dest)}-byte body")
+    dest[: len(prefix)] = prefix
+    filled, reported = len(prefix), 0
+    while filled < len(dest):
+        count = await sock.recv_into(dest[filled: filled + chunk])
+        if count == 0:
+            raise Truncated(f"connection closed with {len(dest) - filled} body bytes missing")
+        filled += count
+        window.moved(count)
+        if filled - reported >= chunk or filled == len(dest):
+            on_chunk(dest[reported:filled])
+            reported = filled
+    if reported < filled:
+        on_chunk(dest[reported:filled])
+
+
 def response_head(status: int, headers: list[tuple[str, str]]) -> bytes:
     """A response head; written by hand because every answer closes its connection (h11 parses
     what comes from peers, which is where strictness matters)."""
