@@ -7,6 +7,7 @@ deadline, so a slow or hostile peer can delay one round, never the node.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -47,7 +48,7 @@ DHT_TIMEOUT_S = 10.0
 TARGET_CONNECTIONS = 8
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total (libp2p rate-limits each forwarding peer per topic).
-MEMBERS_TOPIC_BUDGET_PER_S = 5.0
+MEMBERS_TOPIC_BUDGET_PER_S = 2.0
 
 
 class JoinError(Exception):
@@ -308,8 +309,11 @@ class Node:
 
     async def _drain(self, subscription: Any) -> None:
         """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
-        while True:
-            await subscription.get()
+        try:
+            while True:
+                await subscription.get()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            return  # unsubscribed
 
     # ---- announcements and provider records (used by services) -------------------------------
 
@@ -348,23 +352,35 @@ class Node:
     # ---- discovery and upkeep --------------------------------------------------------------
 
     async def _discovery_loop(self) -> None:
-        """Provider records on the run key find members that gossip has not reached yet."""
+        """Find members gossip has not brought, and pull from one peer in case gossip fell behind.
+
+        Gossip is push-only: a node that was starved of CPU or cut off for a while has no way to
+        catch up from it. So each round also exchanges adverts with one random connected peer
+        (anti-entropy: one small stream), besides the DHT provider lookup for unknown members.
+        """
         while True:
             await trio.sleep(self.config.discovery_s)
-            with trio.move_on_after(DHT_TIMEOUT_S):
-                try:
-                    providers = await self.dht.find_providers(run_members_key(self.config.run_id), 20)
-                except Exception as exc:
-                    log.debug("provider lookup failed: %s", exc)
-                    continue
-                for info in providers:
-                    peer_id = info.peer_id.to_base58()
-                    if peer_id == self.peer_id or self.view.get(peer_id) is not None:
-                        continue
-                    value = await self.dht.get_value(advert_key(self.config.run_id, peer_id))
-                    if value is not None:
-                        self._accept_advert(value, delivered_by=None)
+            await self._discover_through_dht()
             await self._connect_to_members()
+            connected = self.host.get_connected_peers()
+            if connected:
+                with trio.move_on_after(STREAM_TIMEOUT_S * 2):
+                    await self._exchange_members(random.choice(connected))
+
+    async def _discover_through_dht(self) -> None:
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                providers = await self.dht.find_providers(run_members_key(self.config.run_id), 20)
+            except Exception as exc:
+                log.debug("provider lookup failed: %s", exc)
+                return
+            for info in providers:
+                peer_id = info.peer_id.to_base58()
+                if peer_id == self.peer_id or self.view.get(peer_id) is not None:
+                    continue
+                value = await self.dht.get_value(advert_key(self.config.run_id, peer_id))
+                if value is not None:
+                    self._accept_advert(value, delivered_by=None)
 
     async def _connect_to_members(self) -> None:
         """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to."""

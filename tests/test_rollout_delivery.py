@@ -7,25 +7,16 @@ import trio
 from libp2p.custom_types import TProtocol
 
 from crypto.identity import Identity
-from node.config import NodeConfig
 from node.rollout_exchange import DeliveryFailed, RolloutReceiver, deliver
 from node.rollout_inbox import RolloutInbox
-from node.runtime import Node
 from node.streams import read_frame
 from protocol import codec
 from protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
 from protocol.rollouts import RolloutBatch
-from tests.protocol_samples import CPU_HARDWARE
+from tests.inprocess_nodes import make_node
 from tests.test_rollouts_wire import batch
 
 RUN = "delivery-test"
-
-
-def make_node(tmp_path, name, identity, bootstrap=(), services=()) -> Node:
-    config = NodeConfig(home=tmp_path / name, run_id=RUN, roles=["trainer"], listen=["/ip4/127.0.0.1/tcp/0"],
-                        bootstrap=list(bootstrap), new_swarm=not bootstrap, heartbeat_s=1, discovery_s=2)
-    config.home.mkdir(parents=True, exist_ok=True)
-    return Node(config, identity, CPU_HARDWARE, services=services)
 
 
 @pytest.fixture
@@ -33,10 +24,10 @@ async def pair(tmp_path, nursery):
     inbox = RolloutInbox(tmp_path / "receiver" / "inbox")
     stored = []
     receiver_service = RolloutReceiver(inbox, on_stored=lambda digest, signed: stored.append(digest))
-    receiver = make_node(tmp_path, "receiver", Identity.generate(), services=[receiver_service])
+    receiver = make_node(tmp_path, "receiver", RUN, services=[receiver_service])
     addrs = await nursery.start(receiver.run)
     worker_identity = Identity.generate()
-    worker = make_node(tmp_path, "worker", worker_identity, bootstrap=addrs)
+    worker = make_node(tmp_path, "worker", RUN, worker_identity, bootstrap=addrs)
     await nursery.start(worker.run)
     return receiver, worker, worker_identity, inbox, stored
 
