@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 from collections import deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,7 @@ class ShardService:
         self.complaints_heard: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
         self.http_addr: str | None = None
         self._fetches: dict[int, trio.CancelScope] = {}
+        self._starting: set[int] = set()  # steps whose partial directory is being created
         self._incoming_send, self._incoming = trio.open_memory_channel[tuple[codec.Signed[CheckpointManifest], bytes]](64)
         self._provide_send, self._provide_queue = trio.open_memory_channel[str](100_000)
         self._nursery: trio.Nursery | None = None
@@ -149,6 +151,8 @@ class ShardService:
 
     async def _accept(self, signed: codec.Signed[CheckpointManifest], envelope: bytes) -> None:
         manifest = signed.message
+        if manifest.step in self._starting:
+            return  # the same step, from gossip and discovery at once
         held = self.store.checkpoints.get(manifest.step)
         if held is not None:
             if held.manifest.checkpoint_hash != manifest.checkpoint_hash:
@@ -159,11 +163,15 @@ class ShardService:
         steps = sorted(self.store.checkpoints)
         if len(steps) >= self.config.keep_steps and manifest.step < steps[-self.config.keep_steps]:
             return  # older than everything we keep
+        self._starting.add(manifest.step)
         try:
             checkpoint = await trio.to_thread.run_sync(self.store.begin, signed, envelope)
         except InsufficientDisk as exc:
             log.error("cannot fetch: %s", exc)
             return
+        finally:
+            self._starting.discard(manifest.step)
+        log.info("fetching step %d: %d bytes in %d shards", manifest.step, manifest.total_size, manifest.shard_count)
         self._retain()
         if manifest.step in self.store.checkpoints:
             self._queue_provide(manifest_key(self.run_id, manifest.step))
@@ -191,7 +199,7 @@ class ShardService:
                 self.node.update_advert(policy_step=newest.step)
             self._dirty()
 
-    def _providers_of(self, step: int) -> Any:
+    def _providers_of(self, step: int) -> Callable[[int], Awaitable[list[str]]]:
         async def find(shard: int) -> list[str]:
             return await self.node.find_providers(shard_key(self.run_id, step, shard))
         return find
