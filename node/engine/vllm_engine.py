@@ -12,8 +12,8 @@ request at a time, over ``prompt + completion`` with ``max_tokens=1`` (the sampl
 fed back, so every recorded row is a prompt row, in order) and prefix caching off (a cached
 prefix would not be recomputed). That pass also yields vLLM's prompt log-probabilities, which is
 all ``prefill`` needs. Its cost is one prefill per completion, small next to decoding. The hook
-and its buffer live in the worker process; ``LLM.apply_model`` ships small functions there and
-brings captured rows back as CPU tensors, so this works with vLLM's multiprocess engine core.
+and its buffer live with the model; ``LLM.apply_model`` runs small functions there and brings
+captured rows back as CPU tensors.
 
 Weight reload: ``model.load_weights`` (vLLM's own HF-name-aware loader, which fuses q/k/v and
 gate/up) through ``apply_model``; no restart, no rebuilt KV cache.
@@ -21,6 +21,7 @@ gate/up) through ``apply_model``; no restart, no rebuilt KV cache.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -95,7 +96,13 @@ class VllmEngine(Engine):
         gpu_memory_utilization: float = 0.85,
         **options: Any,
     ) -> VllmEngine:
-        """Start vLLM on ``path``; the fixed options below are what capture relies on."""
+        """Start vLLM on ``path`` (one GPU); the fixed options below are what capture relies on.
+
+        The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the hook's
+        rows and the weights handed to ``load_state_dict`` then move by reference, not through
+        pickling (which vLLM also refuses for functions unless insecure serialization is on).
+        """
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
         llm = LLM(

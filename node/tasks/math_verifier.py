@@ -14,6 +14,7 @@ a second, importing sympy) is paid once.
 
 from __future__ import annotations
 
+import atexit
 import json
 import select
 import subprocess
@@ -109,6 +110,11 @@ class _ChildVerifier:
         self._process = process
         return process
 
+    def close(self) -> None:
+        """Stop the child (at interpreter exit); a later check would start a new one."""
+        with self._lock:
+            self._stop()
+
     def _stop(self) -> None:
         if self._process is not None:
             self._process.kill()
@@ -135,6 +141,7 @@ class _ChildVerifier:
 
 
 _CHILD = _ChildVerifier()
+atexit.register(_CHILD.close)
 
 
 def verify_math(
