@@ -199,6 +199,7 @@ def fill(store: ShardStore, checkpoint, source: Path, shards) -> None:
             f.seek(start)
             f.write(data[start:end])
             store.mark_verified(checkpoint, i)
+    store.persist_verified(checkpoint)
 
 
 def test_partial_checkpoint_is_never_complete_and_resumes_after_restart(tmp_path, manifest, checkpoint_file):

@@ -39,6 +39,7 @@ BUSY_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 PER_PEER_DOWNLOADS = 2
+PROVIDER_LOOKUP_S = 10.0  # DHT lookups cost CPU on every node they touch; have-maps are the fast path
 _HTTP_ADDR = re.compile(r"/(?:ip4|dns4)/([A-Za-z0-9.-]{1,253})/tcp/([0-9]{1,5})/http")
 
 
@@ -123,6 +124,7 @@ class CheckpointFetch:
         self.watched: set[str] = set()
         self.providers: set[str] = set()  # found through the DHT's provider records
         self._wake = trio.Event()
+        self._persisting = trio.Lock()
 
     def _poke(self) -> None:
         self._wake.set()
@@ -195,7 +197,7 @@ class CheckpointFetch:
     async def _discover_providers(self) -> None:
         """Provider records find holders our member view missed (large swarms, late adverts)."""
         while True:
-            await trio.sleep(3.0)
+            await trio.sleep(PROVIDER_LOOKUP_S)
             missing = [i for i, v in enumerate(self.checkpoint.verified) if not v]
             if not missing:
                 return
@@ -273,6 +275,8 @@ class CheckpointFetch:
                 self.store.mark_verified(self.checkpoint, shard)
                 self.book.succeeded(peer_id, end - start, trio.current_time() - began)
                 self.events.verified(self.checkpoint, shard, peer_id, end - start)
+                async with self._persisting:  # one writer at a time: the last write holds the newest state
+                    await trio.to_thread.run_sync(self.store.persist_verified, self.checkpoint)
         finally:
             del self.active[shard]
             record.in_flight -= 1

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
 PUBLISH_POLL_S = 0.1
 STATUS_EVERY_S = 0.5
-PROVIDE_WORKERS = 2
+PROVIDE_GAP_S = 0.2  # between provider records: DHT puts cost CPU on every node they touch
 MAX_COMPLAINTS_KEPT = 100
 
 
@@ -120,8 +120,7 @@ class ShardService:
             self.http_addr = f"/ip4/{self.config.public_host or host}/tcp/{port}/http"
             newest = self.store.newest_complete()
             node.update_advert(extra_addr=self.http_addr, policy_step=newest.step if newest else None)
-            for _ in range(PROVIDE_WORKERS):
-                nursery.start_soon(self._provide_worker)
+            nursery.start_soon(self._provide_worker)
             for checkpoint in list(self.store.checkpoints.values()):
                 self._provide_held(checkpoint)
                 if not checkpoint.complete:
@@ -193,6 +192,7 @@ class ShardService:
                 self.progress.finish(step, checkpoint.complete)
                 self._fetches.pop(step, None)
             log.info("step %d verified and complete (%d shards)", step, checkpoint.manifest.shard_count)
+            self._provide_held(checkpoint)
             self._retain()
             newest = self.store.newest_complete()
             if newest is not None:
@@ -220,7 +220,6 @@ class ShardService:
         self.counters["fetched_bytes"] += nbytes
         self.counters["fetched_shards"] += 1
         self.progress.advance(checkpoint.step, nbytes, peer_id)
-        self._queue_provide(shard_key(self.run_id, checkpoint.step, shard))
         self._dirty()
 
     def bad_shard(self, checkpoint: Checkpoint, shard: int, peer_id: str, digest: bytes) -> None:
@@ -255,8 +254,11 @@ class ShardService:
             log.debug("provide queue full, skipping %s", key)
 
     async def _provide_worker(self) -> None:
+        """Provider records one at a time, spaced out: they matter to peers outside the have-map
+        watchers, and a burst of DHT puts mid-transfer would take CPU from the transfer itself."""
         async for key in self._provide_queue:
             await self.node.provide(key)
+            await trio.sleep(PROVIDE_GAP_S)
 
     # ---- discovery: members that advertise a newer step --------------------------------------
 
@@ -378,9 +380,7 @@ class ShardService:
         while True:
             if self._status_dirty:
                 self._status_dirty = False
-                tmp = path.with_name("status.json.tmp")
-                tmp.write_text(json.dumps(self.status(), indent=1))
-                os.replace(tmp, path)
+                await trio.to_thread.run_sync(_write_status, path, json.dumps(self.status(), indent=1))
             await trio.sleep(STATUS_EVERY_S)
 
 
@@ -390,3 +390,9 @@ def _expiry_ms(envelope: bytes) -> int:
         return codec.decode(envelope, CheckpointManifest).envelope.expiry_ms
     except Rejected:
         return 0
+
+
+def _write_status(path: Path, text: str) -> None:
+    tmp = path.with_name("status.json.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

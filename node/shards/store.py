@@ -180,10 +180,18 @@ class ShardStore:
         return checkpoint
 
     def mark_verified(self, checkpoint: Checkpoint, index: int) -> None:
+        """Record a verified shard in memory (served from now on); ``persist_verified`` saves it."""
         checkpoint.verified[index] = 1
+        checkpoint.bump()
+
+    def persist_verified(self, checkpoint: Checkpoint) -> None:
+        """Save which shards are verified (blocking: a rename can take tens of ms on a busy disk).
+
+        A shard marked here is re-hashed on restart before it is trusted, so a marker that reaches
+        the disk before its data does costs a re-fetch, never a bad shard.
+        """
         if not checkpoint.complete:
             _write_atomic(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
-        checkpoint.bump()
 
     def finalize(self, checkpoint: Checkpoint) -> None:
         """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""
