@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from node.config import ConfigError, NodeConfig, load_config
+from node.config import ConfigError, InferenceOptions, NodeConfig, load_config
 from node.shards.config import ShardConfig, ShardConfigError, load_shard_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -36,7 +36,8 @@ def _config(**flags: Any) -> NodeConfig:
         raise typer.Exit(2) from None
 
 
-def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None) -> None:
+def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
+         inference: InferenceOptions | None = None) -> None:
     from node.control import NodeAlreadyRunning
     from node.runtime import JoinError
     from node.service import run_node, setup_logging
@@ -49,7 +50,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None) 
                 print(addr, flush=True)
 
     try:
-        run_node(config, on_ready, shards)
+        run_node(config, on_ready, shards, inference)
     except (JoinError, NodeAlreadyRunning) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -87,6 +88,9 @@ def join(
     new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
     trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
     publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Inference: base model directory (HF layout), or 'tiny' to build the project's tiny model; without it the node relays checkpoints but generates nothing")] = None,
+    tasks: Annotated[str, typer.Option("--tasks", help="Inference: toy:seed=S,count=N or a tasks .jsonl file")] = "toy:seed=0,count=1000",
+    engine: Annotated[str, typer.Option("--engine", help="Inference engine: auto, torch or vllm")] = "auto",
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -100,7 +104,35 @@ def join(
     except ShardConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
-    _run(cfg, announce=True, shards=shards)
+    inference = None
+    if "inference" in role:
+        if model is None:
+            err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
+        else:
+            inference = _inference_options(cfg, model, tasks, engine)
+    _run(cfg, announce=True, shards=shards, inference=inference)
+
+
+def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:
+    """Check the inference flags before the node starts, so mistakes fail fast and clearly."""
+    from node.tasks.spec import TaskSpecError, load_task_spec
+
+    try:
+        load_task_spec(tasks)
+    except (TaskSpecError, ValueError) as exc:
+        err.print(f"[red]configuration error:[/red] --tasks: {exc}")
+        raise typer.Exit(2) from None
+    if model == "tiny":
+        from node.tinymodel import ensure_tiny_model
+
+        err.print("preparing the tiny model (built once, about two minutes on 2 cores)...")
+        model_dir = ensure_tiny_model(cfg.home / "models" / "tiny")
+    else:
+        model_dir = Path(model).expanduser()
+        if not (model_dir / "config.json").exists():
+            err.print(f"[red]configuration error:[/red] --model {model_dir} is not an HF-layout model directory")
+            raise typer.Exit(2)
+    return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
 
 
 def _format_hardware(hw: dict[str, Any]) -> str:

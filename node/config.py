@@ -48,6 +48,15 @@ class NodeConfig:
         return self.home / "control.sock"
 
 
+@dataclass(frozen=True)
+class InferenceOptions:
+    """What the inference role needs beyond the node: a base model (HF layout), tasks, an engine."""
+
+    model_dir: Path
+    task_spec: str
+    engine: str = "auto"
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
 
 

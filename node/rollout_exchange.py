@@ -35,7 +35,11 @@ MAX_CONCURRENT_BATCHES = 4
 
 
 class DeliveryFailed(Exception):
-    """No answer from the receiver after every retry, or a refusal; the message says which."""
+    """No answer from the receiver after every retry."""
+
+
+class DeliveryRejected(DeliveryFailed):
+    """The receiver refused the batch; retrying the same bytes cannot help."""
 
 
 class RolloutReceiver:
@@ -93,7 +97,8 @@ async def deliver(node: Node, peer_id: str, envelope: bytes, *, attempts: int = 
                   first_backoff_s: float = 0.5) -> str:
     """Send one batch envelope to ``peer_id``; returns "stored" or "duplicate".
 
-    Retries transport failures with exponential backoff; a "rejected" answer is final and raises.
+    Retries transport failures with exponential backoff (``DeliveryFailed`` when they run out); a
+    "rejected" answer is final (``DeliveryRejected``).
     """
     peer = ID.from_base58(peer_id)
     backoff = first_backoff_s
@@ -114,7 +119,7 @@ async def deliver(node: Node, peer_id: str, envelope: bytes, *, attempts: int = 
             last_error = f"{type(exc).__name__}: {exc}"
         else:
             if status == "rejected":
-                raise DeliveryFailed(f"{peer_id} rejected the batch: {reason}")
+                raise DeliveryRejected(f"{peer_id} rejected the batch: {reason}")
             return status
         await trio.sleep(backoff)
         backoff *= 2

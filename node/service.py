@@ -10,12 +10,13 @@ from collections.abc import Callable
 import trio
 
 from crypto.identity import load_or_create_identity
-from node.config import NodeConfig
+from node.config import InferenceOptions, NodeConfig
 from node.hardware import detect_hardware
 from node.host import quiet_libp2p_logs
 from node.shards.config import ShardConfig
 
 log = logging.getLogger(__name__)
+RECEIVER_ROLES = frozenset({"trainer", "validator"})
 
 
 def setup_logging(level: str) -> None:
@@ -35,11 +36,15 @@ async def _until_signal(cancel: Callable[[], None]) -> None:
             return
 
 
-def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None) -> None:
+def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None,
+             inference: InferenceOptions | None = None) -> None:
     """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs.
 
-    With ``shards`` the node also runs the weight broadcast overlay (node.shards).
+    With ``shards`` the node also runs the weight broadcast overlay (node.shards); trainers and
+    validators receive rollout batches into ``<home>/inbox``; with ``inference`` it generates them.
     """
+    from node.rollout_exchange import RolloutReceiver
+    from node.rollout_inbox import RolloutInbox
     from node.runtime import Node  # libp2p is imported only by commands that run a node
     from node.shards.service import ShardService
 
@@ -48,8 +53,19 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
     if created:
         log.info("created a new identity %s at %s", identity.peer_id, config.key_path)
     node = Node(config, identity, detect_hardware(config.home))
-    if shards is not None:
-        node.services.append(ShardService(node, shards))  # registers its gossip handlers first
+    shard_service = ShardService(node, shards) if shards is not None else None  # registers gossip handlers
+    if shard_service is not None:
+        node.services.append(shard_service)
+    if RECEIVER_ROLES & set(config.roles):
+        node.services.append(RolloutReceiver(RolloutInbox(config.home / "inbox")))
+    if inference is not None:
+        from node.inference_worker import InferenceWorker
+        from node.tasks.spec import load_task_spec
+
+        if shard_service is None:
+            raise ValueError("the inference role needs the shard overlay for its checkpoints")
+        node.services.append(InferenceWorker(shard_service, inference.model_dir, load_task_spec(inference.task_spec),
+                                             engine=inference.engine))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

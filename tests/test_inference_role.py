@@ -1,0 +1,76 @@
+"""An inference node process beside a trainer process that publishes two successive checkpoints:
+the trainer's inbox receives valid batches for both steps, each provable only with its own weights."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from crypto.toploc import verify_proofs
+from node.engine.torch_engine import TorchEngine
+from node.local_swarm import LocalSwarm
+from node.rollout_inbox import RolloutInbox
+from protocol import codec
+from protocol.rollouts import RolloutBatch, unpack_tokens
+from tests.test_rollout_builder import wide_tiny_model
+
+TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
+          "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}
+
+
+def publish(publish_dir: Path, step: int, tensors: dict) -> None:
+    staging = publish_dir / f".writing-{step}"
+    save_file(tensors, staging)
+    os.rename(staging, publish_dir / f"step-{step}.safetensors")  # the rename hands it over
+
+
+def batches_by_step(inbox_dir: Path) -> dict[int, list[RolloutBatch]]:
+    found: dict[int, list[RolloutBatch]] = {}
+    if not inbox_dir.exists():
+        return found
+    inbox = RolloutInbox(inbox_dir)
+    for digest in inbox.pending():
+        batch = codec.decode(inbox.load(digest), RolloutBatch).message
+        found.setdefault(batch.policy_step, []).append(batch)
+    return found
+
+
+def proofs_hold(engine: TorchEngine, batch: RolloutBatch) -> bool:
+    group = batch.groups[0]
+    record = group.completions[0]
+    again = engine.prefill([unpack_tokens(group.prompt_ids).tolist()], [unpack_tokens(record.token_ids).tolist()])[0]
+    return all(v.ok for v in verify_proofs(again.hidden_states, list(record.proofs)))
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    swarm = LocalSwarm(tmp_path, run_id="inference-test", timing=TIMING)
+    yield swarm
+    swarm.stop_all()
+
+
+def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(swarm, tmp_path):
+    model = wide_tiny_model()
+    weights0 = load_file(model / "model.safetensors")
+    weights1 = {name: t + torch.randn_like(t) * 0.3 * t.abs() for name, t in weights0.items()}
+    publish_dir = tmp_path / "publish"
+    publish_dir.mkdir()
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--publish-dir", str(publish_dir)])
+    publish(publish_dir, 0, weights0)
+    swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr, "--trainer", trainer.peer_id,
+                           "--model", str(model), "--tasks", "toy:seed=3,count=200", "--engine", "torch"])
+    inbox = trainer.home / "inbox"
+    swarm.wait_until(lambda: 0 in batches_by_step(inbox), timeout_s=180, poll_s=1)
+    publish(publish_dir, 1, weights1)
+    swarm.wait_until(lambda: 1 in batches_by_step(inbox), timeout_s=180, poll_s=1)
+
+    received = batches_by_step(inbox)
+    engine = TorchEngine.from_checkpoint(model, max_batch_rows=8)
+    for step, weights in ((0, weights0), (1, weights1)):
+        engine.load_state_dict(weights)
+        assert all(proofs_hold(engine, batch) for batch in received[step]), f"step {step} proofs"
+    assert not proofs_hold(engine, received[0][0])  # step-0 work does not pass for step-1 weights
+    counters = sorted(g.counter for batch in received[0] for g in batch.groups)
+    assert counters == list(range(len(counters)))  # dense within the step, never reused
