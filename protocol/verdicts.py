@@ -1,0 +1,79 @@
+"""Verdict: a validator's signed judgement of one rollout batch, gossiped on the announcements topic.
+
+A verdict names the batch by the sha256 of its envelope instead of carrying it (gossip drops
+messages above about 1 MiB, a batch can be 16 MiB), so it stays a few hundred bytes for a normal
+batch. Anyone holding the batch can re-check a rejection whose reason is a proven cheat: those
+reasons depend only on the signed batch, the public assignment and the checkpoint.
+specs/validation.md is normative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from protocol.errors import InvalidValue, SignerMismatch
+from protocol.messages import MESSAGE_TYPES, PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
+
+# Reasons a group is rejected, in the order validation checks them.
+REASONS = (
+    "wrong_run", "stale_step", "unknown_checkpoint", "wrong_task", "wrong_length_target",
+    "replayed_counter", "wrong_prompt", "bad_tokens", "toploc", "logprobs", "termination",
+)
+# Reasons any node can re-check from the signed batch (plus, for a replay, the earlier batch):
+# no honest worker produces them, so one is enough to ban the worker for the run.
+PROVEN_CHEATS = frozenset({
+    "wrong_task", "wrong_length_target", "replayed_counter", "wrong_prompt", "bad_tokens",
+    "toploc", "logprobs", "termination",
+})
+MAX_GROUPS = 1024
+MAX_COMPLETIONS = 64
+
+
+@dataclass(frozen=True)
+class AcceptedGroup(Record):
+    counter: int = wire(Int(0, 2**32))
+    rewards: tuple[float, ...] = wire(ListOf(Float(-1e6, 1e6), max_items=MAX_COMPLETIONS))
+
+
+@dataclass(frozen=True)
+class RejectedGroup(Record):
+    counter: int = wire(Int(0, 2**32))
+    reason: str = wire(Str(32, choices=frozenset(REASONS)))
+
+
+@dataclass(frozen=True)
+class Verdict(Message):
+    TYPE: ClassVar[str] = "rollout_verdict"
+    MAX_SIZE: ClassVar[int] = 768 << 10  # 1024 groups x 64 float64 rewards fit; gossip's limit is ~1 MiB
+    MAX_LIFETIME_S: ClassVar[float] = 3600.0
+
+    run_id: str = wire(Str(64, pattern=RUN_ID_PATTERN))
+    batch_digest: bytes = wire(Bytes(32, min_len=32))
+    worker: str = wire(Str(64, pattern=PEER_ID_PATTERN))
+    policy_step: int = wire(Int(0, 2**40))
+    validator: str = wire(Str(64, pattern=PEER_ID_PATTERN))
+    accepted: tuple[AcceptedGroup, ...] = wire(ListOf(Nested(AcceptedGroup), max_items=MAX_GROUPS))
+    rejected: tuple[RejectedGroup, ...] = wire(ListOf(Nested(RejectedGroup), max_items=MAX_GROUPS))
+
+    def check(self, path: str) -> None:
+        counters = [g.counter for g in self.accepted] + [g.counter for g in self.rejected]
+        if len(set(counters)) != len(counters):
+            raise InvalidValue(f"{path}: a counter is both accepted and rejected, or appears twice")
+        if len(counters) > MAX_GROUPS:
+            raise InvalidValue(f"{path}: {len(counters)} groups, at most {MAX_GROUPS}")
+        if any(not g.rewards for g in self.accepted):
+            raise InvalidValue(f"{path}.accepted: a group without rewards")
+
+    def check_signer(self, signer_peer_id: str) -> None:
+        if self.validator != signer_peer_id:
+            raise SignerMismatch("verdict names a validator other than its signer")
+
+    @property
+    def cheats(self) -> tuple[str, ...]:
+        """The proven-cheat reasons among the rejections (empty: no ban)."""
+        return tuple(sorted({g.reason for g in self.rejected if g.reason in PROVEN_CHEATS}))
+
+
+MESSAGE_TYPES[Verdict.TYPE] = Verdict
