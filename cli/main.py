@@ -37,7 +37,7 @@ def _config(**flags: Any) -> NodeConfig:
 
 
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
-         inference: InferenceOptions | None = None) -> None:
+         inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = ()) -> None:
     from node.control import NodeAlreadyRunning
     from node.runtime import JoinError
     from node.service import run_node, setup_logging
@@ -50,7 +50,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
                 print(addr, flush=True)
 
     try:
-        run_node(config, on_ready, shards, inference)
+        run_node(config, on_ready, shards, inference, validator, trusted)
     except (JoinError, NodeAlreadyRunning) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -91,6 +91,8 @@ def join(
     model: Annotated[str | None, typer.Option("--model", help="Inference: base model directory (HF layout), or 'tiny' to build the project's tiny model; without it the node relays checkpoints but generates nothing")] = None,
     tasks: Annotated[str, typer.Option("--tasks", help="Inference: toy:seed=S,count=N or a tasks .jsonl file")] = "toy:seed=0,count=1000",
     engine: Annotated[str, typer.Option("--engine", help="Inference engine: auto, torch or vllm")] = "auto",
+    trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
+    verify_fraction: Annotated[float, typer.Option("--verify-fraction", help="Validator: fraction of batches verified, drawn from a local secret", min=0.0, max=1.0)] = 1.0,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -110,7 +112,15 @@ def join(
             err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
             inference = _inference_options(cfg, model, tasks, engine)
-    _run(cfg, announce=True, shards=shards, inference=inference)
+    validator = None
+    if "validator" in role and model is not None:  # same --model/--tasks/--engine as inference
+        from node.validator_service import ValidatorOptions
+
+        checked = _inference_options(cfg, model, tasks, engine)
+        validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
+                                     verify_fraction=verify_fraction, trusted=tuple(trust_validator or ()))
+    _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
+         trusted=tuple(trust_validator or ()))
 
 
 def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:

@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -14,6 +15,9 @@ from node.config import InferenceOptions, NodeConfig
 from node.hardware import detect_hardware
 from node.host import quiet_libp2p_logs
 from node.shards.config import ShardConfig
+
+if TYPE_CHECKING:
+    from node.validator_service import ValidatorOptions
 
 log = logging.getLogger(__name__)
 RECEIVER_ROLES = frozenset({"trainer", "validator"})
@@ -37,7 +41,8 @@ async def _until_signal(cancel: Callable[[], None]) -> None:
 
 
 def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None,
-             inference: InferenceOptions | None = None) -> None:
+             inference: InferenceOptions | None = None, validator: ValidatorOptions | None = None,
+             trusted_validators: tuple[str, ...] = ()) -> None:
     """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs.
 
     With ``shards`` the node also runs the weight broadcast overlay (node.shards); trainers and
@@ -57,7 +62,21 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
     if shard_service is not None:
         node.services.append(shard_service)
     if RECEIVER_ROLES & set(config.roles):
-        node.services.append(RolloutReceiver(RolloutInbox(config.home / "inbox")))
+        receiver = RolloutReceiver(RolloutInbox(config.home / "inbox"))
+        node.services.append(receiver)
+    if validator is not None:  # judges the receiver's inbox (node/validator_service.py)
+        from node.tasks.spec import load_task_spec
+        from node.validator_service import ValidatorService
+
+        if shard_service is None:
+            raise ValueError("the validator role needs the shard overlay for its checkpoints")
+        validator_service = ValidatorService(node, shard_service, validator, load_task_spec(validator.task_spec))
+        receiver.on_stored = validator_service.notify
+        node.services.append(validator_service)
+    elif trusted_validators:  # bans the workers these validators prove to cheat
+        from node.validator_service import listen_for_verdicts
+
+        listen_for_verdicts(node, trusted_validators)
     if inference is not None:
         from node.inference_worker import InferenceWorker
         from node.tasks.spec import load_task_spec

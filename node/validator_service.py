@@ -1,0 +1,239 @@
+"""The validator role: judge the batches in the inbox, sign and gossip verdicts, ban proven cheats.
+
+Batches arrive through ``RolloutReceiver`` into ``<home>/inbox``; this service is woken by its
+``on_stored`` callback and, at start, takes whatever is still pending there, so a restart loses
+nothing. A batch leaves the inbox only after its record (verdict envelope, or the note that it
+was not sampled) is durably in ``<home>/verdicts``; those records also rebuild the seen counters.
+specs/validation.md is normative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.engine import select_engine
+from node.engine.base import Engine
+from node.rollout_inbox import RolloutInbox
+from node.shards.loader import load_tensors
+from node.tasks.schema import Task
+from node.validation import BatchVerdict, Tolerances, batch_precheck, verify_batch
+from protocol import codec
+from protocol.errors import Rejected
+from protocol.keys import announcements_topic
+from protocol.rollouts import RolloutBatch
+from protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
+
+if TYPE_CHECKING:
+    from node.runtime import Node
+    from node.shards.service import ShardService
+    from node.shards.store import Checkpoint
+
+log = logging.getLogger(__name__)
+VERDICT_LIFETIME_S = 3600.0
+RESCAN_S = 2.0  # deferred batches (checkpoint not here yet) are retried this often
+
+
+@dataclass(frozen=True)
+class ValidatorOptions:
+    """What the validator role needs beyond the node (the inference flags, reused)."""
+
+    model_dir: Path
+    task_spec: str
+    engine: str = "auto"
+    verify_fraction: float = 1.0
+    trusted: tuple[str, ...] = ()
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The local secret the sampling is drawn from; workers never see it."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        secret = secrets.token_bytes(32)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(secret)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        return secret
+
+
+def sampled(secret: bytes, digest: str, fraction: float) -> bool:
+    """Whether the batch ``digest`` is verified: HMAC(secret, digest) read as a number in [0, 1)."""
+    value = int.from_bytes(hmac.new(secret, digest.encode(), hashlib.sha256).digest()[:8], "big") / 2**64
+    return value < fraction
+
+
+def ban_worker(node: Node, peer_id: str, why: str) -> None:
+    """Ban ``peer_id`` for the run: the receiver ignores its streams, its gossip is dropped."""
+    if node.scores.is_banned(peer_id) or peer_id == node.peer_id:
+        return
+    node.scores.banned.add(peer_id)
+    log.warning("banned worker %s: %s", peer_id, why)
+    if node.scores.on_ban is not None:
+        node.scores.on_ban(peer_id)
+
+
+def listen_for_verdicts(node: Node, trusted: Iterable[str]) -> None:
+    """Ban workers that a trusted validator (or this node) proved to cheat; call before ``node.run``."""
+    trust = set(trusted)
+
+    def on_verdict(signed: codec.Signed[Verdict], raw: bytes) -> bool:
+        verdict = signed.message
+        if verdict.run_id == node.config.run_id and verdict.cheats and (
+                verdict.validator in trust or verdict.validator == node.peer_id):
+            ban_worker(node, verdict.worker, f"{', '.join(verdict.cheats)} (verdict by {verdict.validator})")
+        return True
+
+    node.on_announcement(Verdict, on_verdict)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class ValidatorService:
+    def __init__(self, node: Node, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
+                 async_window: int = 2, tolerances: Tolerances = Tolerances()) -> None:
+        if not 0.0 <= options.verify_fraction <= 1.0:
+            raise ValueError("verify fraction must be in [0, 1]")
+        self.shards = shards
+        self.options = options
+        self.tasks = tasks
+        self.async_window = async_window
+        self.tolerances = tolerances
+        self.inbox = RolloutInbox(node.config.home / "inbox")
+        self.verdict_dir = node.config.home / "verdicts"
+        self.verdict_dir.mkdir(parents=True, exist_ok=True)
+        self.secret = load_or_create_secret(node.config.home / "validator_secret")
+        self.seen: dict[tuple[str, int], set[int]] = {}
+        self.rows = 0
+        self.seconds = 0.0
+        self._wake = trio.Event()
+        listen_for_verdicts(node, options.trusted)
+
+    def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
+        """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
+        self._wake.set()
+
+    def _load_records(self) -> None:
+        for path in self.verdict_dir.glob("*.json"):
+            record = json.loads(path.read_text())
+            self.seen.setdefault((record["worker"], record["step"]), set()).update(record["counters"])
+
+    def _load_engine(self) -> tuple[Engine, Any]:
+        from transformers import AutoTokenizer
+
+        engine = select_engine(self.options.engine).from_checkpoint(self.options.model_dir)
+        return engine, AutoTokenizer.from_pretrained(self.options.model_dir)
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node = node
+        await trio.to_thread.run_sync(self._load_records)
+        engine, tokenizer = await trio.to_thread.run_sync(self._load_engine)
+        log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
+                 engine.name, len(self.tasks), 100 * self.options.verify_fraction, len(self.inbox.pending()))
+        task_status.started()
+        loaded: list[int | None] = [None]
+        while True:
+            self._wake = trio.Event()
+            for digest in self.inbox.pending():
+                await self._handle(digest, engine, tokenizer, loaded)
+            with trio.move_on_after(RESCAN_S):
+                await self._wake.wait()
+
+    # ---- one batch ----------------------------------------------------------------------------
+
+    def _checkpoint(self, manifest_hash: bytes) -> Checkpoint | None:
+        for checkpoint in list(self.shards.store.checkpoints.values()):
+            if checkpoint.complete and hashlib.sha256(checkpoint.envelope).digest() == manifest_hash:
+                return checkpoint
+        return None
+
+    def _newest_step(self) -> int:
+        newest = self.shards.store.newest_complete()
+        steps = [m.advert.policy_step for m in self.node.view.members()
+                 if "trainer" in m.advert.roles and m.advert.policy_step is not None]
+        return max([newest.step if newest is not None else 0, *steps])
+
+    def _step_of(self, manifest_hash: bytes) -> int | None:
+        checkpoint = self._checkpoint(manifest_hash)
+        return checkpoint.step if checkpoint is not None else None
+
+    async def _handle(self, digest: str, engine: Engine, tokenizer: Any, loaded: list[int | None]) -> None:
+        try:
+            signed = codec.decode(self.inbox.load(digest), RolloutBatch)
+        except Rejected as exc:  # expired while it waited, or a file damaged on disk
+            log.warning("dropping inbox batch %s: %s", digest[:12], exc)
+            self.inbox.remove(digest)
+            return
+        except FileNotFoundError:
+            return
+        batch = signed.message
+        newest = self._newest_step()
+        reason = batch_precheck(batch, run_id=self.node.config.run_id, newest_step=newest,
+                                async_window=self.async_window, checkpoint_step_of=self._step_of)
+        if reason == "unknown_checkpoint" or (reason == "stale_step" and batch.policy_step > newest):
+            return  # the overlay has not brought that checkpoint yet: the batch waits in the inbox
+        counters = [g.counter for g in batch.groups]
+        if reason is None and not sampled(self.secret, digest, self.options.verify_fraction):
+            self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+            self._record(digest, batch, None)
+            return
+        checkpoint = self._checkpoint(batch.manifest_hash)
+        if reason is None and checkpoint is not None and loaded[0] != checkpoint.step:
+            tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
+            await trio.to_thread.run_sync(engine.load_state_dict, tensors)
+            loaded[0] = checkpoint.step
+        started = time.perf_counter()
+        result = await trio.to_thread.run_sync(lambda: verify_batch(
+            signed, engine=engine, tokenizer=tokenizer, tasks=self.tasks, run_id=self.node.config.run_id,
+            checkpoint_step_of=self._step_of, newest_step=newest, async_window=self.async_window,
+            seen_counters=self.seen, tolerances=self.tolerances))
+        self.seconds += time.perf_counter() - started
+        self.rows += result.completions
+        envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
+        self._record(digest, batch, envelope)
+        await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
+        verdict = codec.decode(envelope, Verdict).message
+        if verdict.cheats:
+            ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        log.info("verdict on %s from %s step %d: %d accepted, %d rejected %s; %.1f verified rows/s",
+                 digest[:12], batch.worker, batch.policy_step, len(result.accepted), len(result.rejected),
+                 sorted({g.reason for g in result.rejected}), rate)
+
+    def _verdict(self, digest: str, result: BatchVerdict) -> Verdict:
+        return Verdict(run_id=self.node.config.run_id, batch_digest=bytes.fromhex(digest), worker=result.worker,
+                       policy_step=result.policy_step, validator=self.node.peer_id,
+                       accepted=tuple(AcceptedGroup(counter=g.counter, rewards=g.rewards) for g in result.accepted),
+                       rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
+                                      for g in result.rejected))
+
+    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None) -> None:
+        """Durably note the batch (and its verdict), then drop it from the inbox."""
+        record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
+                  "verdict": envelope.hex() if envelope is not None else None}
+        _write_atomic(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
+        self.inbox.remove(digest)
