@@ -149,21 +149,20 @@ def test_previous_step_weights_claimed_as_current_are_rejected(world: World) -> 
     assert set(reasons(world.verify(batch))) == {"toploc"}
 
 
-def test_slightly_perturbed_weights_are_rejected_with_tight_thresholds(world: World) -> None:
+def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: World) -> None:
+    """1% weight noise. At hidden 128 its TOPLOC figures (1-5 exponent mismatches, mantissa mean
+    about 1.5, median 1) pass even the tight thresholds; the same-engine logprob tolerance (1e-3,
+    against errors of 4e-3 - 9e-3) is what rejects it. TOPLOC's defaults plus a cross-engine
+    logprob tolerance would let it through: the documented limit of specs/toploc.md section 6."""
     world.worker.load_state_dict(noisy(world.weights[STEP], 0.01, seed=9))
     try:
         batch = world.build()
     finally:
         world.worker.load_state_dict(world.weights[STEP])
-    loose = Tolerances(same_engine_toploc=Thresholds(), same_engine_logprob_atol=1.0)
-    tight_but_loose_logprobs = Tolerances(same_engine_logprob_atol=1.0)
-    assert set(reasons(world.verify(batch, tolerances=tight_but_loose_logprobs))) == {"toploc"}
+    assert set(reasons(world.verify(batch))) == {"logprobs"}
     world.seen.clear()
-    # Documented limit (specs/toploc.md section 6): TOPLOC's defaults let 1% noise through ...
-    assert "toploc" not in reasons(world.verify(batch, tolerances=loose))
-    world.seen.clear()
-    # ... but the default, same-engine logprob tolerance catches it anyway.
-    assert set(reasons(world.verify(batch))) <= {"toploc", "logprobs"}
+    loose = Tolerances(same_engine_toploc=Thresholds(), same_engine_logprob_atol=0.1)
+    assert reasons(world.verify(batch, tolerances=loose)) == [None] * 4
 
 
 def test_unassigned_task_is_rejected(world: World) -> None:
@@ -263,8 +262,10 @@ def test_tokens_after_eos_are_rejected(world: World) -> None:
     group = batch.groups[3]
     eos = world.validator.eos_token_ids[0]
     tokens = [unpack_tokens(c.token_ids).tolist() for c in group.completions]
-    tokens[0] = tokens[0][:5] + [eos] + [t for t in tokens[0][6:] if t != eos] + [11] * (16 - len(tokens[0]))
-    tokens[0] = [t if i == 5 or t != eos else 11 for i, t in enumerate(tokens[0])]
+    filler = 11
+    assert filler not in world.validator.eos_token_ids
+    head = [t if t not in world.validator.eos_token_ids else filler for t in tokens[0][:5]]
+    tokens[0] = head + [eos] + [filler] * (SETTINGS.max_tokens - 6)  # EOS at 5, then 10 more tokens
     forged = world.remake(batch, 3, tokens=tokens, finish=["length"] * len(tokens))
     assert reasons(world.verify(forged)) == [None, None, None, "termination"]
 
