@@ -14,7 +14,7 @@ untrained model of the tiny model's shape (the trained one takes two minutes to 
 Runs alternate between the two modes and the median of each is reported, which evens out the
 other load on a shared machine.
 
-    .venv/bin/python bench/inference.py [--quick] [--model DIR] [--threads 2]
+    .venv/bin/python bench/inference.py [--quick] [--model DIR] [--threads 1]
 
 The last line is ``inference: ours=<tok/s> peer=<tok/s> ratio=<x> target=0.95 ok|short``.
 """
@@ -62,12 +62,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs (< 1 minute)")
     parser.add_argument("--model", type=Path, help="HF-layout model dir (default: tiny shape)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: the tiny model's decode loop "
+        "is bound by Python overhead, and a second thread only adds contention)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     prompts_count, n = 16, 4  # 64 completions per generate call, the engine's batch
-    max_tokens, repeats = (64, 3) if args.quick else (128, 7)
+    max_tokens, repeats = (64, 7) if args.quick else (128, 11)
     with tempfile.TemporaryDirectory(prefix="ina-bench-") as tmp:
         if args.model is not None:
             model_dir = args.model

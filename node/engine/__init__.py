@@ -39,10 +39,10 @@ def select_engine(name: str) -> type[Engine]:
     """The engine class for ``name``: ``auto`` takes vLLM when it can run, else torch."""
     if name not in ENGINE_NAMES:
         raise ValueError(f"unknown engine {name!r}; choose one of {ENGINE_NAMES}")
-    if name == "vllm" or (name == "auto" and _vllm_missing() is None):
-        missing = _vllm_missing()
-        if missing is not None:
-            raise EngineUnavailable(f"engine 'vllm' requested but {missing}; use --engine torch")
+    missing = None if name == "torch" else _vllm_missing()
+    if name == "vllm" and missing is not None:
+        raise EngineUnavailable(f"engine 'vllm' requested but {missing}; use --engine torch")
+    if missing is None and name != "torch":
         from node.engine.vllm_engine import VllmEngine
 
         return VllmEngine

@@ -22,7 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("path", type=Path)
     parser.add_argument("--steps", type=int, default=TinyRecipe.train_steps)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     recipe = dataclasses.replace(TinyRecipe(), train_steps=args.steps)
@@ -32,7 +32,7 @@ def main() -> None:
     engine = TorchEngine.from_checkpoint(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tasks = generate_toy_tasks(EVAL_SEED, 400)
-    for kind in recipe.kinds:
+    for kind in dict.fromkeys(recipe.kinds):  # each kind once, in order
         subset = [t for t in tasks if t.verification_info["kind"] == kind]
         print(f"greedy accuracy {kind}: {greedy_accuracy(engine, tokenizer, subset):.3f}")
 
