@@ -1,6 +1,8 @@
-"""An inference node process beside a trainer process that publishes two successive checkpoints:
-the trainer's inbox receives valid batches for both steps, each provable only with its own weights."""
+"""Real processes: a trainer publishing two successive checkpoints, an inference worker and a
+validator. The trainer's inbox receives valid batches for both steps, each provable only with its
+own weights, and the validator signs verdicts that accept them."""
 
+import json
 import os
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from node.local_swarm import LocalSwarm
 from node.rollout_inbox import RolloutInbox
 from protocol import codec
 from protocol.rollouts import RolloutBatch, unpack_tokens
+from protocol.verdicts import Verdict
 from tests.test_rollout_builder import wide_tiny_model
 
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
@@ -59,8 +62,10 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     publish_dir.mkdir()
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--publish-dir", str(publish_dir)])
     publish(publish_dir, 0, weights0)
-    swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr, "--trainer", trainer.peer_id,
-                           "--model", str(model), "--tasks", "toy:seed=3,count=200", "--engine", "torch"])
+    common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model),
+              "--tasks", "toy:seed=3,count=200", "--engine", "torch"]
+    validator = swarm.start("validator", ["join", "--role", "validator", *common])
+    swarm.start("worker", ["join", "--role", "inference", *common])
     inbox = trainer.home / "inbox"
     swarm.wait_until(lambda: 0 in batches_by_step(inbox), timeout_s=180, poll_s=1)
     publish(publish_dir, 1, weights1)
@@ -74,3 +79,10 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     assert not proofs_hold(engine, received[0][0])  # step-0 work does not pass for step-1 weights
     counters = sorted(g.counter for batch in received[0] for g in batch.groups)
     assert counters == list(range(len(counters)))  # dense within the step, never reused
+
+    def verdicts() -> list[Verdict]:
+        records = [json.loads(p.read_text()) for p in (validator.home / "verdicts").glob("*.json")]
+        return [codec.decode(bytes.fromhex(r["verdict"]), Verdict).message for r in records if r["verdict"]]
+
+    swarm.wait_until(lambda: {v.policy_step for v in verdicts()} >= {0, 1}, timeout_s=180, poll_s=1)
+    assert all(v.accepted and not v.rejected and v.validator == validator.peer_id for v in verdicts()), verdicts()
