@@ -13,7 +13,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from node.engine.base import encode_prompt
-from node.tasks.schema import with_length_target
+from node.engine.torch_engine import TorchEngine
+from node.tasks.schema import filter_by_solve_rate, with_length_target
+from node.tasks.solve_rate import measure_solve_rates
 from node.tasks.toy import generate_toy_tasks
 from node.tinymodel import ensure_tiny_model
 from node.tinymodel.build import RECIPE_FILE, _training_batch
@@ -68,3 +70,17 @@ def test_training_lowers_the_answer_loss(tmp_path: Path) -> None:
         with torch.no_grad():
             losses.append(float(model(input_ids=ids, attention_mask=mask, labels=labels).loss))
     assert losses[1] < losses[0] - 1.0
+
+
+def test_solve_rates_feed_the_offline_filter() -> None:
+    """Measured with the model itself: rates in [0, 1] in steps of 1/samples, reproducible."""
+    path = quick_tiny_model()
+    engine = TorchEngine.from_checkpoint(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tasks = generate_toy_tasks(seed=5, count=6)
+    rated = measure_solve_rates(engine, tokenizer, tasks, samples=4)
+    assert [t.problem_id for t in rated] == [t.problem_id for t in tasks]
+    assert all(t.solve_rate is not None and t.solve_rate * 4 in range(5) for t in rated)
+    assert rated == measure_solve_rates(engine, tokenizer, tasks, samples=4)
+    band = filter_by_solve_rate(rated, 0.25, 0.75)
+    assert all(0.25 <= t.solve_rate <= 0.75 for t in band)

@@ -8,6 +8,7 @@
 - ``node.tasks.code_verifier``: fenced Python program vs stdin/stdout or assert tests.
 - ``node.tasks.sandbox``: the locked-down child process the code tests run in.
 - ``node.tasks.verify``: ``task_reward(task, completion)``, dispatching on the task type.
+- ``node.tasks.solve_rate``: measure solve rates with a model, for the offline filter.
 
 Which task a worker solves is not chosen here: ``protocol.assignment`` derives it from a hash.
 """
