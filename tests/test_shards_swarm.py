@@ -93,13 +93,13 @@ async def liar_server(behaviour: str, shard_count: int, task_status=trio.TASK_ST
         try:
             request = await stream.receive_some(65536)
             target = request.split(b" ")[1]
-            if b"/have" in target:
-                if b"after=" in target:
-                    await trio.sleep(15)  # nothing ever changes here
-                body = json.dumps({"version": 1, "shards": shard_count,
+            if b"/have" in target:  # one line, then a stream that never changes
+                line = json.dumps({"version": 1, "shards": shard_count,
                                    "verified": pack_bits(bytearray([1]) * shard_count)}).encode()
-                await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-                return
+                await stream.send_all(b"HTTP/1.1 200 OK\r\n\r\n" + line + b"\n")
+                while True:
+                    await trio.sleep(5)
+                    await stream.send_all(b"\n")
             match = re.search(rb"range: bytes=(\d+)-(\d+)", request.lower())
             if match is None:
                 return

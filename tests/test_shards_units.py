@@ -2,6 +2,7 @@
 atomicity and path safety, the mmap loader, and the HTTP server and client against bad input."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import blake3
@@ -364,8 +365,10 @@ async def test_server_serves_only_verified_ranges_and_refuses_path_tricks(tmp_pa
         with pytest.raises(HttpStatus) as caught:
             await fetch(client, endpoint, SHARD, 3 * SHARD)  # shard 2 not verified here
         assert caught.value.status == 404
-        have = await client.get(endpoint, f"/ina/v1/{RUN}/5/have", limit=4096)
-        assert b'"version": 2' in have and pack_bits(served.checkpoint.verified).encode() in have
+        lines: list[bytes] = []
+        await client.follow(endpoint, f"/ina/v1/{RUN}/5/have", lambda line: lines.append(line) and False,
+                            idle_timeout_s=5, max_line=4096)
+        assert b'"version": 2' in lines[0] and pack_bits(served.checkpoint.verified).encode() in lines[0]
         assert await client.get(endpoint, f"/ina/v1/{RUN}/5/manifest", limit=1 << 20) == served.checkpoint.envelope
         for target in (f"/ina/v1/{RUN}/5/../../../etc/passwd", f"/ina/v1/{RUN}/5/%2e%2e/x", "/etc/passwd",
                        f"/ina/v1/{RUN}/5/checkpoint.safetensors/../manifest", f"/ina/v1/../{RUN}/5/manifest"):
@@ -385,19 +388,31 @@ async def test_server_serves_only_verified_ranges_and_refuses_path_tricks(tmp_pa
     assert not any(p.name == "passwd" for p in tmp_path.rglob("*"))
 
 
-async def test_have_long_poll_wakes_on_a_new_shard(tmp_path, checkpoint_file, manifest):
+async def test_have_stream_sends_a_line_per_change_and_ends_when_complete(tmp_path, checkpoint_file, manifest):
     served = Served(tmp_path, checkpoint_file, manifest)
     client = ShardClient(Identity.generate(), stall_s=5)
+    lines: list[dict] = []
+
+    def on_line(line: bytes) -> bool:
+        lines.append(json.loads(line))
+        return True
+
     async with trio.open_nursery() as nursery:
         endpoint = await served.start(nursery)
+
         async def later() -> None:
             await trio.sleep(0.3)
             served.fill([3])
+            await trio.sleep(0.3)
+            served.fill(range(manifest.shard_count))  # all at once: coalesced into few lines
+
         nursery.start_soon(later)
-        with trio.fail_after(3):
-            have = await client.get(endpoint, f"/ina/v1/{RUN}/5/have?after=0&wait=10", limit=4096)
-        assert b'"version": 1' in have
+        with trio.fail_after(5):  # returns because the server ends the stream once complete
+            await client.follow(endpoint, f"/ina/v1/{RUN}/5/have", on_line, idle_timeout_s=5, max_line=4096)
         nursery.cancel_scope.cancel()
+    assert [unpack_bits(line["verified"], manifest.shard_count)[3] for line in lines[:2]] == [0, 1]
+    assert all(unpack_bits(lines[-1]["verified"], manifest.shard_count))
+    assert len(lines) < 2 + manifest.shard_count
 
 
 async def test_upload_caps_and_seed_mode(tmp_path, checkpoint_file, manifest):

@@ -71,13 +71,9 @@ class ShardClient:
                     await stream.aclose()
         raise Stalled(f"no answer from {endpoint.peer_id} within {head_timeout_s:g} s")
 
-    async def get(self, endpoint: Endpoint, target: str, limit: int, timeout_s: float | None = None) -> bytes:
-        """A small body (manifest, have map); HttpStatus for anything but 200.
-
-        ``timeout_s`` (default ``stall_s``) bounds the wait for the answer: a long-poll needs more.
-        """
-        timeout_s = timeout_s or self.stall_s
-        stream, response, rest = await self._request(endpoint, target, [], timeout_s)
+    async def get(self, endpoint: Endpoint, target: str, limit: int) -> bytes:
+        """A small body (a manifest); HttpStatus for anything but 200."""
+        stream, response, rest = await self._request(endpoint, target, [], self.stall_s)
         try:
             length = _content_length(response, limit)
             chunks: list[bytes] = []
@@ -93,6 +89,39 @@ class ShardClient:
         if response.status_code != 200:
             raise HttpStatus(response.status_code, body)
         return body
+
+    async def follow(self, endpoint: Endpoint, target: str, on_line: Callable[[bytes], bool],
+                     idle_timeout_s: float, max_line: int) -> None:
+        """Read a stream of lines (a have stream) until the server ends it or ``on_line`` returns
+        False. Stalled past ``idle_timeout_s`` without a byte; Oversize for an endless line."""
+        stream, response, rest = await self._request(endpoint, target, [], self.stall_s)
+        try:
+            if response.status_code != 200:
+                length = _content_length(response, 1 << 16)
+                chunks: list[bytes] = []
+                with trio.move_on_after(self.stall_s) as scope:
+                    window = ProgressWindow(scope, self.stall_s, 1)
+                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
+                                    bytearray(length or 1), window)
+                raise HttpStatus(response.status_code, b"".join(chunks))
+            buffer = bytearray(rest)
+            while True:
+                while (end := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    if not on_line(line):
+                        return
+                if len(buffer) > max_line:
+                    raise Oversize(f"a line of over {max_line} bytes from {endpoint.peer_id}")
+                with trio.move_on_after(idle_timeout_s):
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                    continue
+                raise Stalled(f"{endpoint.peer_id} sent nothing for {idle_timeout_s:g} s")
+        finally:
+            await stream.aclose()
 
     async def get_range(self, endpoint: Endpoint, target: str, start: int, dest: memoryview,
                         on_chunk: Callable[[memoryview], None], min_bytes_per_window: int = MIB) -> None:

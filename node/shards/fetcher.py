@@ -1,6 +1,6 @@
 """Fetching one checkpoint from the swarm: which shard next, from whom, and what to do when it fails.
 
-Parents are the peers whose have-maps (long-polled over HTTP) show the shard verified. The
+Parents are the peers whose have streams (HTTP, one line per change) show the shard verified. The
 scheduler prefers any peer over the origin (the trainer), so the origin uploads about one copy and
 the fetchers spread the rest; among peers it takes the rarest shard first and the peer with the
 best measured throughput and record. Every shard is hashed while it arrives and compared with the
@@ -32,14 +32,14 @@ from protocol.errors import InvalidValue, MalformedBody, Rejected
 from protocol.manifest import BadShard
 
 log = logging.getLogger(__name__)
-MAX_WATCHED = 12  # have-maps long-polled per checkpoint: the origin and the best other peers
-HAVE_WAIT_S = 15
+MAX_WATCHED = 12  # have streams followed per checkpoint: the origin and the best other peers
+HAVE_IDLE_S = 25.0  # servers send a heartbeat line every 10 s
 REFUSED_S = 3.0  # how long a 409 from the origin keeps a shard off its list (a have change clears it)
 BUSY_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 PER_PEER_DOWNLOADS = 2
-PROVIDER_LOOKUP_S = 10.0  # DHT lookups cost CPU on every node they touch; have-maps are the fast path
+PROVIDER_LOOKUP_S = 10.0  # DHT lookups cost CPU on every node they touch; have streams are the fast path
 _HTTP_ADDR = re.compile(r"/(?:ip4|dns4)/([A-Za-z0-9.-]{1,253})/tcp/([0-9]{1,5})/http")
 
 
@@ -148,7 +148,7 @@ class CheckpointFetch:
     # ---- who has what --------------------------------------------------------------------
 
     async def _watch_peers(self, nursery: trio.Nursery) -> None:
-        """Keep long-polls open to the origin and the best-ranked other known peers."""
+        """Keep have streams open to the origin and the best-ranked other known peers."""
         while True:
             candidates = [p for p in self.book.peers if p != self.own_peer_id and p not in self.watched
                           and p not in self.blocked and not self.scores.is_banned(p)]
@@ -159,39 +159,39 @@ class CheckpointFetch:
             await trio.sleep(1.0)
 
     async def _watch(self, peer_id: str) -> None:
+        """Follow ``peer_id``'s have stream, reconnecting while it has not shown every shard."""
         manifest = self.checkpoint.manifest
-        target_base = f"/ina/v1/{self.store.root.name}/{manifest.step}/have"
-        version: int | None = None
-        delay = 0.0
+        target = f"/ina/v1/{self.store.root.name}/{manifest.step}/have"
         complete = False
+
+        def on_line(line: bytes) -> bool:
+            nonlocal complete
+            if not line.strip():
+                return True  # heartbeat
+            _, bits = _parse_have(line, manifest.shard_count)
+            self.have[peer_id] = bits
+            self.refused = {key: t for key, t in self.refused.items() if key[0] != peer_id}
+            self._poke()
+            complete = all(bits)
+            return peer_id not in self.blocked and not complete
+
+        delay = 0.0
         try:
-            while peer_id not in self.blocked:
+            while peer_id not in self.blocked and not complete:
                 await trio.sleep(delay)
-                endpoint = self.book.peers[peer_id].endpoint
                 try:
-                    query = f"wait={HAVE_WAIT_S}" if version is None else f"after={version}&wait={HAVE_WAIT_S}"
-                    body = await self.client.get(endpoint, f"{target_base}?{query}",
-                                                 limit=4096 + manifest.shard_count // 4, timeout_s=HAVE_WAIT_S + 10)
-                    version, bits = _parse_have(body, manifest.shard_count)
+                    await self.client.follow(self.book.peers[peer_id].endpoint, target, on_line,
+                                             idle_timeout_s=HAVE_IDLE_S, max_line=4096 + manifest.shard_count // 4)
+                    delay = 0.5
                 except HttpStatus as exc:
                     delay = 0.5 if exc.status == 404 else 2.0  # 404: it has not heard of this step yet
-                    continue
                 except Rejected as exc:
-                    self.scores.reject(peer_id, exc.reason, f"have map: {exc}")
+                    self.scores.reject(peer_id, exc.reason, f"have stream: {exc}")
                     delay = 5.0
-                    continue
                 except OSError:
                     delay = min(max(2 * delay, 1.0), 10.0)  # down or restarting
-                    continue
-                delay = 0.05  # coalesce bursts of changes a little
-                self.have[peer_id] = bits
-                self.refused = {key: t for key, t in self.refused.items() if key[0] != peer_id}
-                self._poke()
-                if all(bits):
-                    complete = True  # a complete peer never changes again: it stays in `watched`
-                    return
         finally:
-            if not complete:
+            if not complete:  # a complete peer never changes again: it stays in `watched`
                 self.watched.discard(peer_id)
 
     async def _discover_providers(self) -> None:
@@ -300,17 +300,17 @@ class CheckpointFetch:
 
 
 def _parse_have(body: bytes, shard_count: int) -> tuple[int, bytearray]:
-    """A have answer: {"version": int, "shards": int, "verified": hex bits}, nothing else."""
+    """A have line: {"version": int, "shards": int, "verified": hex bits}, nothing else."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedBody("have map is not JSON") from None
+        raise MalformedBody("have line is not JSON") from None
     if not isinstance(data, dict) or set(data) != {"version", "shards", "verified"}:
-        raise MalformedBody("have map is not {version, shards, verified}")
+        raise MalformedBody("have line is not {version, shards, verified}")
     version, shards, verified = data["version"], data["shards"], data["verified"]
     if type(version) is not int or version < 0 or shards != shard_count or type(verified) is not str:
-        raise InvalidValue("have map fields out of range")
+        raise InvalidValue("have line fields out of range")
     try:
         return version, unpack_bits(verified, shard_count)
     except ValueError as exc:
-        raise InvalidValue(f"have map bits: {exc}") from None
+        raise InvalidValue(f"have line bits: {exc}") from None
