@@ -1,7 +1,6 @@
 """Durable storage of received rollout batches, keyed by the sha256 of their envelope.
 
-A batch is acknowledged only after it is on disk (temporary file, fsync, rename, fsync of the
-directory), so an acknowledged batch survives a crash, and a crash mid-write leaves only a
+A batch is acknowledged only after it is on disk (``node.durable``), so an acknowledged batch survives a crash, and a crash mid-write leaves only a
 temporary file that the next start removes: nothing half-written ever looks like a batch.
 """
 
@@ -10,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+
+from node.durable import write_durably
 
 SUFFIX = ".batch"
 TMP_MARK = ".tmp-"
@@ -36,17 +37,7 @@ class RolloutInbox:
         final = self._path(digest)
         if final.exists():
             return digest, False
-        tmp = final.with_name(f"{final.name}{TMP_MARK}{os.getpid()}")
-        with open(tmp, "wb") as handle:
-            handle.write(envelope)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, final)
-        directory = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_durably(final, envelope, tmp_suffix=f"{TMP_MARK}{os.getpid()}")
         return digest, True
 
     def pending(self) -> list[str]:

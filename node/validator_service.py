@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from node.durable import write_durably
 from node.engine import select_engine
 from node.engine.base import Engine
 from node.rollout_inbox import RolloutInbox
@@ -97,20 +98,6 @@ def listen_for_verdicts(node: Node, trusted: Iterable[str]) -> None:
         return True
 
     node.on_announcement(Verdict, on_verdict)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
 
 
 class ValidatorService:
@@ -235,5 +222,5 @@ class ValidatorService:
         """Durably note the batch (and its verdict), then drop it from the inbox."""
         record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
                   "verdict": envelope.hex() if envelope is not None else None}
-        _write_atomic(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
+        write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
         self.inbox.remove(digest)
