@@ -31,6 +31,7 @@ from node.shards.loader import load_tensors
 from node.tasks.schema import Task
 from crypto.toploc import DEFAULT_TOPK
 from protocol import codec
+from protocol.rollouts import RolloutAnnouncement, RolloutBatch
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RECEIVER_ROLES = frozenset({"trainer", "validator"})
 BATCH_LIFETIME_S = 3600.0
+ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
 
 
@@ -151,7 +153,18 @@ class InferenceWorker:
         self.stats.generation_s += built.seconds
         envelope = codec.encode(built.batch, self.node.identity, lifetime_s=BATCH_LIFETIME_S)
         await self._deliver_everywhere(envelope)
+        await self._announce(built.batch, envelope)
         log.info("%s", self.stats.line(step))
+
+    async def _announce(self, batch: RolloutBatch, envelope: bytes) -> None:
+        announcement = RolloutAnnouncement(
+            run_id=batch.run_id, worker=batch.worker, policy_step=batch.policy_step,
+            batch_digest=hashlib.sha256(envelope).digest(), groups=len(batch.groups),
+            completions=sum(len(g.completions) for g in batch.groups))
+        try:
+            await self.node.announce(announcement, lifetime_s=ANNOUNCEMENT_LIFETIME_S)
+        except Exception as exc:  # gossip is best effort; the batch itself was delivered
+            log.debug("announcement failed: %s", exc)
 
     def _receivers(self) -> list[str]:
         return [m.advert.peer_id for m in self.node.view.members()

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 # Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. Forged or malformed input is
 # never an accident of an honest peer. A stale or superseded message is: gossip delivers an older
 # advert after a newer one by another path, a relayed message can expire in transit, and a peer
-# can answer with the older advert it holds. Those are counted but cost nothing, or a loaded
+# can answer with the older advert it holds, and a node running a newer version gossips message
+# types this one does not know. Those are counted but cost nothing, or a loaded or mixed-version
 # swarm would ban its honest members.
 PENALTIES: dict[str, float] = {
     "bad_signature": 60.0,
@@ -29,6 +30,7 @@ PENALTIES: dict[str, float] = {
     "oversize": 25.0,
     "expired": 0.0,
     "replayed": 0.0,
+    "unknown_type": 0.0,  # a newer version's message: forwarded by honest peers, not evidence
     "from_future": 5.0,
     "timeout": 5.0,
 }

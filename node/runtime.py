@@ -30,7 +30,7 @@ from node.peer_cache import PeerCache
 from node.peer_scores import PeerScores
 from node.streams import close_quietly, read_frame, write_frame
 from protocol import codec
-from protocol.errors import Rejected, SignerMismatch
+from protocol.errors import InvalidValue, Rejected, SignerMismatch
 from protocol.framing import (
     MAX_MEMBERS_REQUEST,
     MAX_MEMBERS_RESPONSE,
@@ -40,6 +40,7 @@ from protocol.framing import (
 )
 from protocol.keys import DHT_NAMESPACE, advert_key, announcements_topic, members_topic, run_members_key
 from protocol.messages import Hardware, Message, NodeAdvert
+from protocol.rollouts import RolloutAnnouncement
 
 log = logging.getLogger(__name__)
 SOFTWARE_VERSION = "0.1.0"
@@ -88,6 +89,8 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self._advert_changed = trio.Event()
         self._announcement_handlers: dict[str, tuple[type[Message], AnnouncementHandler]] = {}
+        self.rollouts_announced: dict[str, int] = {}  # worker -> batches it announced
+        self.on_announcement(RolloutAnnouncement, self._on_rollout_announcement)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -325,6 +328,13 @@ class Node:
         _, handler = self._announcement_handlers[signed.message.TYPE]
         return handler(signed, raw) is not False
 
+    def _on_rollout_announcement(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
+        if signed.message.run_id != self.config.run_id:
+            raise InvalidValue(f"announcement for run {signed.message.run_id!r}")
+        worker = signed.message.worker
+        self.rollouts_announced[worker] = self.rollouts_announced.get(worker, 0) + 1
+        return True
+
     async def announce(self, message: Message, lifetime_s: float) -> bytes:
         """Sign and gossip ``message`` on the announcements topic; returns the envelope."""
         envelope = codec.encode(message, self.identity, lifetime_s=lifetime_s)
@@ -443,6 +453,7 @@ class Node:
             "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,
             "rejections": dict(self.scores.rejections),
+            "rollout_batches_announced": sum(self.rollouts_announced.values()),
             "banned": sorted(self.scores.banned),
         }
 

@@ -126,3 +126,26 @@ class RolloutBatch(Message):
 
 
 MESSAGE_TYPES[RolloutBatch.TYPE] = RolloutBatch
+
+
+@dataclass(frozen=True)
+class RolloutAnnouncement(Message):
+    """Gossiped after delivery: which batch exists, never its content (specs/rollouts.md)."""
+
+    TYPE: ClassVar[str] = "rollout_announcement"
+    MAX_SIZE: ClassVar[int] = 1024
+    MAX_LIFETIME_S: ClassVar[float] = 600.0
+
+    run_id: str = wire(Str(64, pattern=RUN_ID_PATTERN))
+    worker: str = wire(Str(64, pattern=PEER_ID_PATTERN))
+    policy_step: int = wire(Int(0, 2**40))
+    batch_digest: bytes = wire(Bytes(32, min_len=32))
+    groups: int = wire(Int(1, 1024))
+    completions: int = wire(Int(1, 65536))
+
+    def check_signer(self, signer_peer_id: str) -> None:
+        if self.worker != signer_peer_id:
+            raise SignerMismatch("announcement names a worker other than its signer")
+
+
+MESSAGE_TYPES[RolloutAnnouncement.TYPE] = RolloutAnnouncement

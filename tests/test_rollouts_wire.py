@@ -102,3 +102,15 @@ def test_a_node_advert_is_not_accepted_where_a_batch_is_expected():
 
     with pytest.raises(errors.UnknownMessageType):
         codec.decode(codec.encode(sample_advert(WORKER), WORKER, lifetime_s=60), RolloutBatch)
+
+
+def test_announcement_round_trip_and_binding():
+    from protocol.rollouts import RolloutAnnouncement
+
+    note = RolloutAnnouncement(run_id="r", worker=WORKER.peer_id, policy_step=2, batch_digest=bytes(32), groups=4,
+                               completions=32)
+    assert codec.decode(codec.encode(note, WORKER, lifetime_s=60), RolloutAnnouncement).message == note
+    forged = seal(WORKER, RolloutAnnouncement.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(
+        {**note.to_wire(), "worker": Identity.generate().peer_id}, use_bin_type=True), lifetime_s=60)
+    with pytest.raises(errors.SignerMismatch):
+        codec.decode(forged, RolloutAnnouncement)
