@@ -3,8 +3,8 @@
 Why build on first use rather than commit weights: the swarm never relies on two machines
 building identical bytes (the trainer publishes checkpoint 0 through the shard overlay, named by
 its manifest hash); what must be reproducible is the recipe, which is recorded next to the
-weights in ``tinymodel.json`` and checked on reuse. Building takes under two minutes on 2 CPU
-cores and keeps several MB of binary out of git history.
+weights in ``tinymodel.json`` and checked on reuse. Building takes about two minutes on a busy
+2-core machine (one torch thread) and keeps megabytes of binary out of git history.
 
 The recipe:
 
@@ -15,10 +15,11 @@ The recipe:
   parameters (small on purpose: a GRPO step on two cores must take well under a second), random
   init from the recipe seed;
 - training: supervised, loss on the answer and EOS only, AdamW with warm-up and cosine decay,
-  three addition batches for one reversal batch, for a fixed number of steps that leaves
-  addition's greedy accuracy low on purpose (around 0.1-0.3) so that GRPO has room to raise it;
-  reversal is learned almost fully by then. Half of the training prompts carry the
-  "Think for N tokens..." suffix so both forms parse.
+  three addition batches for one reversal batch, 850 steps of 32: greedy accuracy ends low on
+  purpose so that GRPO has room to raise it (measured: addition 0.135, reversal 0.095 on 200
+  held-out tasks each; 700 steps gave 0.10 / 0.05, 900 steps 0.48 / 0.48: the models sit on
+  the steep part of the curve, so another machine's float rounding may land a few points away).
+  Half of the training prompts carry the "Think for N tokens..." suffix so both forms parse.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class TinyRecipe:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 256
-    train_steps: int = 700
+    train_steps: int = 850
     batch_size: int = 32
     lr: float = 2e-3
     # the kinds that training batches cycle through; a kind repeated is trained more. Reversal is
