@@ -35,7 +35,6 @@ def tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path) -> TorchEngine:
-    torch.set_num_threads(2)
     return TorchEngine.from_checkpoint(model_dir, max_batch_rows=8)
 
 
