@@ -71,7 +71,12 @@ class _RaceNoise:
 
 
 class TorchEngine(Engine):
-    """Batched generation and prefill with PyTorch (CPU by default)."""
+    """Batched generation and prefill with PyTorch (CPU by default).
+
+    ``max_batch_rows`` bounds the rows decoded together: a generation chunk holds
+    ``max(1, max_batch_rows // n)`` prompts (so one prompt with a larger ``n`` still goes in one
+    piece), a prefill batch ``max_batch_rows`` sequences.
+    """
 
     name = "torch"
 
