@@ -99,8 +99,8 @@ def test_toy_tasks_are_seeded_and_correct() -> None:
             x, y = (int(w) for w in task.prompt.removeprefix("What is ").rstrip("?").split(" + "))
             assert info["answer"] == str(x + y)
         else:
-            word = task.prompt.removeprefix("Reverse the word ").rstrip(".")
-            assert info["answer"] == word[::-1]
+            digits = task.prompt.removeprefix("Reverse the digits ").rstrip(".")
+            assert digits.isdigit() and info["answer"] == digits[::-1]
 
 
 def test_toy_verifier() -> None:
