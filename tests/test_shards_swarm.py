@@ -168,9 +168,10 @@ async def test_corrupt_and_stalling_peers_and_a_forged_manifest(tmp_path):
         swarm.stop_all()
 
 
-def test_killed_relay_and_restarted_fetcher(tmp_path):
+def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
     """kill -9 a fetcher that is relaying mid-transfer: the others finish. Restart it: it resumes
-    from its verified shards and downloads only the rest."""
+    from its verified shards and downloads only the rest. Then three more steps: every node keeps
+    only the newest three and advertises the newest."""
     shard = 2 * MIB
     swarm = ShardSwarm(tmp_path, "shards-crash", {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard)})
     mib = 64
@@ -207,6 +208,16 @@ def test_killed_relay_and_restarted_fetcher(tmp_path):
         assert status["resumed_shards"] >= held - 1  # at most the shard being marked when killed is lost
         total_shards = status["steps"]["1"]["shards"]
         assert status["fetched_shards"] == total_shards - status["resumed_shards"]  # nothing fetched twice
+
+        for step in (2, 3, 4):
+            swarm.publish(step, 4, seed=10 + step)
+            wait_for(lambda: all(holds(f, step) for f in swarm.fetchers()), 120)
+        everyone = [swarm.origin, *swarm.fetchers()]
+        for node in everyone:
+            assert sorted(shard_status(node)["steps"]) == ["2", "3", "4"]
+            assert sorted(p.name for p in (node.home / "shards" / "shards-crash").iterdir()) == \
+                [f"{s:012d}" for s in (2, 3, 4)]
+        wait_for(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [4] * 5, 60)
     finally:
         swarm.stop_all()
 
