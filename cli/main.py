@@ -51,7 +51,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
 
     try:
         run_node(config, on_ready, shards, inference, validator, trusted)
-    except (JoinError, NodeAlreadyRunning) as exc:
+    except (JoinError, NodeAlreadyRunning, ShardConfigError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
 

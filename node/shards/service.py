@@ -29,7 +29,7 @@ import trio
 
 from node.shards.checkpoint import CheckpointFormatError, build_manifest
 from node.shards.client import HttpStatus, ShardClient
-from node.shards.config import ShardConfig
+from node.shards.config import ShardConfig, ShardConfigError
 from node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from node.shards.progress import CheckpointProgress
 from node.shards.server import ShardServer
@@ -54,6 +54,9 @@ class ShardService:
         self.node = node
         self.config = config
         self.run_id = node.config.run_id
+        if config.is_publisher and config.trainer not in (None, node.peer_id):
+            raise ShardConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "
+                                   f"{config.trainer}: its manifests would be refused everywhere, its own copy included")
         self.trainer = config.trainer or (node.peer_id if config.is_publisher else None)
         self.store = ShardStore(config.data_dir, self.run_id)
         self.book = PeerBook()
