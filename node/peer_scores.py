@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 PENALTIES: dict[str, float] = {
     "bad_signature": 60.0,
     "signer_mismatch": 60.0,
+    "unauthorized_signer": 60.0,  # a manifest signed by a key other than the run's trainer
+    "bad_shard": 60.0,  # shard bytes that contradict the signed manifest's hash
     "malformed": 25.0,
     "malformed_body": 25.0,
     "oversize": 25.0,
