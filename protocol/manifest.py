@@ -21,7 +21,7 @@ import blake3
 
 from protocol.errors import InvalidValue, Rejected
 from protocol.keys import _digest
-from protocol.messages import MESSAGE_TYPES, PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
 from protocol.schema import Bytes, Int, ListOf, Nested, Optional, Record, Str, wire
 
 HASH_SIZE = 32
@@ -169,6 +169,3 @@ def shard_key(run_id: str, step: int, index: int) -> str:
 def manifest_key(run_id: str, step: int) -> str:
     """Provider-record key for "I hold the manifest of ``step``" (32 hex characters)."""
     return _digest("manifest", run_id, str(step))
-
-
-MESSAGE_TYPES.update({cls.TYPE: cls for cls in (CheckpointManifest, ShardComplaint)})

@@ -61,6 +61,3 @@ class NodeAdvert(Message):
     def check_signer(self, signer_peer_id: str) -> None:
         if self.peer_id != signer_peer_id:
             raise SignerMismatch("advert names a peer id other than its signer")
-
-
-MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (NodeAdvert,)}

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from protocol.errors import InvalidValue, SignerMismatch
-from protocol.messages import MESSAGE_TYPES, PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
 from protocol.schema import Bytes, Float, Int, ListOf, Nested, Optional, Record, Str, wire
 
 TOPLOC_CHUNK = 32
@@ -125,9 +125,6 @@ class RolloutBatch(Message):
             raise SignerMismatch("rollout batch names a worker other than its signer")
 
 
-MESSAGE_TYPES[RolloutBatch.TYPE] = RolloutBatch
-
-
 @dataclass(frozen=True)
 class RolloutAnnouncement(Message):
     """Gossiped after delivery: which batch exists, never its content (specs/rollouts.md)."""
@@ -146,6 +143,3 @@ class RolloutAnnouncement(Message):
     def check_signer(self, signer_peer_id: str) -> None:
         if self.worker != signer_peer_id:
             raise SignerMismatch("announcement names a worker other than its signer")
-
-
-MESSAGE_TYPES[RolloutAnnouncement.TYPE] = RolloutAnnouncement

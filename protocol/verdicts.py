@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from protocol.errors import InvalidValue, SignerMismatch
-from protocol.messages import MESSAGE_TYPES, PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
 from protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
 
 # Reasons a group is rejected, in the order validation checks them.
@@ -74,6 +74,3 @@ class Verdict(Message):
     def cheats(self) -> tuple[str, ...]:
         """The proven-cheat reasons among the rejections (empty: no ban)."""
         return tuple(sorted({g.reason for g in self.rejected if g.reason in PROVEN_CHEATS}))
-
-
-MESSAGE_TYPES[Verdict.TYPE] = Verdict
