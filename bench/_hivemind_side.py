@@ -152,7 +152,6 @@ def main() -> None:
             "client_cores_during_gets": client_cores,
             "gets_wall_s": round(gets_wall, 3),
             "client_cpu_ms_per_get": round(client_cores * gets_wall * 1000 / count, 2),
-            "swarm_cpu_ms_per_get": round((gets_cores - idle_cores) * gets_wall * 1000 / count, 2),
             "get_rounds": args.rounds,
             "gets": len(every),
             "get_misses": misses,
