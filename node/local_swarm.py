@@ -43,6 +43,16 @@ class NodeProcess:
             return set()
 
 
+def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.25) -> float:
+    """Seconds until ``predicate()`` held; TimeoutError past ``timeout_s``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"condition not met within {timeout_s:g} s")
+        time.sleep(poll_s)
+    return time.monotonic() - start
+
+
 def _node_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
@@ -116,14 +126,7 @@ class LocalSwarm:
         for name in list(self.nodes):
             self.stop(name)
 
-    def wait_until(self, predicate: Any, timeout_s: float, poll_s: float = 0.25) -> float:
-        """Seconds until ``predicate()`` held; TimeoutError past ``timeout_s``."""
-        start = time.monotonic()
-        while not predicate():
-            if time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"condition not met within {timeout_s:g} s")
-            time.sleep(poll_s)
-        return time.monotonic() - start
+    wait_until = staticmethod(wait_until)
 
     def converged(self, names: Iterable[str] | None = None) -> bool:
         """Every named node (default: all running) lists every named node as a member."""

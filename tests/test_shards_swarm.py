@@ -3,7 +3,6 @@ and hostile peers, crashes and restarts. Every fetcher must end with the trainer
 
 import json
 import re
-import time
 
 import multiaddr
 import pytest
@@ -11,7 +10,7 @@ import trio
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.gossip import build_pubsub
-from node.local_swarm import NodeProcess
+from node.local_swarm import NodeProcess, wait_until
 from node.shards.checkpoint import build_manifest
 from node.shards.server import pack_bits
 from protocol import codec
@@ -22,15 +21,6 @@ from tests.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, 
 from tests.test_hostile_input import Attacker
 
 MIB = 1 << 20
-
-
-def wait_for(predicate, timeout_s: float, poll_s: float = 0.2) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise TimeoutError(f"condition not met within {timeout_s:g} s")
-        time.sleep(poll_s)
-    return time.monotonic() - start
 
 
 async def async_wait_for(predicate, timeout_s: float, poll_s: float = 0.2) -> None:
@@ -46,15 +36,15 @@ def test_origin_and_eight_fetchers_end_byte_identical_with_about_one_origin_copy
         swarm.start_origin()
         for i in range(8):
             swarm.start_fetcher(f"f{i}")
-        wait_for(swarm.swarm.converged, 60)
+        wait_until(swarm.swarm.converged, 60)
         digest = swarm.publish(1, 256, seed=1)
-        elapsed = wait_for(lambda: all(holds(f, 1) for f in swarm.fetchers()), 300)
+        elapsed = wait_until(lambda: all(holds(f, 1) for f in swarm.fetchers()), 300)
         assert {file_sha256(f, 1) for f in swarm.fetchers()} == {digest}
         origin = shard_status(swarm.origin)
         total = origin["steps"]["1"]["total_size"]
         assert origin["uploaded_bytes"] <= 2 * total, origin["uploaded_bytes"] / total
         # `status` shows the step each node holds (the advert's policy step)
-        wait_for(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [1] * 9, 60)
+        wait_until(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [1] * 9, 60)
         print(f"256 MiB to 8 fetchers in {elapsed:.1f} s; origin uploaded {origin['uploaded_bytes'] / total:.2f} copies")
     finally:
         swarm.stop_all()
@@ -180,7 +170,7 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
         swarm.start_origin({"INTELLECT_NODE_SHARDS_PEER_RATE_MIB_S": "3"})
         for i in range(4):
             swarm.start_fetcher(f"f{i}")
-        wait_for(swarm.swarm.converged, 60)
+        wait_until(swarm.swarm.converged, 60)
         digest = swarm.publish(1, mib, seed=5)
 
         def relaying_mid_transfer() -> str | None:
@@ -191,18 +181,18 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
                     return name
             return None
 
-        wait_for(lambda: relaying_mid_transfer() is not None, 120, poll_s=0.05)
+        wait_until(lambda: relaying_mid_transfer() is not None, 120, poll_s=0.05)
         victim = relaying_mid_transfer()
         assert victim is not None
         victim_home = swarm.swarm.nodes[victim].home
         swarm.swarm.kill(victim)  # SIGKILL: no goodbye, a half-written partial checkpoint stays
         held = shard_status_at(victim_home)["steps"]["1"]["verified"]
         others = swarm.fetchers()
-        wait_for(lambda: all(holds(f, 1) for f in others), 180)
+        wait_until(lambda: all(holds(f, 1) for f in others), 180)
         assert {file_sha256(f, 1) for f in others} == {digest}
 
         restarted = swarm.swarm.start(victim, swarm.fetcher_args(), swarm.env)
-        wait_for(lambda: holds(restarted, 1), 120)
+        wait_until(lambda: holds(restarted, 1), 120)
         status = shard_status(restarted)
         assert file_sha256(restarted, 1) == digest
         assert status["resumed_shards"] >= held - 1  # at most the shard being marked when killed is lost
@@ -211,13 +201,13 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
 
         for step in (2, 3, 4):
             swarm.publish(step, 4, seed=10 + step)
-            wait_for(lambda: all(holds(f, step) for f in swarm.fetchers()), 120)
+            wait_until(lambda: all(holds(f, step) for f in swarm.fetchers()), 120)
         everyone = [swarm.origin, *swarm.fetchers()]
         for node in everyone:
             assert sorted(shard_status(node)["steps"]) == ["2", "3", "4"]
             assert sorted(p.name for p in (node.home / "shards" / "shards-crash").iterdir()) == \
                 [f"{s:012d}" for s in (2, 3, 4)]
-        wait_for(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [4] * 5, 60)
+        wait_until(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [4] * 5, 60)
     finally:
         swarm.stop_all()
 

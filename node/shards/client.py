@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import h11
 import trio
@@ -90,6 +91,16 @@ class ShardClient:
             raise HttpStatus(response.status_code, body)
         return body
 
+    async def _raise_status(self, stream: trio.SocketStream, response: h11.Response, rest: bytes) -> NoReturn:
+        """An unexpected status: read its short body (the server's reason) and raise HttpStatus."""
+        length = _content_length(response, 1 << 16)
+        chunks: list[bytes] = []
+        with trio.move_on_after(self.stall_s) as scope:
+            window = ProgressWindow(scope, self.stall_s, 1)
+            await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
+                            bytearray(length or 1), window)
+        raise HttpStatus(response.status_code, b"".join(chunks))
+
     async def follow(self, endpoint: Endpoint, target: str, on_line: Callable[[bytes], bool],
                      idle_timeout_s: float, max_line: int) -> None:
         """Read a stream of lines (a have stream) until the server ends it or ``on_line`` returns
@@ -97,13 +108,7 @@ class ShardClient:
         stream, response, rest = await self._request(endpoint, target, [], self.stall_s)
         try:
             if response.status_code != 200:
-                length = _content_length(response, 1 << 16)
-                chunks: list[bytes] = []
-                with trio.move_on_after(self.stall_s) as scope:
-                    window = ProgressWindow(scope, self.stall_s, 1)
-                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
-                                    bytearray(length or 1), window)
-                raise HttpStatus(response.status_code, b"".join(chunks))
+                await self._raise_status(stream, response, rest)
             buffer = bytearray(rest)
             while True:
                 while (end := buffer.find(b"\n")) >= 0:
@@ -133,13 +138,7 @@ class ShardClient:
                                                       self.stall_s)
         try:
             if response.status_code != 206:
-                length = _content_length(response, 1 << 16)
-                chunks: list[bytes] = []
-                with trio.move_on_after(self.stall_s) as scope:
-                    window = ProgressWindow(scope, self.stall_s, 1)
-                    await recv_body(stream.socket, rest, length, lambda view: chunks.append(bytes(view)),
-                                    bytearray(length or 1), window)
-                raise HttpStatus(response.status_code, b"".join(chunks))
+                await self._raise_status(stream, response, rest)
             length = _content_length(response, end - start)
             content_range = header(response.headers, b"content-range")
             match = _CONTENT_RANGE.fullmatch(content_range or b"")
