@@ -189,7 +189,8 @@ def test_edited_tokens_with_proofs_from_another_prefix_are_rejected(world: World
     group = batch.groups[1]
     tokens = [unpack_tokens(c.token_ids).tolist() for c in group.completions]
     eos = set(world.validator.eos_token_ids)
-    edited = [[(t + 7) % 400 + 4 if i == len(ts) // 2 and t not in eos else t for i, t in enumerate(ts)]
+    vocab = world.validator.vocab_size
+    edited = [[(t + 7) % (vocab - 4) + 4 if i == len(ts) // 2 and t not in eos else t for i, t in enumerate(ts)]
               for ts in tokens]
     other_prefix = unpack_tokens(batch.groups[0].prompt_ids).tolist()
     forged = world.remake(batch, 1, tokens=edited, proof_prompt=other_prefix)
