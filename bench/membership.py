@@ -51,6 +51,7 @@ RATIO_TARGET = 3.0
 CONVERGENCE_TIMEOUT_S = 60.0
 IDLE_SAMPLE_S = 3.0
 GET_TIMEOUT_S = 30.0
+VARIANT_DEADLINE_S = 40.0  # per variant
 GETS_DEADLINE_S = 150.0  # stop issuing gets after this long (a loaded machine); the output says so
 
 
@@ -195,8 +196,11 @@ async def variant_gets(dht: Any, peer_ids: list[str], rounds: int) -> dict[str, 
     for name, fetch in (("quorum1", quorum1), ("owner", owner), ("closest3", closest3)):
         times: list[float] = []
         found = 0
+        began = time.monotonic()
         for _ in range(rounds):
             for peer_id in peer_ids:
+                if time.monotonic() - began > VARIANT_DEADLINE_S:
+                    break
                 key = advert_key(RUN_ID, peer_id)
                 dht.value_store.store.clear()
                 start = time.perf_counter()
