@@ -47,6 +47,7 @@ SOFTWARE_VERSION = "0.1.0"
 STREAM_TIMEOUT_S = 5.0
 DHT_TIMEOUT_S = 10.0
 TARGET_CONNECTIONS = 8
+PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total (libp2p rate-limits each forwarding peer per topic).
 MEMBERS_TOPIC_BUDGET_PER_S = 2.0
@@ -119,6 +120,7 @@ class Node:
                         nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
                     self._refresh_own_advert()
                     await self._join()
+                    nursery.start_soon(self._dial_members_early)
                     for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
                         nursery.start_soon(loop)
                     for service in self.services:
@@ -281,24 +283,33 @@ class Node:
         under load, and the cadence must not wait for it or peers would expire a live node.
         """
         assert self._nursery is not None
-        signed_at = -float("inf")
+        signed_at = stored_at = provided_at = -float("inf")
         while True:
-            if time.monotonic() - signed_at >= self.config.advert_refresh_s or self._advert_changed.is_set():
+            changed = self._advert_changed.is_set()
+            if time.monotonic() - signed_at >= self.config.advert_refresh_s or changed:
                 self._advert_changed = trio.Event()
                 signed_at = time.monotonic()
-                self._nursery.start_soon(self._store_advert, self._refresh_own_advert())
+                envelope = self._refresh_own_advert()
+                # The DHT copy only has to outlive its own half-life; each put is a lookup plus
+                # stores at ~k peers, which at gossip cadence swamped a 20-node swarm's CPU.
+                if changed or signed_at - stored_at >= self.config.advert_lifetime_s / 2:
+                    provide = signed_at - provided_at >= PROVIDER_REFRESH_S
+                    stored_at = signed_at
+                    provided_at = signed_at if provide else provided_at
+                    self._nursery.start_soon(self._store_advert, envelope, provide)
             await self._publish_advert()
             interval = max(self.config.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
             next_signing = signed_at + self.config.advert_refresh_s - time.monotonic()
             with trio.move_on_after(max(0.0, min(interval, next_signing))):
                 await self._advert_changed.wait()
 
-    async def _store_advert(self, envelope: bytes) -> None:
-        """Put the advert and the run provider record; bounded so that puts never pile up."""
+    async def _store_advert(self, envelope: bytes, provide: bool) -> None:
+        """Put the advert (and, rarely, the run provider record); bounded so puts never pile up."""
         with trio.move_on_after(min(DHT_TIMEOUT_S, self.config.advert_refresh_s)):
             try:
                 await self.dht.put_value(advert_key(self.config.run_id, self.peer_id), envelope)
-                await self.dht.provide(run_members_key(self.config.run_id))
+                if provide:
+                    await self.dht.provide(run_members_key(self.config.run_id))
             except Exception as exc:  # no reachable DHT peers yet: the next round retries
                 log.debug("advert DHT put failed: %s", exc)
 
@@ -391,6 +402,14 @@ class Node:
                 value = await self.dht.get_value(advert_key(self.config.run_id, peer_id))
                 if value is not None:
                     self._accept_advert(value, delivered_by=None)
+
+    async def _dial_members_early(self) -> None:
+        """Right after joining, a new swarm is a star around its bootstrap, whose gossip mesh keeps
+        only 6-12 peers: a member outside it reaches nobody until the first discovery round. Dial
+        the members the join exchange named at once, and again once later joiners have arrived."""
+        await self._connect_to_members()
+        await trio.sleep(1.0)
+        await self._connect_to_members()
 
     async def _connect_to_members(self) -> None:
         """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to."""
