@@ -97,9 +97,6 @@ class LocalSwarm:
             args += ["--bootstrap", addr]
         return self.start(name, args)
 
-    def restart(self, name: str, args: list[str]) -> NodeProcess:
-        return self.start(name, args)
-
     def kill(self, name: str) -> None:
         """SIGKILL: the node gets no chance to say goodbye, as in a crash."""
         node = self.nodes.pop(name)

@@ -35,9 +35,8 @@ class Member:
 class MemberView:
     """Verified, unexpired adverts of one run, newest per peer."""
 
-    def __init__(self, run_id: str, own_peer_id: str) -> None:
+    def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        self.own_peer_id = own_peer_id
         self._members: dict[str, Member] = {}
 
     def accept(self, data: bytes, now: int | None = None) -> Member | None:

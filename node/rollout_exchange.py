@@ -49,8 +49,6 @@ class RolloutReceiver:
                  on_stored: Callable[[str, codec.Signed[RolloutBatch]], None] | None = None) -> None:
         self.inbox = inbox
         self.on_stored = on_stored
-        self.stored = 0
-        self.duplicates = 0
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -84,9 +82,7 @@ class RolloutReceiver:
             raise InvalidValue(f"batch for run {signed.message.run_id!r}")
         digest, new = await trio.to_thread.run_sync(self.inbox.store, envelope)
         if not new:
-            self.duplicates += 1
             return "duplicate", ""
-        self.stored += 1
         log.info("stored rollout batch %s from %s (%d groups)", digest[:12], peer_id, len(signed.message.groups))
         if self.on_stored is not None:
             self.on_stored(digest, signed)

@@ -25,7 +25,7 @@ from node.config import NodeConfig
 from node.control import serve_control
 from node.gossip import build_pubsub, install_validator
 from node.host import build_host, parse_peer_addr
-from node.membership import AdvertRecordValidator, MemberView, member_summary
+from node.membership import AdvertRecordValidator, Member, MemberView, member_summary
 from node.peer_cache import PeerCache
 from node.peer_scores import PeerScores
 from node.streams import close_quietly, read_frame, write_frame
@@ -79,7 +79,7 @@ class Node:
         self.hardware = hardware
         self.peer_id = identity.peer_id
         self.scores = PeerScores(on_ban=self._on_ban)
-        self.view = MemberView(config.run_id, self.peer_id)
+        self.view = MemberView(config.run_id)
         self.peer_cache = PeerCache(config.home)
         self.host = build_host(identity)
         self.policy_step: int | None = None
@@ -147,7 +147,6 @@ class Node:
                 "--bootstrap /ip4/.../tcp/.../p2p/<peer id> (the address `intellect-node bootstrap` prints), "
                 "or --new-swarm to start a new swarm"
             )
-        reached = 0
         async with trio.open_nursery() as nursery:
             results: list[bool] = []
 
@@ -260,18 +259,19 @@ class Node:
     def _accept_advert(self, envelope: bytes, delivered_by: str | None) -> bool:
         """Record a verified advert (charging ``delivered_by`` for a bad one); True if kept or known."""
         try:
-            member = self.view.accept(envelope)
+            self._remember(self.view.accept(envelope))
         except Rejected as exc:
             self.scores.reject(delivered_by, exc.reason, f"advert: {exc}")
             return False
-        if member is not None and member.advert.peer_id != self.peer_id:
-            self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))
         return True
 
-    def _on_gossip_advert(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
-        member = self.view.accept(raw)  # Rejected propagates to the gossip validator, which charges
+    def _remember(self, member: Member | None) -> None:
+        """Keep a newly accepted peer's addresses for the next start (not our own)."""
         if member is not None and member.advert.peer_id != self.peer_id:
             self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))
+
+    def _on_gossip_advert(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
+        self._remember(self.view.accept(raw))  # Rejected propagates to the gossip validator, which charges
         return True
 
     async def _advertise_loop(self) -> None:

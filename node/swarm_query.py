@@ -40,7 +40,7 @@ async def query_members(candidates: list[str], run_id: str, timeout_s: float = 1
                 except Exception as exc:  # transport errors come in many types: report, try the next
                     errors.append(f"{addr}: {exc}")
                     continue
-                view = MemberView(run_id, identity.peer_id)
+                view = MemberView(run_id)
                 rejected = 0
                 for envelope in envelopes:
                     try:

@@ -16,7 +16,7 @@ def advert_at(timestamp_ms: int, lifetime_s: float = 60, **changes) -> bytes:
 
 
 def test_newer_advert_replaces_older_and_an_older_one_is_a_replay():
-    view = MemberView("r", "me")
+    view = MemberView("r")
     t = now_ms()
     assert view.accept(advert_at(t - 2000, policy_step=1)) is not None
     assert view.accept(advert_at(t - 1000, policy_step=2)).advert.policy_step == 2
@@ -26,20 +26,20 @@ def test_newer_advert_replaces_older_and_an_older_one_is_a_replay():
 
 
 def test_the_same_envelope_again_is_a_quiet_duplicate():
-    view = MemberView("r", "me")
+    view = MemberView("r")
     data = advert_at(now_ms())
     assert view.accept(data) is not None
     assert view.accept(data) is None
 
 
 def test_another_runs_advert_is_refused():
-    view = MemberView("other-run", "me")
+    view = MemberView("other-run")
     with pytest.raises(errors.InvalidValue, match="run"):
         view.accept(advert_at(now_ms()))
 
 
 def test_expired_members_are_pruned():
-    view = MemberView("r", "me")
+    view = MemberView("r")
     t = now_ms()
     view.accept(advert_at(t, lifetime_s=5), now=t)
     assert [m.advert.peer_id for m in view.members(now=t + 4000)] == [ALICE.peer_id]
