@@ -151,7 +151,7 @@ def test_previous_step_weights_claimed_as_current_are_rejected(world: World) -> 
 
 def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: World) -> None:
     """1% weight noise. At hidden 128 its TOPLOC figures (1-5 exponent mismatches, mantissa mean
-    about 1.5, median 1) pass even the tight thresholds; the same-engine logprob tolerance (1e-3,
+    about 1.5, median 1) mostly pass even the tight thresholds; the same-engine logprob tolerance (1e-3,
     against errors of 4e-3 - 9e-3) is what rejects it. TOPLOC's defaults plus a cross-engine
     logprob tolerance would let it through: the documented limit of specs/toploc.md section 6."""
     world.worker.load_state_dict(noisy(world.weights[STEP], 0.01, seed=9))
@@ -159,7 +159,11 @@ def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: Wo
         batch = world.build()
     finally:
         world.worker.load_state_dict(world.weights[STEP])
-    assert set(reasons(world.verify(batch))) == {"logprobs"}
+    verdicts = reasons(world.verify(batch))
+    # every group is caught; which check fires first depends on how the noise lands on a chunk
+    # (a rare chunk crosses the tight TOPLOC limits before the logprob check runs)
+    assert None not in verdicts and set(verdicts) <= {"logprobs", "toploc"}
+    assert "logprobs" in verdicts
     world.seen.clear()
     loose = Tolerances(same_engine_toploc=Thresholds(), same_engine_logprob_atol=0.1)
     assert reasons(world.verify(batch, tolerances=loose)) == [None] * 4
