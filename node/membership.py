@@ -95,6 +95,18 @@ def member_summary(member: Member, now_s: float) -> dict[str, Any]:
     }
 
 
+def check_advert_record(key: str, value: bytes) -> codec.Signed[NodeAdvert]:
+    """A DHT value under ``key``, verified: a valid advert stored under its own key; else ``Rejected``.
+
+    The one check for every advert read from or stored in the DHT (the validator below, and
+    ``node.dht_get``), so a forged, expired or misplaced advert is refused the same way everywhere.
+    """
+    signed = codec.decode(value, NodeAdvert)
+    if advert_key(signed.message.run_id, signed.message.peer_id) != key:
+        raise InvalidValue("advert stored under a key that is not its own")
+    return signed
+
+
 class AdvertRecordValidator(Validator):
     """DHT validator for "/ina/..." keys: a value must be a valid advert stored under its own key.
 
@@ -106,15 +118,9 @@ class AdvertRecordValidator(Validator):
     def __init__(self, scores: PeerScores) -> None:
         self.scores = scores
 
-    def _decode(self, key: str, value: bytes) -> codec.Signed[NodeAdvert]:
-        signed = codec.decode(value, NodeAdvert)
-        if advert_key(signed.message.run_id, signed.message.peer_id) != key:
-            raise InvalidValue("advert stored under a key that is not its own")
-        return signed
-
     def validate(self, key: str, value: bytes) -> None:
         try:
-            self._decode(key, value)
+            check_advert_record(key, value)
         except Rejected as exc:
             self.scores.reject(None, exc.reason, f"DHT value for {key}: {exc}")
             raise ValueError(f"{exc.reason}: {exc}") from None
@@ -124,7 +130,7 @@ class AdvertRecordValidator(Validator):
         best, best_ts = 0, -1
         for index, value in enumerate(values):
             try:
-                timestamp = self._decode(key, value).envelope.timestamp_ms
+                timestamp = check_advert_record(key, value).envelope.timestamp_ms
             except Rejected:
                 continue
             if timestamp > best_ts:

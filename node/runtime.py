@@ -23,9 +23,10 @@ from libp2p.tools.anyio_service import background_trio_service
 from crypto.identity import Identity
 from node.config import NodeConfig
 from node.control import serve_control
+from node.dht_get import bounded_get
 from node.gossip import build_pubsub, install_validator
 from node.host import build_host, parse_peer_addr
-from node.membership import AdvertRecordValidator, Member, MemberView, member_summary
+from node.membership import AdvertRecordValidator, Member, MemberView, check_advert_record, member_summary
 from node.peer_cache import PeerCache
 from node.peer_scores import PeerScores
 from node.streams import close_quietly, read_frame, write_frame
@@ -399,7 +400,8 @@ class Node:
                 peer_id = info.peer_id.to_base58()
                 if peer_id == self.peer_id or self.view.get(peer_id) is not None:
                     continue
-                value = await self.dht.get_value(advert_key(self.config.run_id, peer_id))
+                key = advert_key(self.config.run_id, peer_id)
+                value = await bounded_get(self.dht, key, check_advert_record, self.scores)
                 if value is not None:
                     self._accept_advert(value, delivered_by=None)
 

@@ -25,6 +25,7 @@ __all__ = [
     "InvalidValue",
     "MalformedBody",
     "MalformedEnvelope",
+    "MalformedReply",
     "MissingField",
     "Oversize",
     "Rejected",
@@ -44,6 +45,12 @@ class Oversize(Rejected):
 
 class UnsupportedVersion(Rejected):
     reason = "unsupported_version"
+
+
+class MalformedReply(Rejected):
+    """Bytes that are not the protocol message expected at this place (e.g. a DHT reply)."""
+
+    reason = "malformed"
 
 
 class MalformedBody(Rejected):
