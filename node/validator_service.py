@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,9 +100,16 @@ def listen_for_verdicts(node: Node, trusted: Iterable[str]) -> None:
     node.on_announcement(Verdict, on_verdict)
 
 
+JudgedHook = Callable[[str, RolloutBatch, BatchVerdict], Awaitable[None]]
+
+
 class ValidatorService:
+    """``on_judged(digest, batch, result)`` runs after a batch is verified and before it leaves the
+    inbox: the trainer keeps the accepted groups there (durably), so the two steps cannot drift."""
+
     def __init__(self, node: Node, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
-                 async_window: int = 2, tolerances: Tolerances = Tolerances()) -> None:
+                 async_window: int = 2, tolerances: Tolerances = Tolerances(),
+                 on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
             raise ValueError("verify fraction must be in [0, 1]")
         self.shards = shards
@@ -115,8 +122,10 @@ class ValidatorService:
         self.verdict_dir.mkdir(parents=True, exist_ok=True)
         self.secret = load_or_create_secret(node.config.home / "validator_secret")
         self.seen: dict[tuple[str, int], set[int]] = {}
+        self.on_judged = on_judged
         self.rows = 0
         self.seconds = 0.0
+        self.groups = {"accepted": 0, "rejected": 0}
         self._wake = trio.Event()
         listen_for_verdicts(node, options.trusted)
 
@@ -200,6 +209,10 @@ class ValidatorService:
             seen_counters=self.seen, tolerances=self.tolerances))
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
+        self.groups["accepted"] += len(result.accepted)
+        self.groups["rejected"] += len(result.rejected)
+        if self.on_judged is not None:
+            await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
         self._record(digest, batch, envelope)
         await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)

@@ -1,0 +1,188 @@
+"""One GRPO update from a batch of verified groups: the compute half of the trainer, no I/O.
+
+Old logprobs are recomputed with the current weights at the start of each step (the workers'
+claimed logprobs came from policies up to ``async_level`` steps old, and possibly another engine);
+the ratio in the loss is then exactly "how far this step's optimizer steps moved the policy".
+The rows are split into ``optimizer_steps`` mini-batches, one AdamW step each, and every
+mini-batch into micro-batches of at most ``micro_batch_rows`` rows, whose gradients add up to the
+mini-batch's because the loss is normalized by the mini-batch's token count (or a constant).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from node.trainer.groups import TrainingGroup
+from node.trainer.loss import LossConfig, grpo_loss
+from node.trainer.rewards import RewardConfig, group_advantages, length_reward, total_rewards
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.01
+    warmup_steps: int = 5  # linear warm-up, in optimizer steps
+    grad_clip: float = 1.0
+    micro_batch_rows: int = 64
+    optimizer_steps: int = 1  # per rollout step
+    max_tokens: int = 64  # completion budget, the "constant" normalization's unit
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.grad_clip <= 0:
+            raise ValueError("lr and grad_clip must be > 0")
+        if self.micro_batch_rows < 1 or self.optimizer_steps < 1 or self.warmup_steps < 0:
+            raise ValueError("micro_batch_rows and optimizer_steps must be >= 1, warmup_steps >= 0")
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt: Sequence[int]
+    completion: Sequence[int]
+    advantage: float
+
+
+@dataclass
+class _Tensors:
+    input_ids: torch.Tensor  # [rows, width]
+    attention: torch.Tensor
+    targets: torch.Tensor  # [rows, width - 1]: the next token at each position
+    mask: torch.Tensor  # [rows, width - 1]: 1 where the next token is a completion token
+
+
+def _pack(rows: Sequence[_Row], pad_id: int) -> _Tensors:
+    width = max(len(r.prompt) + len(r.completion) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width - 1))
+    for i, row in enumerate(rows):
+        seq = list(row.prompt) + list(row.completion)
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        mask[i, len(row.prompt) - 1: len(seq) - 1] = 1.0
+    return _Tensors(ids, attention, ids[:, 1:], mask)
+
+
+def token_logprobs(model: nn.Module, tensors: _Tensors, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probability of each next token (and the policy's entropy there), [rows, width - 1]."""
+    logits = model(input_ids=tensors.input_ids, attention_mask=tensors.attention).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(-1, tensors.targets[..., None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return chosen, entropy
+
+
+class GRPOLearner:
+    def __init__(self, model: nn.Module, pad_id: int, *, optim: OptimConfig = OptimConfig(),
+                 loss: LossConfig = LossConfig(), rewards: RewardConfig = RewardConfig(),
+                 reference: nn.Module | None = None, seed: int = 0) -> None:
+        if loss.kl_coef and reference is None:
+            raise ValueError("a KL coefficient needs a reference model")
+        self.model = model
+        self.pad_id = pad_id
+        self.optim_config = optim
+        self.loss_config = loss
+        self.reward_config = rewards
+        self.reference = reference
+        self.seed = seed
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas,
+                                           weight_decay=optim.weight_decay)
+        warmup = optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+        self.updates = 0  # rollout steps taken, the step of the weights this learner holds
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def _rows(self, groups: Sequence[TrainingGroup]) -> tuple[list[_Row], dict[str, float]]:
+        rows: list[_Row] = []
+        task, lengths, length_part, advantages = [], [], [], []
+        for group in groups:
+            rewards = total_rewards(group.task_rewards, group.lengths, group.length_target, self.reward_config)
+            adv = group_advantages(rewards)
+            for completion, a in zip(group.completions, adv):
+                rows.append(_Row(group.prompt, completion, float(a)))
+            task.extend(group.task_rewards)
+            lengths.extend(group.lengths)
+            length_part.extend(length_reward(n, group.length_target, self.reward_config) for n in group.lengths)
+            advantages.extend(adv.tolist())
+        adv_arr = np.array(advantages)
+        return rows, {"task_reward": float(np.mean(task)), "length_reward": float(np.mean(length_part)),
+                      "completion_tokens_mean": float(np.mean(lengths)), "advantage_mean": float(adv_arr.mean()),
+                      "advantage_std": float(adv_arr.std()), "advantage_abs_max": float(np.abs(adv_arr).max())}
+
+    def _pack_chunks(self, rows: Sequence[_Row]) -> list[tuple[Sequence[_Row], _Tensors]]:
+        size = self.optim_config.micro_batch_rows
+        return [(rows[i: i + size], _pack(rows[i: i + size], self.pad_id)) for i in range(0, len(rows), size)]
+
+    def step(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
+        """Train on ``groups`` (already filtered); returns the step's metrics (the service adds
+        staleness, timing and counts)."""
+        if not groups:
+            raise ValueError("a step needs at least one group")
+        rows, metrics = self._rows(groups)
+        rng = np.random.default_rng([self.seed, self.updates])
+        chunks = self._pack_chunks([rows[i] for i in rng.permutation(len(rows))])
+        self.model.eval()  # dropout off: old and new logprobs must come from the same function
+        with torch.no_grad():
+            old = [token_logprobs(self.model, tensors, with_entropy=True) for _, tensors in chunks]
+            ref = ([token_logprobs(self.reference, tensors, with_entropy=False)[0] for _, tensors in chunks]
+                   if self.reference is not None and self.loss_config.kl_coef else None)
+        tokens = sum(float(tensors.mask.sum()) for _, tensors in chunks)
+        totals = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "loss": 0.0}
+        grad_norms, skipped = [], 0
+        parts = min(self.optim_config.optimizer_steps, len(chunks))
+        for mini in np.array_split(np.arange(len(chunks)), parts):
+            if self.loss_config.normalization == "token":
+                normalizer = sum(float(chunks[c][1].mask.sum()) for c in mini)
+            else:
+                normalizer = float(sum(len(chunks[c][0]) for c in mini) * self.optim_config.max_tokens)
+            self.optimizer.zero_grad(set_to_none=True)
+            for c in mini:
+                chunk, tensors = chunks[c]
+                logprobs, entropy = token_logprobs(self.model, tensors, with_entropy=bool(self.loss_config.entropy_coef))
+                terms = grpo_loss(logprobs, old[c][0], torch.tensor([r.advantage for r in chunk]), tensors.mask,
+                                  normalizer, self.loss_config, entropy=entropy,
+                                  ref_logprobs=ref[c] if ref is not None else None)
+                terms.loss.backward()
+                totals["clipped"] += terms.clipped_tokens
+                totals["ratio"] += terms.ratio_sum
+                totals["kl"] += terms.kl_sum
+                totals["loss"] += float(terms.loss.detach())
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip))
+            if not math.isfinite(norm):  # one bad batch must not poison the weights
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            grad_norms.append(norm)
+            self.optimizer.step()
+            self.scheduler.step()
+        self.updates += 1
+        entropy_sum = sum(float((entropy * tensors.mask).sum()) for (_, entropy), (_, tensors) in zip(old, chunks)
+                          if entropy is not None)
+        metrics.update({
+            "loss": totals["loss"], "clip_fraction": totals["clipped"] / tokens, "ratio_mean": totals["ratio"] / tokens,
+            "kl": totals["kl"] / tokens, "grad_norm": float(np.mean(grad_norms)) if grad_norms else float("nan"),
+            "skipped_updates": float(skipped), "entropy": entropy_sum / tokens, "tokens": tokens,
+            "rows": float(len(rows)), "groups": float(len(groups)), "lr": float(self.scheduler.get_last_lr()[0]),
+        })
+        return metrics
