@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -37,7 +38,8 @@ def _config(**flags: Any) -> NodeConfig:
 
 
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
-         inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = ()) -> None:
+         inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
+         trainer: Any = None) -> None:
     from node.control import NodeAlreadyRunning
     from node.runtime import JoinError
     from node.service import run_node, setup_logging
@@ -50,7 +52,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
                 print(addr, flush=True)
 
     try:
-        run_node(config, on_ready, shards, inference, validator, trusted)
+        run_node(config, on_ready, shards, inference, validator, trusted, trainer)
     except (JoinError, NodeAlreadyRunning, ShardConfigError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -88,11 +90,16 @@ def join(
     new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
     trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
     publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Inference: base model directory (HF layout), or 'tiny' to build the project's tiny model; without it the node relays checkpoints but generates nothing")] = None,
-    tasks: Annotated[str, typer.Option("--tasks", help="Inference: toy:seed=S,count=N or a tasks .jsonl file")] = "toy:seed=0,count=1000",
+    model: Annotated[str | None, typer.Option("--model", help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. Inference: without it the node relays checkpoints but generates nothing; trainer: without it the node publishes what is written to --publish-dir")] = None,
+    tasks: Annotated[str, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse] or a tasks .jsonl file")] = "toy:seed=0,count=1000",
     engine: Annotated[str, typer.Option("--engine", help="Inference engine: auto, torch or vllm")] = "auto",
     trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
     verify_fraction: Annotated[float, typer.Option("--verify-fraction", help="Validator: fraction of batches verified, drawn from a local secret", min=0.0, max=1.0)] = 1.0,
+    steps: Annotated[int | None, typer.Option("--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
+    batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
+    async_level: Annotated[int | None, typer.Option("--async-level", help="Trainer: oldest usable policy is step - this [2]", min=0)] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
+    trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Trainer: TOML file with [optim], [loss], [rewards] settings")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -112,15 +119,36 @@ def join(
             err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
             inference = _inference_options(cfg, model, tasks, engine)
+    training = None
+    if "trainer" in role and model is not None:
+        training = _trainer_options(cfg, shards, model, tasks, trainer_config, tuple(trust_validator or ()),
+                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level, "lr": lr})
+        shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
+    elif "trainer" in role:
+        err.print("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
     validator = None
-    if "validator" in role and model is not None:  # same --model/--tasks/--engine as inference
+    if "validator" in role and model is not None and training is None:  # same --model/--tasks/--engine as inference
         from node.validator_service import ValidatorOptions
 
         checked = _inference_options(cfg, model, tasks, engine)
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=verify_fraction, trusted=tuple(trust_validator or ()))
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
-         trusted=tuple(trust_validator or ()))
+         trusted=tuple(trust_validator or ()), trainer=training)
+
+
+def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
+                     trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
+    from node.trainer.config import TrainerConfigError, load_trainer_options
+
+    checked = _inference_options(cfg, model, tasks, "torch")
+    try:
+        return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
+                                    publish_dir=shards.publish_dir or cfg.home / "publish",
+                                    config_file=config_file, flags=flags, trusted=trusted)
+    except TrainerConfigError as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:

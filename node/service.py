@@ -17,6 +17,7 @@ from node.host import quiet_libp2p_logs
 from node.shards.config import ShardConfig
 
 if TYPE_CHECKING:
+    from node.trainer.service import TrainerOptions
     from node.validator_service import ValidatorOptions
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,12 @@ async def _until_signal(cancel: Callable[[], None]) -> None:
 
 def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None,
              inference: InferenceOptions | None = None, validator: ValidatorOptions | None = None,
-             trusted_validators: tuple[str, ...] = ()) -> None:
+             trusted_validators: tuple[str, ...] = (), trainer: TrainerOptions | None = None) -> None:
     """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs.
 
     With ``shards`` the node also runs the weight broadcast overlay (node.shards); trainers and
-    validators receive rollout batches into ``<home>/inbox``; with ``inference`` it generates them.
+    validators receive rollout batches into ``<home>/inbox``; with ``inference`` it generates them;
+    with ``trainer`` it verifies them and trains (the trainer's checks replace a validator's).
     """
     from node.rollout_exchange import RolloutReceiver
     from node.rollout_inbox import RolloutInbox
@@ -64,7 +66,16 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
     if RECEIVER_ROLES & set(config.roles):
         receiver = RolloutReceiver(RolloutInbox(config.home / "inbox"))
         node.services.append(receiver)
-    if validator is not None:  # judges the receiver's inbox (node/validator_service.py)
+    if trainer is not None:  # judges the inbox itself, then trains (node/trainer/service.py)
+        from node.tasks.spec import load_task_spec
+        from node.trainer.service import TrainerService
+
+        if shard_service is None:
+            raise ValueError("the trainer role needs the shard overlay to publish its checkpoints")
+        trainer_service = TrainerService(node, shard_service, trainer, load_task_spec(trainer.task_spec))
+        receiver.on_stored = trainer_service.validator.notify
+        node.services.append(trainer_service)
+    elif validator is not None:  # judges the receiver's inbox (node/validator_service.py)
         from node.tasks.spec import load_task_spec
         from node.validator_service import ValidatorService
 

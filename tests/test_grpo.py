@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -114,7 +115,10 @@ def small_model(seed: int = 0) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
-def make_groups(count: int, seed: int = 0) -> list[TrainingGroup]:
+def make_groups(count: int, seed: int = 0, policy: Qwen2ForCausalLM | None = None) -> list[TrainingGroup]:
+    """Random groups, half rewarded; their behavior logprobs are ``policy``'s (default: the
+    untrained ``small_model()``), as if it had sampled them."""
+    policy = policy or small_model()
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(count):
@@ -123,15 +127,20 @@ def make_groups(count: int, seed: int = 0) -> list[TrainingGroup]:
                             for _ in range(4))
         groups.append(TrainingGroup(key=f"{g:064x}:{g}", worker="w", policy_step=0, task_id=f"t{g}",
                                     length_target=8, prompt=prompt, completions=completions,
-                                    task_rewards=(1.0, 0.0, 0.0, 1.0)))
+                                    task_rewards=(1.0, 0.0, 0.0, 1.0),
+                                    logprobs=tuple(tuple(token_scores(policy, prompt, c)) for c in completions)))
     return groups
 
 
-def sequence_logprob(model, prompt, completion) -> float:
+def token_scores(model, prompt, completion) -> list[float]:
     tensors = _pack([_Row(prompt, completion, 0.0)], pad_id=0)
     with torch.no_grad():
         logprobs, _ = token_logprobs(model, tensors, with_entropy=False)
-    return float((logprobs * tensors.mask).sum())
+    return logprobs[0, len(prompt) - 1:].tolist()
+
+
+def sequence_logprob(model, prompt, completion) -> float:
+    return sum(token_scores(model, prompt, completion))
 
 
 def test_a_step_raises_rewarded_completions_and_lowers_the_rest() -> None:
@@ -191,3 +200,19 @@ def test_state_round_trip_resumes_identically(tmp_path) -> None:
 def test_kl_needs_a_reference() -> None:
     with pytest.raises(ValueError, match="reference"):
         GRPOLearner(small_model(), pad_id=0, loss=LossConfig(kl_coef=0.1))
+
+
+def test_old_policy_behavior_clips_what_already_moved_and_recompute_does_not() -> None:
+    """Behavior logprobs 1 nat below the current policy: every ratio is e, above 1 + eps, so
+    rewarded tokens get no gradient while unrewarded ones (under delta) still do. With
+    ``recompute`` the ratio starts at 1 and nothing is clipped."""
+    model = small_model()
+    stale = [dataclasses.replace(g, logprobs=tuple(tuple(x - 1.0 for x in lp) for lp in g.logprobs))
+             for g in make_groups(2, policy=model)]
+    rewarded = sum(len(c) for g in stale for c, r in zip(g.completions, g.task_rewards) if r > 0)
+    total = sum(len(c) for g in stale for c in g.completions)
+    behavior = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0)).step(stale)
+    assert behavior["clip_fraction"] == pytest.approx(rewarded / total, abs=1e-6)
+    assert behavior["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
+    recompute = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0, old_policy="recompute")).step(stale)
+    assert recompute["clip_fraction"] == 0.0 and recompute["ratio_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -21,10 +21,13 @@ class TrainingGroup:
     prompt: tuple[int, ...]
     completions: tuple[tuple[int, ...], ...]
     task_rewards: tuple[float, ...]  # recomputed by the trainer's checks, one per completion
+    logprobs: tuple[tuple[float, ...], ...]  # the sampling policy's, per token (verified against a prefill)
 
     def __post_init__(self) -> None:
         if len(self.completions) != len(self.task_rewards) or not self.completions:
             raise ValueError(f"group {self.key}: {len(self.completions)} completions, {len(self.task_rewards)} rewards")
+        if [len(c) for c in self.completions] != [len(lp) for lp in self.logprobs]:
+            raise ValueError(f"group {self.key}: logprobs do not match the completions' lengths")
 
     @property
     def lengths(self) -> list[int]:
@@ -33,7 +36,8 @@ class TrainingGroup:
     def to_wire(self) -> dict[str, Any]:
         return {"key": self.key, "worker": self.worker, "policy_step": self.policy_step, "task_id": self.task_id,
                 "length_target": self.length_target, "prompt": list(self.prompt),
-                "completions": [list(c) for c in self.completions], "task_rewards": list(self.task_rewards)}
+                "completions": [list(c) for c in self.completions], "task_rewards": list(self.task_rewards),
+                "logprobs": [list(lp) for lp in self.logprobs]}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> TrainingGroup:
@@ -42,4 +46,5 @@ class TrainingGroup:
                    length_target=None if data["length_target"] is None else int(data["length_target"]),
                    prompt=tuple(int(t) for t in data["prompt"]),
                    completions=tuple(tuple(int(t) for t in c) for c in data["completions"]),
-                   task_rewards=tuple(float(r) for r in data["task_rewards"]))
+                   task_rewards=tuple(float(r) for r in data["task_rewards"]),
+                   logprobs=tuple(tuple(float(x) for x in lp) for lp in data["logprobs"]))

@@ -41,7 +41,7 @@ from node.trainer.rewards import RewardConfig, teaches_nothing
 from node.trainer.state import load_state, save_state
 from node.validation import BatchVerdict
 from node.validator_service import ValidatorOptions, ValidatorService
-from protocol.rollouts import RolloutBatch, unpack_tokens
+from protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
 
 if TYPE_CHECKING:
     from node.runtime import Node
@@ -135,7 +135,8 @@ class TrainerService:
                 key=key, worker=batch.worker, policy_step=batch.policy_step, task_id=group.task_id,
                 length_target=group.length_target, prompt=tuple(unpack_tokens(group.prompt_ids).tolist()),
                 completions=tuple(tuple(unpack_tokens(c.token_ids).tolist()) for c in group.completions),
-                task_rewards=tuple(rewards[group.counter])))
+                task_rewards=tuple(rewards[group.counter]),
+                logprobs=tuple(tuple(unpack_logprobs(c.logprobs).tolist()) for c in group.completions)))
         if fresh:
             await trio.to_thread.run_sync(self.pool.persist, fresh)
             self.pool.admit(fresh)
