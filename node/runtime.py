@@ -48,6 +48,8 @@ SOFTWARE_VERSION = "0.1.0"
 STREAM_TIMEOUT_S = 5.0
 DHT_TIMEOUT_S = 10.0
 TARGET_CONNECTIONS = 8
+MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
+EARLY_PULLS_AT_S = (1.0, 2.0, 4.0, 8.0)  # seconds after joining: pull the adverts a random peer holds
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total (libp2p rate-limits each forwarding peer per topic).
@@ -121,7 +123,7 @@ class Node:
                         nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
                     self._refresh_own_advert()
                     await self._join()
-                    nursery.start_soon(self._dial_members_early)
+                    nursery.start_soon(self._catch_up_after_joining)
                     for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
                         nursery.start_soon(loop)
                     for service in self.services:
@@ -384,10 +386,14 @@ class Node:
             await trio.sleep(self.config.discovery_s)
             await self._discover_through_dht()
             await self._connect_to_members()
-            connected = self.host.get_connected_peers()
-            if connected:
-                with trio.move_on_after(STREAM_TIMEOUT_S * 2):
-                    await self._exchange_members(random.choice(connected))
+            await self._pull_from_random_peer()
+
+    async def _pull_from_random_peer(self) -> None:
+        """One members exchange (anti-entropy) with a random connected peer."""
+        connected = self.host.get_connected_peers()
+        if connected:
+            with trio.move_on_after(STREAM_TIMEOUT_S * 2):
+                await self._exchange_members(random.choice(connected))
 
     async def _discover_through_dht(self) -> None:
         with trio.move_on_after(DHT_TIMEOUT_S):
@@ -405,18 +411,57 @@ class Node:
                 if value is not None:
                     self._accept_advert(value, delivered_by=None)
 
-    async def _dial_members_early(self) -> None:
-        """Right after joining, a new swarm is a star around its bootstrap, whose gossip mesh keeps
-        only 6-12 peers: a member outside it reaches nobody until the first discovery round. Dial
-        the members the join exchange named at once, and again once later joiners have arrived."""
-        await self._connect_to_members()
-        await trio.sleep(1.0)
-        await self._connect_to_members()
+    async def _catch_up_after_joining(self) -> None:
+        """Spread our advert and learn the members who join right after us, without waiting for
+        the first heartbeat (``heartbeat_s``) or discovery round (``discovery_s``).
+
+        A new swarm is a star around its bootstrap, whose gossip mesh keeps only 6-12 peers: a
+        member outside it reaches nobody until the first discovery round. So: dial the members
+        the join exchange named at once, and again once later joiners have arrived; gossip the
+        advert once a mesh exists; and pull the adverts a random peer holds a few times in the
+        first seconds. In a 20-node start on 2 cores, gossip took several gossip heartbeats per
+        hop while every node was busy joining, and the last joiners' adverts reached some nodes
+        only through their first discovery round (bench/RESULTS.md).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._gossip_advert_once_meshed)
+            nursery.start_soon(self._pull_early)
+            await self._connect_to_members()
+            await trio.sleep(1.0)
+            await self._connect_to_members()
+
+    async def _pull_early(self) -> None:
+        joined_at = trio.current_time()
+        for at in EARLY_PULLS_AT_S:
+            await trio.sleep_until(joined_at + at)
+            await self._pull_from_random_peer()
+
+    async def _gossip_advert_once_meshed(self) -> None:
+        """Gossip the advert again as soon as this node has a members mesh, and once more a gossip
+        heartbeat later. The advert gossiped while joining went out before any mesh existed
+        (gossipsub sends only to mesh peers), so only the peers this node dialed knew it, and the
+        next heartbeat is ``heartbeat_s`` away: in a 20-node start that gap set convergence."""
+        topic = members_topic(self.config.run_id)
+        with trio.move_on_after(MESH_WAIT_S):
+            while not self.pubsub.router.mesh.get(topic):
+                await trio.sleep(0.1)
+        await self._publish_advert()
+        await trio.sleep(1.0)  # node.gossip's heartbeat: by then the mesh has grown to its degree
+        await self._publish_advert()
 
     async def _connect_to_members(self) -> None:
-        """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to."""
+        """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to.
+
+        One at a time: dialing all missing peers at once (libp2p's ``connect`` takes 250 ms of
+        wall time, 14 ms of CPU) made a 20-node start on 2 cores a storm of handshakes, over 100 of
+        which timed out (5 s). In random order: every joiner learns the same member list from its
+        bootstrap, and in list order all of them dialed the same first few members at once, whose
+        handshakes then timed out and who heard no gossip meanwhile.
+        """
         connected = {peer.to_base58() for peer in self.host.get_connected_peers()}
-        for member in self.view.members():
+        members = self.view.members()
+        random.shuffle(members)
+        for member in members:
             if len(connected) >= TARGET_CONNECTIONS:
                 return
             peer_id = member.advert.peer_id
