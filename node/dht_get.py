@@ -51,13 +51,18 @@ RecordCheck = Callable[[str, bytes], object]
 
 
 async def bounded_get(dht: KadDHT, key: str, check: RecordCheck, scores: PeerScores, *,
-                      ask: int = ASK_PEERS, peer_timeout_s: float = PEER_TIMEOUT_S,
+                      owner: ID | None = None, ask: int = ASK_PEERS, peer_timeout_s: float = PEER_TIMEOUT_S,
                       timeout_s: float = GET_TIMEOUT_S) -> bytes | None:
     """The value under ``key`` that passes ``check``, or None when none was found within ``timeout_s``.
 
     Order: our own DHT store; then GET_VALUE to the ``ask`` closest unbanned peers of our routing
-    table at once, the first valid reply winning (the others are cancelled); then libp2p's full
-    ``get_value``, which validates with the DHT's registered validator.
+    table and to ``owner`` at once, the first valid reply winning (the others are cancelled); then
+    libp2p's full ``get_value``, which validates with the DHT's registered validator.
+
+    ``owner``: the peer whose record it is, when the key names one (an advert's key names its
+    node). It holds its own newest record even when nobody else does: a node that stored its
+    advert while it was alone (the first node of a swarm) has it nowhere else until its next
+    store, half an advert lifetime later.
     """
     with trio.move_on_after(timeout_s):
         local = _local_value(dht, key, check)
@@ -65,6 +70,9 @@ async def bounded_get(dht: KadDHT, key: str, check: RecordCheck, scores: PeerSco
             return local
         nearest = dht.routing_table.find_local_closest_peers(key.encode(), dht.routing_table.size())
         peers = [peer for peer in nearest if not scores.is_banned(peer.to_base58())][:ask]
+        if owner is not None and owner not in peers and owner != dht.host.get_id() \
+                and not scores.is_banned(owner.to_base58()):
+            peers.append(owner)
         value = await _first_valid(dht.host, key, peers, check, scores, peer_timeout_s)
         if value is not None:
             return value

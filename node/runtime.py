@@ -407,7 +407,7 @@ class Node:
                 if peer_id == self.peer_id or self.view.get(peer_id) is not None:
                     continue
                 key = advert_key(self.config.run_id, peer_id)
-                value = await bounded_get(self.dht, key, check_advert_record, self.scores)
+                value = await bounded_get(self.dht, key, check_advert_record, self.scores, owner=info.peer_id)
                 if value is not None:
                     self._accept_advert(value, delivered_by=None)
 

@@ -16,6 +16,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.kad_dht.common import PROTOCOL_ID
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.pb.kademlia_pb2 import Message
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import encode_uvarint, read_varint_prefixed_bytes_limited
@@ -140,9 +141,9 @@ async def know(dht: KadDHT, *hosts: IHost) -> None:
         assert await dht.routing_table.add_peer(other.get_id())
 
 
-async def get(dht: KadDHT, key: str, scores: PeerScores) -> bytes | None:
+async def get(dht: KadDHT, key: str, scores: PeerScores, owner: ID | None = None) -> bytes | None:
     with trio.fail_after(10):  # a hang is a failure, not a slow pass
-        return await bounded_get(dht, key, check_advert_record, scores, peer_timeout_s=PEER_TIMEOUT_S,
+        return await bounded_get(dht, key, check_advert_record, scores, owner=owner, peer_timeout_s=PEER_TIMEOUT_S,
                                  timeout_s=3 * PEER_TIMEOUT_S)
 
 
@@ -164,6 +165,20 @@ async def test_a_server_answers_from_its_own_store_before_asking_peers():
         await know(holder, staller.host)
         assert await get(holder, key, PeerScores()) == value
         assert not staller.get_requests
+
+
+async def test_the_owner_is_asked_beside_the_closest_peers():
+    """The first node of a swarm stores its advert while alone: only it holds it, not the peers
+    closest to the key."""
+    owner = Identity.generate()
+    key, value = advert_key(RUN, owner.peer_id), advert_of(owner)
+    not_here = lambda k: framed(Message(type=Message.MessageType.GET_VALUE, key=k.encode()))  # noqa: E731
+    async with hostile_peer(not_here) as empty, dht_server(key, value) as holder, client() as asker:
+        await know(asker, empty.host)
+        holder_id = holder.host.get_id()
+        asker.host.get_peerstore().add_addrs(holder_id, holder.host.get_addrs(), 600)  # e.g. from its provider record
+        assert await get(asker, key, PeerScores(), owner=holder_id) == value
+        assert len(empty.get_requests) <= 1  # libp2p's fallback lookup would have asked it again
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
