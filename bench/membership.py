@@ -5,9 +5,10 @@ launched at once, all with short advert timings (TIMING below). Measured:
 - convergence: from the moment the last node printed its address (all joined) until every node
   lists all N nodes as members (``LocalSwarm.converged()``); also from the first launch;
 - DHT get latency: an in-process libp2p client (KadDHT in CLIENT mode, so it stores nothing for
-  others) that knows only the bootstrap node gets every node's signed advert with
-  ``dht.get_value(advert_key(run, peer_id))``, for several rounds. Its value store is emptied before
-  every get (libp2p caches what it fetched), so each get is a real remote lookup.
+  others) that knows only the bootstrap node gets every node's signed advert the way a node does,
+  with ``node.dht_get.bounded_get`` (the advert's owner and the 3 closest known peers at once,
+  libp2p's ``get_value`` as the fallback), for several rounds. Its value store is emptied before every get (libp2p's fallback
+  caches what it fetched), so each get is a real remote lookup.
 Peer: bench/_hivemind_side.py in its own process (hivemind and libp2p cannot share one), which
 does the same with N hivemind.DHT peers and ``dht.get(key, latest=True)`` from a client-mode peer.
 
@@ -136,9 +137,11 @@ class PhaseTimer:
         setattr(owner, name, timed)
 
     def take(self) -> dict[str, float]:
-        """lookup_ms: the FIND_NODE phase; get_rpcs / store_rpcs: GET_VALUE queries and entry-correction puts."""
+        """lookups / lookup_ms: FIND_NODE lookups (a bounded get that fell back to libp2p's get has
+        one) and their time; get_rpcs / store_rpcs: libp2p's GET_VALUE queries and entry-correction puts."""
         calls, self.calls = self.calls, []
         return {
+            "lookups": sum(1 for name, _ in calls if name == "find_closest_peers_network"),
             "lookup_ms": sum(ms for name, ms in calls if name == "find_closest_peers_network"),
             "get_rpcs": sum(1 for name, _ in calls if name == "_get_from_peer"),
             "store_rpcs": sum(1 for name, _ in calls if name == "_store_at_peer"),
@@ -146,54 +149,40 @@ class PhaseTimer:
 
 
 async def variant_gets(dht: Any, peer_ids: list[str], rounds: int) -> dict[str, Any]:
-    """Diagnosis (--variants): the same adverts fetched other ways, to see what a get could cost.
+    """Diagnosis (--variants): the same adverts fetched other ways, beside the headline's bounded get.
 
-    quorum1: get_value(key, quorum=1); owner: one GET_VALUE RPC to the advert's owner (its peer id
-    is in the key's name); closest3: GET_VALUE to the 3 closest peers of the client's routing table
-    at once, first valid answer wins, no iterative lookup. The last two use libp2p's private
-    ValueStore._get_from_peer: a measurement, not a recommendation to call it as is.
+    get_value: libp2p's own get (iterative lookup, GET_VALUE to every peer found, entry-correction
+    puts); quorum1: the same with quorum=1; owner: one GET_VALUE to the advert's owner (its peer id
+    is in the key's name), checked like the bounded get's replies.
     """
     import trio
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
 
+    from node.dht_get import ask_peer
+    from node.membership import check_advert_record
+    from node.peer_scores import PeerScores
     from protocol.keys import advert_key
 
-    async def valid(key: str, peer: Any) -> bytes | None:
-        try:
-            if peer not in dht.host.get_connected_peers():  # the dial, if any, counts in the time
-                await dht.host.connect(PeerInfo(peer, dht.host.get_peerstore().addrs(peer)))
-            record = await dht.value_store._get_from_peer(peer, key.encode(), return_record=True,
-                                                          return_closer_peers=False)
-            if record is None or record.value is None:
-                return None
-            dht.validator.validate(key, record.value)
-            return record.value
-        except Exception as exc:  # no record, an expired one, no connection: not found there
-            if os.environ.get("BENCH_DEBUG"):
-                print(f"variant GET_VALUE to {peer}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return None
+    scores = PeerScores()
+
+    async def full(key: str, peer_id: str) -> bytes | None:
+        return await dht.get_value(key)
 
     async def quorum1(key: str, peer_id: str) -> bytes | None:
         return await dht.get_value(key, quorum=1)
 
     async def owner(key: str, peer_id: str) -> bytes | None:
-        return await valid(key, ID.from_base58(peer_id))
-
-    async def closest3(key: str, peer_id: str) -> bytes | None:
-        found: list[bytes] = []
-        async with trio.open_nursery() as nursery:
-            async def ask(peer: Any) -> None:
-                value = await valid(key, peer)
-                if value is not None and not found:
-                    found.append(value)
-                    nursery.cancel_scope.cancel()
-            for peer in dht.routing_table.find_local_closest_peers(key.encode(), 3):
-                nursery.start_soon(ask, peer)
-        return found[0] if found else None
+        peer = ID.from_base58(peer_id)
+        try:
+            if peer not in dht.host.get_connected_peers():  # the dial, if any, counts in the time
+                await dht.host.connect(PeerInfo(peer, dht.host.get_peerstore().addrs(peer)))
+        except Exception:  # the owner cannot be reached: not found there
+            return None
+        return await ask_peer(dht.host, peer, key, check_advert_record, scores)
 
     out: dict[str, Any] = {}
-    for name, fetch in (("quorum1", quorum1), ("owner", owner), ("closest3", closest3)):
+    for name, fetch in (("get_value", full), ("quorum1", quorum1), ("owner", owner)):
         times: list[float] = []
         found = 0
         began = time.monotonic()
@@ -219,11 +208,13 @@ async def client_gets(boot_addr: str, peer_ids: list[str], rounds: int, node_pid
     import multiaddr
     import trio
     from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+    from libp2p.peer.id import ID
     from libp2p.tools.anyio_service import background_trio_service
 
     from crypto.identity import Identity
+    from node.dht_get import bounded_get
     from node.host import build_host, parse_peer_addr, quiet_libp2p_logs
-    from node.membership import AdvertRecordValidator
+    from node.membership import AdvertRecordValidator, check_advert_record
     from node.peer_scores import PeerScores
     from protocol import codec
     from protocol.errors import Rejected
@@ -239,6 +230,7 @@ async def client_gets(boot_addr: str, peer_ids: list[str], rounds: int, node_pid
     stale = 0  # a value that no longer verifies when the get returns (expired meanwhile)
     deadline_hit = False
     foreign_values = 0  # values in the client's store it did not fetch itself (should stay 0)
+    scores = PeerScores()  # what the bounded get charged to the swarm's nodes (should stay empty)
     async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         dht = KadDHT(host, DHTMode.CLIENT)
         dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(PeerScores()))
@@ -270,8 +262,8 @@ async def client_gets(boot_addr: str, peer_ids: list[str], rounds: int, node_pid
                     timer.take()
                     start = time.perf_counter()
                     value = None
-                    with trio.move_on_after(GET_TIMEOUT_S):  # libp2p has no overall deadline on a get
-                        value = await dht.get_value(key)
+                    with trio.move_on_after(GET_TIMEOUT_S):  # a guard: the bounded get has its own 10 s
+                        value = await bounded_get(dht, key, check_advert_record, scores, owner=ID.from_base58(peer_id))
                     elapsed = (time.perf_counter() - start) * 1000
                     phases.append(timer.take())
                     fetched = {key.encode()}
@@ -305,6 +297,8 @@ async def client_gets(boot_addr: str, peer_ids: list[str], rounds: int, node_pid
         "get_first_round_median_ms": round(statistics.median(times[0]), 2) if times and times[0] else None,
         "get_warm_median_ms": round(statistics.median(warm), 2) if warm else None,
         "get_warm_p90_ms": round(percentile(warm, 0.9), 2) if warm else None,
+        "get_fallbacks": sum(1 for p in phases if p["lookups"]),
+        "get_rejected_replies": dict(scores.rejections),
         "get_lookup_phase_median_ms": round(statistics.median(p["lookup_ms"] for p in phases), 2) if phases else None,
         "get_rpcs_per_get_median": statistics.median(p["get_rpcs"] for p in phases) if phases else None,
         "store_rpcs_per_get_median": statistics.median(p["store_rpcs"] for p in phases) if phases else None,
@@ -459,7 +453,7 @@ def main() -> int:
     parser.add_argument("--timing", action="append", default=[], metavar="NAME=VALUE",
                         help="override an advert timing, e.g. ADVERT_REFRESH_S=5 (for diagnosis)")
     parser.add_argument("--variants", action="store_true",
-                        help="diagnosis: also time quorum=1, owner-only and 3-closest gets (not the headline)")
+                        help="diagnosis: also time libp2p's get_value, quorum=1 and owner-only gets (not the headline)")
     parser.add_argument("--skip-peer", action="store_true", help="ours only (no ratio; the last line says so)")
     args = parser.parse_args()
     for item in args.timing:
@@ -496,6 +490,8 @@ def main() -> int:
         print(f"ours: stopped issuing gets after {GETS_DEADLINE_S:g} s ({ours['get_count_all']} done)")
     print(f"ours: client connect {ours['connect_bootstrap_ms']} ms, routing fill {ours['routing_fill_ms']} ms "
           f"({ours['routing_table_size']} peers), foreign values in client store {ours['foreign_values_in_client_store']}")
+    print(f"ours: bounded gets that fell back to libp2p's get: {ours['get_fallbacks']} of {ours['get_count_all']}; "
+          f"replies rejected: {ours['get_rejected_replies']}")
     print(f"ours: per get (median): lookup phase {ours['get_lookup_phase_median_ms']} ms, "
           f"{ours['get_rpcs_per_get_median']} GET_VALUE RPCs, {ours['store_rpcs_per_get_median']} entry-correction puts; "
           f"swarm CPU during convergence {ours['swarm_cores_during_convergence']} cores; rejections {ours['rejections_at_end']}")
