@@ -232,14 +232,25 @@ def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
 
 
 @app.command()
-def demo(nodes: Annotated[int, typer.Option(help="Nodes besides the bootstrap node")] = 3,
-         out: Annotated[Path | None, typer.Option(help="Directory for the nodes' homes [default: a temp dir]")] = None,
-         keep: Annotated[bool, typer.Option(help="Keep the swarm running until Ctrl-C")] = False) -> None:
-    """A local swarm on this machine: a bootstrap node and a few nodes, then their status."""
-    from node.demo import run_demo
+def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer steps", min=1)] = 100,
+         workers: Annotated[int, typer.Option(help="Inference nodes", min=1)] = 2,
+         minutes: Annotated[float, typer.Option(help="Stop after this many minutes", min=0.1)] = 10.0,
+         out: Annotated[Path | None, typer.Option(help="Directory for metrics.jsonl, reward.png, summary.json and the nodes' homes [default: a temp dir]")] = None,
+         async_level: Annotated[int, typer.Option("--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
+         validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
+         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True) -> None:
+    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task."""
+    from node.demo import DemoOptions, run_demo
 
-    data = run_demo(nodes=nodes, out=out, keep=keep, log=lambda line: err.print(line, soft_wrap=True))
-    _print_status(data)
+    options = DemoOptions(steps=steps, workers=workers, minutes=minutes, out=out, async_level=async_level,
+                          validator=validator, dashboard=dashboard)
+    summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
+    err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
+              f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
+              f"stopped by {summary['stopped_by']}")
+    err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json")
+    if summary["stopped_by"].startswith("node died"):
+        raise typer.Exit(1)
 
 
 def main() -> None:

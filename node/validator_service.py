@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,7 +126,8 @@ class ValidatorService:
         self.on_judged = on_judged
         self.rows = 0
         self.seconds = 0.0
-        self.groups = {"accepted": 0, "rejected": 0}
+        self.accepted_groups = 0
+        self.rejections: Counter[str] = Counter()  # rejected groups by reason ("stale_step" is no cheat)
         self._wake = trio.Event()
         listen_for_verdicts(node, options.trusted)
 
@@ -209,8 +211,8 @@ class ValidatorService:
             seen_counters=self.seen, tolerances=self.tolerances))
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
-        self.groups["accepted"] += len(result.accepted)
-        self.groups["rejected"] += len(result.rejected)
+        self.accepted_groups += len(result.accepted)
+        self.rejections.update(g.reason or "" for g in result.rejected)
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)

@@ -185,11 +185,12 @@ class TrainerService:
 
     def _save(self) -> None:
         assert self.learner is not None
-        self.counters.elapsed_s = self._elapsed()
+        counters = self.counters.to_state() | {"elapsed_s": self._elapsed()}
         save_state(self.directory, {"learner": self.learner.state_dict(), "consumed": self.consumed,
-                                    "counters": self.counters.to_state()})
+                                    "counters": counters})
 
     def _elapsed(self) -> float:
+        """Wall time of the run, across restarts (the time a crashed trainer was down excluded)."""
         return self.counters.elapsed_s + (time.monotonic() - self._started)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -205,8 +206,10 @@ class TrainerService:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.validator.run, node)
             task_status.started()
-            if self.counters.last_eval is None and self.eval_tasks:
+            if self.counters.last_eval is None and self.eval_tasks:  # the starting point, as step 0's line
                 self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
+                self._append_metrics({"step": self.step, "wall_s": round(self._elapsed(), 3),
+                                      "eval_accuracy": self.counters.last_eval, "eval_measured": True})
             while self.options.max_steps is None or self.step < self.options.max_steps:
                 await self._one_step()
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
@@ -255,15 +258,20 @@ class TrainerService:
                 "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
                 "train_s": round(train_s, 3), "wait_s": round(wait_s, 3),
                 "utilization": round(self.counters.train_s / max(1e-9, self.counters.train_s + self.counters.wait_s), 4),
-                "accepted_groups": self.validator.groups["accepted"], "rejected_groups": self.validator.groups["rejected"],
+                "accepted_groups": self.validator.accepted_groups,
+                "rejected_groups": sum(n for r, n in self.validator.rejections.items() if r != "stale_step"),
+                "rejections": dict(self.validator.rejections),
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
                 "pooled_groups": len(self.pool)}
-        with open(self.directory / METRICS_FILE, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        self._append_metrics(line)
         log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
                  "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
                  "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
                  metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
+
+    def _append_metrics(self, line: dict[str, Any]) -> None:
+        with open(self.directory / METRICS_FILE, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
 
     def _evaluate(self) -> float:
         assert self.learner is not None
