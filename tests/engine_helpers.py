@@ -31,3 +31,12 @@ def quick_tiny_model() -> Path:
     root = Path(tempfile.mkdtemp(prefix="ina-tiny-test-"))
     atexit.register(shutil.rmtree, root, True)
     return ensure_tiny_model(root / "tiny", QUICK_RECIPE)
+
+
+@functools.cache
+def demo_tiny_model() -> Path:
+    """The default-recipe tiny model the demo uses (1-2 min to build, once per session): trained
+    enough that toy reversal starts near 0.25 greedy accuracy, so GRPO groups have mixed rewards."""
+    root = Path(tempfile.mkdtemp(prefix="ina-tiny-demo-"))
+    atexit.register(shutil.rmtree, root, True)
+    return ensure_tiny_model(root / "tiny")

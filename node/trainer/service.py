@@ -7,9 +7,16 @@
 - A step takes the oldest ``batch_groups`` pooled groups whose policy step is inside the async
   window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
   are dropped. The learner trains on them in a worker thread.
-- Then, in this order: the state (weights, optimizer, step, consumed keys) is saved atomically,
-  the consumed groups leave the pool, the new weights are written to the publish directory where
-  the shard overlay signs and broadcasts them, and one line goes to ``metrics.jsonl``.
+- Then, in this order: the ledger notes which groups the step trained on, the state (weights,
+  optimizer, step, consumed keys) is saved atomically, the consumed groups leave the pool, the new
+  weights are written to the publish directory where the shard overlay signs and broadcasts them,
+  and one line goes to ``metrics.jsonl``.
+
+``ledger.jsonl`` is the audit trail of every accepted group's fate, written ahead (fsynced) of
+the action it records: ``{"step": s, "trained": [keys]}`` for the groups step s trained on (a
+restart that redoes step s appends a second line for it; the last one holds), and
+``{"step": s, "stale": [keys]}`` for groups that aged out of the async window unused. It is what
+credits workers for accepted rollouts, and what the crash tests check for lost groups.
 
 A restart resumes from the saved state with the same step numbering; the overlay still holds the
 published checkpoints, and a step whose state was saved but whose checkpoint was not yet handed
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
+LEDGER_FILE = "ledger.jsonl"
 CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any async window anyway
 
 
@@ -221,6 +229,7 @@ class TrainerService:
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
         if stale:
             self.counters.stale_groups += len(stale)
+            self._write_ledger({"step": self.step, "stale": stale})
             self.pool.discard(stale)
         return sorted(self.pool.groups.values(), key=lambda g: (g.policy_step, g.key))
 
@@ -249,6 +258,7 @@ class TrainerService:
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
         self.counters.wait_s += wait_s
+        await trio.to_thread.run_sync(self._write_ledger, {"step": step, "trained": self.consumed[step]})
         await trio.to_thread.run_sync(self._save)
         self.pool.discard(self.consumed[step])
         await trio.to_thread.run_sync(self._write_checkpoint, step, self._weights())
@@ -268,6 +278,12 @@ class TrainerService:
                  "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
                  "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
                  metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
+
+    def _write_ledger(self, entry: dict[str, Any]) -> None:
+        with open(self.directory / LEDGER_FILE, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def _append_metrics(self, line: dict[str, Any]) -> None:
         with open(self.directory / METRICS_FILE, "a") as handle:
