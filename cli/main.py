@@ -247,8 +247,8 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
     summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
     err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
-              f"stopped by {summary['stopped_by']}")
-    err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json")
+              f"stopped by {summary['stopped_by']}", soft_wrap=True)
+    err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json", soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
 
