@@ -94,7 +94,7 @@ def join(
     tasks: Annotated[str, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse] or a tasks .jsonl file")] = "toy:seed=0,count=1000",
     engine: Annotated[str, typer.Option("--engine", help="Inference engine: auto, torch or vllm")] = "auto",
     trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
-    verify_fraction: Annotated[float, typer.Option("--verify-fraction", help="Validator: fraction of batches verified, drawn from a local secret", min=0.0, max=1.0)] = 1.0,
+    verify_fraction: Annotated[float | None, typer.Option("--verify-fraction", help="Validator, trainer: fraction of batches verified, drawn from a local secret (a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]", min=0.0, max=1.0)] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
     batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
     async_level: Annotated[int | None, typer.Option("--async-level", help="Trainer: oldest usable policy is step - this [2]", min=0)] = None,
@@ -122,7 +122,8 @@ def join(
     training = None
     if "trainer" in role and model is not None:
         training = _trainer_options(cfg, shards, model, tasks, trainer_config, tuple(trust_validator or ()),
-                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level, "lr": lr})
+                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level, "lr": lr,
+                                     "verify_fraction": verify_fraction})
         shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
     elif "trainer" in role:
         err.print("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
@@ -132,7 +133,8 @@ def join(
 
         checked = _inference_options(cfg, model, tasks, engine)
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
-                                     verify_fraction=verify_fraction, trusted=tuple(trust_validator or ()))
+                                     verify_fraction=1.0 if verify_fraction is None else verify_fraction,
+                                     trusted=tuple(trust_validator or ()))
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
          trusted=tuple(trust_validator or ()), trainer=training)
 

@@ -85,7 +85,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
         receiver.on_stored = validator_service.notify
         node.services.append(validator_service)
     elif trusted_validators:  # bans the workers these validators prove to cheat
-        from node.validator_service import listen_for_verdicts
+        from node.verdict_trust import listen_for_verdicts
 
         listen_for_verdicts(node, trusted_validators)
     if inference is not None:

@@ -30,7 +30,8 @@ from node.engine.base import Engine
 from node.rollout_inbox import RolloutInbox
 from node.shards.loader import load_tensors
 from node.tasks.schema import Task
-from node.validation import BatchVerdict, Tolerances, batch_precheck, verify_batch
+from node.validation import BatchVerdict, GroupResult, Tolerances, batch_precheck, verify_batch
+from node.verdict_trust import TrustedVerdicts, ban_worker
 from protocol import codec
 from protocol.errors import Rejected
 from protocol.keys import announcements_topic
@@ -56,6 +57,8 @@ class ValidatorOptions:
     engine: str = "auto"
     verify_fraction: float = 1.0
     trusted: tuple[str, ...] = ()
+    # a judged-hook user (the trainer) adopts trusted verdicts on unsampled batches; this long it waits
+    verdict_wait_s: float = 60.0
 
 
 def load_or_create_secret(path: Path) -> bytes:
@@ -75,30 +78,6 @@ def sampled(secret: bytes, digest: str, fraction: float) -> bool:
     """Whether the batch ``digest`` is verified: HMAC(secret, digest) read as a number in [0, 1)."""
     value = int.from_bytes(hmac.new(secret, digest.encode(), hashlib.sha256).digest()[:8], "big") / 2**64
     return value < fraction
-
-
-def ban_worker(node: Node, peer_id: str, why: str) -> None:
-    """Ban ``peer_id`` for the run: the receiver ignores its streams, its gossip is dropped."""
-    if node.scores.is_banned(peer_id) or peer_id == node.peer_id:
-        return
-    node.scores.banned.add(peer_id)
-    log.warning("banned worker %s: %s", peer_id, why)
-    if node.scores.on_ban is not None:
-        node.scores.on_ban(peer_id)
-
-
-def listen_for_verdicts(node: Node, trusted: Iterable[str]) -> None:
-    """Ban workers that a trusted validator (or this node) proved to cheat; call before ``node.run``."""
-    trust = set(trusted)
-
-    def on_verdict(signed: codec.Signed[Verdict], raw: bytes) -> bool:
-        verdict = signed.message
-        if verdict.run_id == node.config.run_id and verdict.cheats and (
-                verdict.validator in trust or verdict.validator == node.peer_id):
-            ban_worker(node, verdict.worker, f"{', '.join(verdict.cheats)} (verdict by {verdict.validator})")
-        return True
-
-    node.on_announcement(Verdict, on_verdict)
 
 
 JudgedHook = Callable[[str, RolloutBatch, BatchVerdict], Awaitable[None]]
@@ -129,7 +108,11 @@ class ValidatorService:
         self.accepted_groups = 0
         self.rejections: Counter[str] = Counter()  # rejected groups by reason ("stale_step" is no cheat)
         self._wake = trio.Event()
-        listen_for_verdicts(node, options.trusted)
+        self._waiting_since: dict[str, float] = {}  # unsampled batches waiting for trusted verdicts
+        self.adopted_batches = 0
+        self.trusted_verdicts = TrustedVerdicts(node, options.trusted, own_accepted=self._own_accepted,
+                                                on_verdict=lambda digest: self._wake.set())
+        self.trusted_verdicts.listen()
 
     def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
         """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
@@ -196,9 +179,22 @@ class ValidatorService:
             return  # the overlay has not brought that checkpoint yet: the batch waits in the inbox
         counters = [g.counter for g in batch.groups]
         if reason is None and not sampled(self.secret, digest, self.options.verify_fraction):
-            self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
-            self._record(digest, batch, None)
-            return
+            if self.on_judged is not None and self.options.trusted:
+                adopted = self._trusted_result(digest, batch)
+                if adopted is None:
+                    return  # waits in the inbox for a trusted verdict
+                if adopted is not False:
+                    self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                    self.accepted_groups += len(adopted.accepted)
+                    self.adopted_batches += 1
+                    await self.on_judged(digest, batch, adopted)
+                    self._record(digest, batch, None)
+                    return
+                # conflicting verdicts, or none in time: verify it here
+            else:
+                self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                self._record(digest, batch, None)
+                return
         checkpoint = self._checkpoint(batch.manifest_hash)
         if reason is None and checkpoint is not None and loaded[0] != checkpoint.step:
             tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
@@ -216,7 +212,7 @@ class ValidatorService:
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
-        self._record(digest, batch, envelope)
+        self._record(digest, batch, envelope, (g.counter for g in result.accepted))
         await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
         verdict = codec.decode(envelope, Verdict).message
         if verdict.cheats:
@@ -226,6 +222,34 @@ class ValidatorService:
                  digest[:12], batch.worker, batch.policy_step, len(result.accepted), len(result.rejected),
                  sorted({g.reason for g in result.rejected}), rate)
 
+    def _trusted_result(self, digest: str, batch: RolloutBatch) -> BatchVerdict | None | bool:
+        """The agreed trusted verdict on an unsampled batch as a result; None: keep waiting;
+        False: verify it here (trusted verdicts conflict, or none came within the wait)."""
+        agreed = self.trusted_verdicts.agreed(digest)
+        if agreed is False:
+            self.trusted_verdicts.conflicts += 1
+            log.warning("trusted validators disagree on batch %s: verifying it here", digest[:12])
+        if agreed is None:
+            first = self._waiting_since.setdefault(digest, time.monotonic())
+            if time.monotonic() - first < self.options.verdict_wait_s:
+                return None
+            log.info("no trusted verdict on batch %s within %.0f s: verifying it here", digest[:12],
+                     self.options.verdict_wait_s)
+        self._waiting_since.pop(digest, None)
+        if not isinstance(agreed, Verdict):
+            return False
+        groups = tuple(GroupResult(g.counter, None, tuple(g.rewards)) for g in agreed.accepted) + tuple(
+            GroupResult(g.counter, g.reason) for g in agreed.rejected)
+        return BatchVerdict(worker=batch.worker, policy_step=batch.policy_step, groups=groups, completions=0)
+
+    def _own_accepted(self, digest: str) -> set[int] | None:
+        """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
+        try:
+            record = json.loads((self.verdict_dir / f"{digest}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return set(record["accepted"]) if record.get("verdict") else None
+
     def _verdict(self, digest: str, result: BatchVerdict) -> Verdict:
         return Verdict(run_id=self.node.config.run_id, batch_digest=bytes.fromhex(digest), worker=result.worker,
                        policy_step=result.policy_step, validator=self.node.peer_id,
@@ -233,9 +257,10 @@ class ValidatorService:
                        rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
                                       for g in result.rejected))
 
-    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None) -> None:
+    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = ()) -> None:
         """Durably note the batch (and its verdict), then drop it from the inbox."""
         record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
-                  "verdict": envelope.hex() if envelope is not None else None}
+                  "verdict": envelope.hex() if envelope is not None else None,
+                  "accepted": list(accepted)}
         write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
         self.inbox.remove(digest)

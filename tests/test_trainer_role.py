@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from crypto.identity import load_or_create_identity
+from node.config import NodeConfig
 from node.local_swarm import LocalSwarm
 from node.trainer.rewards import teaches_nothing
 from protocol import codec
@@ -90,3 +92,26 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
         for group in verdict.accepted:
             if not teaches_nothing(group.rewards):
                 assert f"{digest}:{group.counter}" in accounted | still_pooled
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdicts(swarm: LocalSwarm) -> None:
+    """--verify-fraction 0: every batch waits for the trusted validator's verdict and its accepted
+    groups (with the validator's recomputed rewards) are trained on; the trainer prefills nothing."""
+    model = demo_tiny_model()
+    validator_home = swarm.root / "validator"
+    validator_home.mkdir(parents=True)
+    validator_id = load_or_create_identity(NodeConfig(home=validator_home).key_path)[0].peer_id
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model), "--tasks", TASKS,
+                                      "--batch-groups", "4", "--verify-fraction", "0",
+                                      "--trust-validator", validator_id], ENV)
+    common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model), "--tasks", TASKS]
+    swarm.start("validator", ["join", "--role", "validator", *common], ENV)
+    swarm.start("worker", ["join", "--role", "inference", *common], ENV)
+    swarm.wait_until(lambda: len(trained_steps(trainer.home)) >= 2, timeout_s=300, poll_s=0.5)
+
+    last = [line for line in read_jsonl(trainer.home / "trainer" / "metrics.jsonl") if "task_reward" in line][-1]
+    assert last["adopted_batches"] > 0 and last["verdict_conflicts"] == 0
+    records = [json.loads(p.read_text()) for p in (trainer.home / "verdicts").glob("*.json")]
+    assert records and all(r["verdict"] is None for r in records)  # nothing verified by the trainer itself

@@ -26,7 +26,7 @@ from node.trainer.rewards import RewardConfig
 from node.trainer.service import TrainerOptions
 
 SECTIONS: dict[str, type] = {"optim": OptimConfig, "loss": LossConfig, "rewards": RewardConfig}
-TOP_LEVEL = {"batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed"}
+TOP_LEVEL = {"batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed", "verify_fraction"}
 
 
 class TrainerConfigError(ValueError):

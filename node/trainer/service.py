@@ -2,7 +2,9 @@
 
 - Every batch delivered to ``<home>/inbox`` is judged by the same checks a validator runs (a
   ``ValidatorService`` inside the trainer, verdicts signed and gossiped), so a swarm without a
-  dedicated validator is still safe. Accepted groups that can teach something (their task rewards
+  dedicated validator is still safe. With ``verify_fraction`` < 1 the batches it does not sample
+  wait for agreeing verdicts of trusted validators instead (and are verified here if those
+  conflict or do not come). Accepted groups that can teach something (their task rewards
   differ) enter the durable pool; the rest are counted.
 - A step takes the oldest ``batch_groups`` pooled groups whose policy step is inside the async
   window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
@@ -72,6 +74,7 @@ class TrainerOptions:
     eval_tasks: int = 200
     engine: str = "torch"  # for verification
     trusted: tuple[str, ...] = ()
+    verify_fraction: float = 1.0  # the rest waits for agreeing trusted verdicts (node/verdict_trust.py)
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     rewards: RewardConfig = RewardConfig()
@@ -80,6 +83,10 @@ class TrainerOptions:
     def __post_init__(self) -> None:
         if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
             raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise ValueError("verify_fraction must be in [0, 1]")
+        if self.verify_fraction < 1.0 and not self.trusted:
+            raise ValueError("a trainer that verifies only part of the batches needs --trust-validator for the rest")
 
 
 @dataclass
@@ -116,7 +123,8 @@ class TrainerService:
         self.eval_tasks = held_out_tasks(options.eval_tasks, kinds) if kinds else []
         self.validator = ValidatorService(
             node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
-                                           engine=options.engine, verify_fraction=1.0, trusted=options.trusted),
+                                           engine=options.engine, verify_fraction=options.verify_fraction,
+                                           trusted=options.trusted),
             tasks, async_window=options.async_level, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
@@ -271,6 +279,8 @@ class TrainerService:
                 "accepted_groups": self.validator.accepted_groups,
                 "rejected_groups": sum(n for r, n in self.validator.rejections.items() if r != "stale_step"),
                 "rejections": dict(self.validator.rejections),
+                "adopted_batches": self.validator.adopted_batches,
+                "verdict_conflicts": self.validator.trusted_verdicts.conflicts,
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
                 "pooled_groups": len(self.pool)}
         self._append_metrics(line)

@@ -1,0 +1,47 @@
+"""Trainer settings: defaults < TOML file < flags, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.trainer.config import TrainerConfigError, load_trainer_options
+
+BASE = {"model_dir": Path("/m"), "task_spec": "toy:seed=0,count=10", "publish_dir": Path("/p")}
+
+
+def load(tmp_path: Path, text: str | None, **flags):
+    config_file = None
+    if text is not None:
+        config_file = tmp_path / "trainer.toml"
+        config_file.write_text(text)
+    return load_trainer_options(**BASE, config_file=config_file, flags=flags)
+
+
+def test_defaults(tmp_path) -> None:
+    options = load(tmp_path, None)
+    assert options.batch_groups == 16 and options.async_level == 2 and options.optim.old_policy == "behavior"
+    assert options.loss.ratio_cap == 4.0 and options.rewards.length_coef == 0.0003
+
+
+def test_file_then_flags(tmp_path) -> None:
+    text = "batch_groups = 8\n[optim]\nlr = 1e-3\nbetas = [0.9, 0.95]\n[loss]\nnormalization = 'constant'\n"
+    options = load(tmp_path, text, lr=2e-4, async_level=0, batch_groups=None)
+    assert options.batch_groups == 8 and options.async_level == 0
+    assert options.optim.lr == 2e-4 and options.optim.betas == (0.9, 0.95)
+    assert options.loss.normalization == "constant"
+
+
+@pytest.mark.parametrize(("text", "flags", "message"), [
+    ("[optim]\nlearning_rate = 1e-3\n", {}, "unknown key"),
+    ("batchgroups = 3\n", {}, "unknown key"),
+    ("[loss]\nnormalization = 'per-row'\n", {}, "normalization"),
+    ("[optim]\nold_policy = 'newest'\n", {}, "old_policy"),
+    ("batch_groups = 0\n", {}, "batch_groups"),
+    ("not toml [", {}, "trainer.toml"),
+    (None, {"verify_fraction": 0.5}, "trust-validator"),
+])
+def test_bad_settings_are_named(tmp_path, text, flags, message) -> None:
+    with pytest.raises(TrainerConfigError, match=message):
+        load(tmp_path, text, **flags)
