@@ -76,7 +76,16 @@ def _peer_id(home: Path) -> str:
 
 
 def start_demo_swarm(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
+    """Start every node; if one fails to start, the ones already running are stopped."""
     swarm = LocalSwarm(root / "nodes")
+    try:
+        return _start_nodes(swarm, options, model_dir, log)
+    except BaseException:
+        swarm.stop_all()
+        raise
+
+
+def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
     common = ["--model", str(model_dir), "--tasks", DEMO_TASKS]
