@@ -39,7 +39,10 @@ from protocol.errors import MalformedReply, Oversize, Rejected, Stalled, Truncat
 log = logging.getLogger(__name__)
 
 ASK_PEERS = 3  # Kademlia's alpha for one round: enough that one slow or lying peer does not cost a miss
-PEER_TIMEOUT_S = 2.0  # open a stream, send, read the reply; a loopback GET_VALUE takes about 10 ms
+# Open a stream (dialing if need be), send, read the reply. A loopback GET_VALUE takes about 10 ms,
+# but a peer of a swarm that is starting on 2 cores can take seconds to accept a stream, and the
+# fallback lookup costs far more than waiting; the first valid reply ends the wait in any case.
+PEER_TIMEOUT_S = 5.0
 GET_TIMEOUT_S = 10.0  # the whole get, fallback included (libp2p's own get has no overall deadline)
 # A GET_VALUE reply carries the record (an advert is at most 8 KiB), the sender's signed peer record
 # and up to 20 closer peers with their addresses and signed peer records (about 0.3 KiB each with a
