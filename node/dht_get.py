@@ -38,7 +38,7 @@ from protocol.errors import MalformedReply, Oversize, Rejected, Stalled, Truncat
 
 log = logging.getLogger(__name__)
 
-ASK_PEERS = 3  # Kademlia's alpha for one round: enough that one slow or lying peer does not cost a miss
+ASK_PEERS = 3  # the Kademlia paper's alpha: one slow or lying peer does not cost a fallback lookup
 # Open a stream (dialing if need be), send, read the reply. A loopback GET_VALUE takes about 10 ms,
 # but a peer of a swarm that is starting on 2 cores can take seconds to accept a stream, and the
 # fallback lookup costs far more than waiting; the first valid reply ends the wait in any case.
