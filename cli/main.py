@@ -51,11 +51,26 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
             for addr in addrs:
                 print(addr, flush=True)
 
+    expected = (JoinError, NodeAlreadyRunning, ShardConfigError)
     try:
         run_node(config, on_ready, shards, inference, validator, trusted, trainer)
-    except (JoinError, NodeAlreadyRunning, ShardConfigError) as exc:
+    except expected as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+    except BaseExceptionGroup as group:  # trio wraps what a node task raised at start-up
+        matched, rest = group.split(expected)
+        if matched is None or rest is not None:
+            raise
+        for exc in _leaves(matched):
+            err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 @app.command()

@@ -68,6 +68,7 @@ def test_unreachable_bootstrap_is_reported(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "could not reach any of 1" in result.stderr
+    assert "Traceback" not in result.stderr  # a clean message, not trio's wrapped exception
 
 
 def test_sigterm_stops_cleanly_and_status_falls_back_to_asking_a_peer(swarm, tmp_path):
