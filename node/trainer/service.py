@@ -9,10 +9,12 @@
 - A step takes the oldest ``batch_groups`` pooled groups whose policy step is inside the async
   window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
   are dropped. The learner trains on them in a worker thread.
-- Then, in this order: the ledger notes which groups the step trained on, the state (weights,
-  optimizer, step, consumed keys) is saved atomically, the consumed groups leave the pool, the new
-  weights are written to the publish directory where the shard overlay signs and broadcasts them,
-  and one line goes to ``metrics.jsonl``.
+- Then, in this order: the ledger notes which groups the step trained on, one line goes to
+  ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
+  consumed groups leave the pool, and the new weights are written to the publish directory where
+  the shard overlay signs and broadcasts them. A crash between the first two and the state save
+  makes the restart redo that step, so ledger and metrics may hold a step twice (the last line
+  holds) but never miss one.
 
 ``ledger.jsonl`` is the audit trail of every accepted group's fate, written ahead (fsynced) of
 the action it records: ``{"step": s, "trained": [keys]}`` for the groups step s trained on (a
@@ -266,10 +268,6 @@ class TrainerService:
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
         self.counters.wait_s += wait_s
-        await trio.to_thread.run_sync(self._write_ledger, {"step": step, "trained": self.consumed[step]})
-        await trio.to_thread.run_sync(self._save)
-        self.pool.discard(self.consumed[step])
-        await trio.to_thread.run_sync(self._write_checkpoint, step, self._weights())
         staleness = [step - 1 - g.policy_step for g in groups]
         line = {"step": step, "wall_s": round(self._elapsed(), 3), **{k: round(v, 6) for k, v in metrics.items()},
                 "eval_accuracy": self.counters.last_eval, "eval_measured": evaluated,
@@ -282,8 +280,15 @@ class TrainerService:
                 "adopted_batches": self.validator.adopted_batches,
                 "verdict_conflicts": self.validator.trusted_verdicts.conflicts,
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
-                "pooled_groups": len(self.pool)}
-        self._append_metrics(line)
+                "pooled_groups": len(self.pool) - len(groups)}
+        # written ahead of the state: a crash in between repeats a step's line, never loses one
+        await trio.to_thread.run_sync(self._write_ledger, {"step": step, "trained": self.consumed[step]})
+        await trio.to_thread.run_sync(self._append_metrics, line)
+        handing_over = time.monotonic()
+        await trio.to_thread.run_sync(self._save)
+        self.pool.discard(self.consumed[step])
+        await trio.to_thread.run_sync(self._write_checkpoint, step, self._weights())
+        self.counters.train_s += time.monotonic() - handing_over  # busy, not waiting: in the next line's figure
         log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
                  "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
                  "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
@@ -298,6 +303,8 @@ class TrainerService:
     def _append_metrics(self, line: dict[str, Any]) -> None:
         with open(self.directory / METRICS_FILE, "a") as handle:
             handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
 
     def _evaluate(self) -> float:
         assert self.learner is not None
