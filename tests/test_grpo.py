@@ -216,3 +216,14 @@ def test_old_policy_behavior_clips_what_already_moved_and_recompute_does_not() -
     assert behavior["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
     recompute = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0, old_policy="recompute")).step(stale)
     assert recompute["clip_fraction"] == 0.0 and recompute["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_group_must_be_consistent() -> None:
+    group = make_groups(1)[0]
+    with pytest.raises(ValueError, match="empty completion"):
+        dataclasses.replace(group, completions=((),) + group.completions[1:],
+                            logprobs=((),) + group.logprobs[1:])
+    with pytest.raises(ValueError, match="logprobs"):
+        dataclasses.replace(group, logprobs=((-1.0,),) + group.logprobs[1:])
+    with pytest.raises(ValueError, match="rewards"):
+        dataclasses.replace(group, task_rewards=(1.0,))

@@ -26,6 +26,8 @@ class TrainingGroup:
     def __post_init__(self) -> None:
         if len(self.completions) != len(self.task_rewards) or not self.completions:
             raise ValueError(f"group {self.key}: {len(self.completions)} completions, {len(self.task_rewards)} rewards")
+        if any(not c for c in self.completions):
+            raise ValueError(f"group {self.key}: an empty completion (the wire format has at least one token)")
         if [len(c) for c in self.completions] != [len(lp) for lp in self.logprobs]:
             raise ValueError(f"group {self.key}: logprobs do not match the completions' lengths")
 
