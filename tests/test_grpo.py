@@ -133,10 +133,11 @@ def make_groups(count: int, seed: int = 0, policy: Qwen2ForCausalLM | None = Non
 
 
 def token_scores(model, prompt, completion) -> list[float]:
-    tensors = _pack([_Row(prompt, completion, 0.0)], pad_id=0)
+    """Each completion token's logprob from one plain forward pass of prompt + completion."""
     with torch.no_grad():
-        logprobs, _ = token_logprobs(model, tensors, with_entropy=False)
-    return logprobs[0, len(prompt) - 1:].tolist()
+        logits = model(input_ids=torch.tensor([list(prompt) + list(completion)])).logits[0, len(prompt) - 1: -1]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
 
 
 def sequence_logprob(model, prompt, completion) -> float:
@@ -227,3 +228,26 @@ def test_a_group_must_be_consistent() -> None:
         dataclasses.replace(group, logprobs=((-1.0,),) + group.logprobs[1:])
     with pytest.raises(ValueError, match="rewards"):
         dataclasses.replace(group, task_rewards=(1.0,))
+
+
+def test_shared_prompt_scoring_equals_a_plain_forward_pass() -> None:
+    """Prompts of different lengths, run once each (left-padded) with their KV cache repeated for
+    their rows: every completion token's logprob equals a plain forward of prompt + completion,
+    and so does the gradient of their sum."""
+    groups = make_groups(3, seed=4)
+    rows = [_Row(g.prompt, c, 0.0) for g in groups for c in g.completions]
+    model = small_model()
+    logprobs, entropy = token_logprobs(model, _pack(rows, pad_id=0), with_entropy=True)
+    for i, row in enumerate(rows):
+        expected = token_scores(model, row.prompt, row.completion)
+        assert logprobs[i, : len(row.completion)].tolist() == pytest.approx(expected, abs=1e-5)
+    assert entropy is not None and bool((entropy > 0).all())
+    tensors = _pack(rows, pad_id=0)
+    (token_logprobs(model, tensors, with_entropy=False)[0] * tensors.mask).sum().backward()
+    shared = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    for row in rows:
+        logits = model(input_ids=torch.tensor([list(row.prompt) + list(row.completion)])).logits[0, len(row.prompt) - 1: -1]
+        torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(row.completion)[:, None]).sum().backward()
+    for a, p in zip(shared, model.parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-4)
