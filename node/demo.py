@@ -1,7 +1,8 @@
 """``intellect-node demo``: the whole RL swarm on this machine, learning a toy task on CPU.
 
 A bootstrap node, a trainer, ``workers`` inference nodes and a validator run as separate
-``intellect-node`` processes on 127.0.0.1 (node.local_swarm), sharing one tiny model built once
+``intellect-node`` processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
+terminal's Ctrl-C reaches only the demo, which then stops them in order), sharing one tiny model built once
 into the cache. Identities are created up front so that every node can be told the trainer's peer
 id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -139,16 +141,33 @@ def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]
         log(f"building the tiny model into {options.model_cache} (once; one to two minutes)...")
     model_dir = ensure_tiny_model(options.model_cache)
     shutil.rmtree(root / "nodes", ignore_errors=True)  # a fresh run each time: no stale trainer state
-    started = time.monotonic()
-    demo = start_demo_swarm(options, root, model_dir, log)
-    stopped_by = "steps"
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops the nodes too, like Ctrl-C
     try:
-        stopped_by = _watch(demo, options, started)
-    except KeyboardInterrupt:
-        stopped_by = "ctrl-c"
+        return _run(options, root, model_dir, log)
     finally:
-        lines = demo.metrics()
-        demo.swarm.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        demo = start_demo_swarm(options, root, model_dir, log)
+    except KeyboardInterrupt:  # start_demo_swarm has stopped what it started
+        demo = None
+    stopped_by = "ctrl-c"
+    lines: list[dict[str, Any]] = []
+    if demo is not None:
+        try:
+            stopped_by = _watch(demo, options, started)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            lines = demo.metrics()
+            demo.swarm.stop_all()
     summary = summarize(lines, time.monotonic() - started, stopped_by)
     (root / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     if lines:

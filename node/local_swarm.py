@@ -75,8 +75,9 @@ class LocalSwarm:
         env = {**os.environ, **self.timing, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         command = _node_command([*args, "--home", str(home), "--run-id", self.run_id,
                                  "--listen", "/ip4/127.0.0.1/tcp/0"])
+        # a session of its own: Ctrl-C in the launcher's terminal is the launcher's to handle
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
-                                   cwd=Path(__file__).resolve().parent.parent)
+                                   cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
         node = NodeProcess(name, home, process, log_file=log_file)
         self.nodes[name] = node
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
