@@ -187,14 +187,14 @@ class TrainerService:
         assert self.learner is not None
         return self.learner.updates
 
-    def _weights(self) -> dict[str, torch.Tensor]:
+    def _write_checkpoint(self, step: int) -> None:
+        """Hand the weights to the overlay: written aside, then renamed into the publish directory.
+        Runs in a worker thread between steps (the weights do not change meanwhile); tied
+        embeddings are written once, as ``save_pretrained`` does."""
         assert self.learner is not None
         model = self.learner.model
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-        return {k: v.detach().clone() for k, v in model.state_dict().items() if k not in tied}
-
-    def _write_checkpoint(self, step: int, tensors: dict[str, torch.Tensor]) -> None:
-        """Hand the weights to the overlay: written aside, then renamed into the publish directory."""
+        tensors = {k: v.detach() for k, v in model.state_dict().items() if k not in tied}
         publish_dir = self.options.publish_dir
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
@@ -218,7 +218,7 @@ class TrainerService:
         self._started = time.monotonic()
         held = max(self.shards.store.checkpoints, default=-1)
         if held < self.step:  # first start, or the last step's checkpoint never reached the overlay
-            await trio.to_thread.run_sync(self._write_checkpoint, self.step, self._weights())
+            await trio.to_thread.run_sync(self._write_checkpoint, self.step)
         log.info("trainer ready at step %d: %d groups pooled, batches of %d groups, async level %d",
                  self.step, len(self.pool), self.options.batch_groups, self.options.async_level)
         async with trio.open_nursery() as nursery:
@@ -287,7 +287,7 @@ class TrainerService:
         handing_over = time.monotonic()
         await trio.to_thread.run_sync(self._save)
         self.pool.discard(self.consumed[step])
-        await trio.to_thread.run_sync(self._write_checkpoint, step, self._weights())
+        await trio.to_thread.run_sync(self._write_checkpoint, step)
         self.counters.train_s += time.monotonic() - handing_over  # busy, not waiting: in the next line's figure
         log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
                  "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
