@@ -95,7 +95,6 @@ class TrainerOptions:
 class TrainerCounters:
     """Running totals, persisted with the state so a restart keeps counting."""
 
-    groups_in: int = 0
     filtered_groups: int = 0  # accepted but all-equal task rewards
     stale_groups: int = 0
     train_s: float = 0.0
@@ -104,7 +103,7 @@ class TrainerCounters:
     last_eval: float | None = None
 
     def to_state(self) -> dict[str, Any]:
-        return {"groups_in": self.groups_in, "filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
+        return {"filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
                 "train_s": self.train_s, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
                 "last_eval": self.last_eval}
 
@@ -142,7 +141,6 @@ class TrainerService:
         for group in batch.groups:
             if group.counter not in rewards:
                 continue
-            self.counters.groups_in += 1
             if teaches_nothing(rewards[group.counter]):
                 self.counters.filtered_groups += 1
                 continue
