@@ -51,7 +51,6 @@ class DemoSwarm:
     """The running processes and where the trainer writes its metrics."""
 
     swarm: LocalSwarm
-    trainer: NodeProcess
     metrics_path: Path
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -108,7 +107,7 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
         node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", bootstrap.addr,
                                          "--trainer", trainer_id, *common], NODE_ENV)
         log(f"validator  {node.peer_id}")
-    return DemoSwarm(swarm, trainer, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
+    return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
 
 
 def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from node.trainer.groups import TrainingGroup
 from node.trainer.loss import LossConfig, grpo_loss
-from node.trainer.rewards import RewardConfig, group_advantages, length_reward, total_rewards
+from node.trainer.rewards import RewardConfig, group_advantages, total_rewards
 
 
 OLD_POLICIES = ("behavior", "recompute")
@@ -178,7 +178,7 @@ class GRPOLearner:
                 rows.append(_Row(group.prompt, completion, float(a), logprobs))
             task.extend(group.task_rewards)
             lengths.extend(group.lengths)
-            length_part.extend(length_reward(n, group.length_target, self.reward_config) for n in group.lengths)
+            length_part.extend((rewards - np.array(group.task_rewards)).tolist())  # the total minus the task part
             advantages.extend(adv.tolist())
         adv_arr = np.array(advantages)
         return rows, {"task_reward": float(np.mean(task)), "length_reward": float(np.mean(length_part)),

@@ -231,20 +231,21 @@ class TrainerService:
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
             await trio.sleep_forever()
 
-    def _usable(self) -> list[TrainingGroup]:
-        """Pooled groups inside the async window, oldest first; staler ones leave the pool."""
+    async def _usable(self) -> list[TrainingGroup]:
+        """Pooled groups inside the async window, oldest first; staler ones leave the pool (noted
+        in the ledger first, off the trio loop: it fsyncs)."""
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
         if stale:
             self.counters.stale_groups += len(stale)
-            self._write_ledger({"step": self.step, "stale": stale})
+            await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale})
             self.pool.discard(stale)
         return sorted(self.pool.groups.values(), key=lambda g: (g.policy_step, g.key))
 
     async def _gather(self) -> list[TrainingGroup]:
         while True:
             self._pool_changed = trio.Event()
-            usable = self._usable()
+            usable = await self._usable()
             if len(usable) >= self.options.batch_groups:
                 return usable[: self.options.batch_groups]
             with trio.move_on_after(1.0):
