@@ -5,7 +5,7 @@ torch threads:
 
 - the batch: 16 toy reversal prompts (with the rollout builder's length targets) x 8 completions
   sampled once from the tiny model (torch engine, temperature 1, <= 64 tokens); task rewards from
-  ``node.tasks.verify.task_reward``, the sampler's per-token logprobs as the behavior policy;
+  ``intellect_node.node.tasks.verify.task_reward``, the sampler's per-token logprobs as the behavior policy;
 - the advantages: ours (task + length reward, normalized per group), computed once and given
   to TRL as well, so both losses weight every token identically;
 - the loss: token-level GRPO with two-sided clipping (epsilon 0.2, delta 4), normalized by the
@@ -58,18 +58,18 @@ from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.config import DEFAULT_HOME  # noqa: E402
-from node.engine.base import SamplingParams, encode_prompt  # noqa: E402
-from node.engine.torch_engine import TorchEngine  # noqa: E402
-from node.rollout_builder import DEFAULT_LENGTH_TARGETS  # noqa: E402
-from node.tasks.schema import with_length_target  # noqa: E402
-from node.tasks.toy import generate_toy_tasks  # noqa: E402
-from node.tasks.verify import task_reward  # noqa: E402
-from node.tinymodel import ensure_tiny_model  # noqa: E402
-from node.trainer.groups import TrainingGroup  # noqa: E402
-from node.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from node.trainer.loss import LossConfig  # noqa: E402
-from node.trainer.rewards import RewardConfig, group_advantages, total_rewards  # noqa: E402
+from intellect_node.node.app.config import DEFAULT_HOME  # noqa: E402
+from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
+from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS  # noqa: E402
+from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
+from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
+from intellect_node.node.tasks.verify import task_reward  # noqa: E402
+from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
+from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
+from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
+from intellect_node.node.roles.trainer.loss import LossConfig  # noqa: E402
+from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, total_rewards  # noqa: E402
 
 try:
     from datasets import Dataset

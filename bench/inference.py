@@ -2,8 +2,8 @@
 
 "peer" is the engine generating with hidden-state capture switched off: what an inference node
 that proves nothing would get. "ours" is the same generation with the final hidden states
-captured and TOPLOC proofs built for every completion (``crypto.toploc.build_proofs`` through
-``node.engine.proofs.build_completion_proofs``, which batches the calls; chunks of 32 tokens,
+captured and TOPLOC proofs built for every completion (``intellect_node.crypto.toploc.build_proofs`` through
+``intellect_node.node.engine.proofs.build_completion_proofs``, which batches the calls; chunks of 32 tokens,
 top-k 128). Throughput counts generated tokens per second of wall time, including proof
 building. Target: proofs cost at most 5% (ratio >= 0.95).
 
@@ -37,12 +37,12 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.engine.base import SamplingParams, encode_prompt  # noqa: E402
-from node.engine.proofs import build_completion_proofs  # noqa: E402
-from node.engine.torch_engine import TorchEngine  # noqa: E402
-from node.tasks.schema import with_length_target  # noqa: E402
-from node.tasks.toy import generate_toy_tasks  # noqa: E402
-from node.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
+from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
+from intellect_node.node.engine.proofs import build_completion_proofs  # noqa: E402
+from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
+from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
+from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 
 TARGET = 0.95
 

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.demo import DemoOptions, run_demo  # noqa: E402
+from intellect_node.node.demo.swarm import DemoOptions, run_demo  # noqa: E402
 
 TARGET_GAIN = 0.3
 

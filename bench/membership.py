@@ -6,7 +6,7 @@ launched at once, all with short advert timings (TIMING below). Measured:
   lists all N nodes as members (``LocalSwarm.converged()``); also from the first launch;
 - DHT get latency: an in-process libp2p client (KadDHT in CLIENT mode, so it stores nothing for
   others) that knows only the bootstrap node gets every node's signed advert the way a node does,
-  with ``node.dht_get.bounded_get`` (the advert's owner and the 3 closest known peers at once,
+  with ``intellect_node.node.swarm.dht_get.bounded_get`` (the advert's owner and the 3 closest known peers at once,
   libp2p's ``get_value`` as the fallback), for several rounds. Its value store is emptied before every get (libp2p's fallback
   caches what it fetched), so each get is a real remote lookup.
 Peer: bench/_hivemind_side.py in its own process (hivemind and libp2p cannot share one), which
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.local_swarm import LocalSwarm, NodeProcess  # noqa: E402
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess  # noqa: E402
 
 RUN_ID = "bench-membership"
 TIMING = {
@@ -159,10 +159,10 @@ async def variant_gets(dht: Any, peer_ids: list[str], rounds: int) -> dict[str, 
     from libp2p.peer.id import ID
     from libp2p.peer.peerinfo import PeerInfo
 
-    from node.dht_get import ask_peer
-    from node.membership import check_advert_record
-    from node.peer_scores import PeerScores
-    from protocol.keys import advert_key
+    from intellect_node.node.swarm.dht_get import ask_peer
+    from intellect_node.node.swarm.membership import check_advert_record
+    from intellect_node.node.swarm.peer_scores import PeerScores
+    from intellect_node.protocol.keys import advert_key
 
     scores = PeerScores()
 
@@ -211,15 +211,15 @@ async def client_gets(boot_addr: str, peer_ids: list[str], rounds: int, node_pid
     from libp2p.peer.id import ID
     from libp2p.tools.anyio_service import background_trio_service
 
-    from crypto.identity import Identity
-    from node.dht_get import bounded_get
-    from node.host import build_host, parse_peer_addr, quiet_libp2p_logs
-    from node.membership import AdvertRecordValidator, check_advert_record
-    from node.peer_scores import PeerScores
-    from protocol import codec
-    from protocol.errors import Rejected
-    from protocol.keys import DHT_NAMESPACE, advert_key
-    from protocol.messages import NodeAdvert
+    from intellect_node.crypto.identity import Identity
+    from intellect_node.node.swarm.dht_get import bounded_get
+    from intellect_node.node.swarm.host import build_host, parse_peer_addr, quiet_libp2p_logs
+    from intellect_node.node.swarm.membership import AdvertRecordValidator, check_advert_record
+    from intellect_node.node.swarm.peer_scores import PeerScores
+    from intellect_node.protocol import codec
+    from intellect_node.protocol.errors import Rejected
+    from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key
+    from intellect_node.protocol.messages import NodeAdvert
 
     quiet_libp2p_logs(bool(os.environ.get("BENCH_DEBUG")))
     host = build_host(Identity.generate())

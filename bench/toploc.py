@@ -34,7 +34,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from crypto.toploc import build_proofs, verify_proofs  # noqa: E402
+from intellect_node.crypto.toploc import build_proofs, verify_proofs  # noqa: E402
 
 TARGETS = {"build": 3.0, "verify": 2.0}
 CHUNK, TOPK = 32, 128

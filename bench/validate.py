@@ -1,9 +1,9 @@
 """Verification throughput against generation throughput, same model, same machine.
 
-"peer" is what an inference worker does for a batch: ``node.rollout_builder.build_batch``
+"peer" is what an inference worker does for a batch: ``intellect_node.node.roles.inference.builder.build_batch``
 (token-by-token sampling with hidden-state capture, TOPLOC proofs, rewards), counted in
 completions ("rows") per second. "ours" is what a validator does for the same batch:
-``node.validation.verify_batch`` (assignment and prompt checks, one batched prefill, TOPLOC
+``intellect_node.node.roles.validator.validation.verify_batch`` (assignment and prompt checks, one batched prefill, TOPLOC
 verification, logprob and termination checks, rewards). Target: verification at least 10x faster
 than generation, so a validator keeps up with ten workers.
 
@@ -30,14 +30,14 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crypto.identity import Identity  # noqa: E402
-from node.engine.torch_engine import TorchEngine  # noqa: E402
-from node.rollout_builder import RolloutSettings, build_batch  # noqa: E402
-from node.tasks.toy import generate_toy_tasks  # noqa: E402
-from node.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
-from node.validation import verify_batch  # noqa: E402
-from protocol import codec  # noqa: E402
-from protocol.rollouts import RolloutBatch  # noqa: E402
+from intellect_node.crypto.identity import Identity  # noqa: E402
+from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
+from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
+from intellect_node.node.roles.validator.validation import verify_batch  # noqa: E402
+from intellect_node.protocol import codec  # noqa: E402
+from intellect_node.protocol.rollouts import RolloutBatch  # noqa: E402
 
 TARGET = 10.0
 RUN = "bench"

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from node.config import ConfigError, InferenceOptions, NodeConfig, load_config
-from node.shards.config import ShardConfig, ShardConfigError, load_shard_config
+from intellect_node.node.app.config import ConfigError, InferenceOptions, NodeConfig, load_config
+from intellect_node.node.shards.config import ShardConfig, ShardConfigError, load_shard_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -40,9 +40,9 @@ def _config(**flags: Any) -> NodeConfig:
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
          trainer: Any = None) -> None:
-    from node.control import NodeAlreadyRunning
-    from node.runtime import JoinError
-    from node.service import run_node, setup_logging
+    from intellect_node.node.swarm.control import NodeAlreadyRunning
+    from intellect_node.node.swarm.runtime import JoinError
+    from intellect_node.node.app.run import run_node, setup_logging
 
     setup_logging(config.log_level)
 
@@ -76,7 +76,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 @app.command()
 def keygen(home: HomeOpt = None, config: ConfigOpt = None) -> None:
     """Create this node's Ed25519 identity (or show the existing one)."""
-    from crypto.identity import IdentityError, load_or_create_identity
+    from intellect_node.crypto.identity import IdentityError, load_or_create_identity
 
     cfg = _config(home=home, config=config)
     try:
@@ -144,7 +144,7 @@ def join(
         err.print("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
     validator = None
     if "validator" in role and model is not None and training is None:  # same --model/--tasks/--engine as inference
-        from node.validator_service import ValidatorOptions
+        from intellect_node.node.roles.validator.service import ValidatorOptions
 
         checked = _inference_options(cfg, model, tasks, engine)
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
@@ -156,7 +156,7 @@ def join(
 
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
                      trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
-    from node.trainer.config import TrainerConfigError, load_trainer_options
+    from intellect_node.node.roles.trainer.config import TrainerConfigError, load_trainer_options
 
     checked = _inference_options(cfg, model, tasks, "torch")
     try:
@@ -170,7 +170,7 @@ def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: st
 
 def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:
     """Check the inference flags before the node starts, so mistakes fail fast and clearly."""
-    from node.tasks.spec import TaskSpecError, load_task_spec
+    from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 
     try:
         load_task_spec(tasks)
@@ -178,7 +178,7 @@ def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> 
         err.print(f"[red]configuration error:[/red] --tasks: {exc}")
         raise typer.Exit(2) from None
     if model == "tiny":
-        from node.tinymodel import ensure_tiny_model
+        from intellect_node.node.demo.tinymodel import ensure_tiny_model
 
         err.print("preparing the tiny model (built once, about two minutes on 2 cores)...")
         model_dir = ensure_tiny_model(cfg.home / "models" / "tiny")
@@ -216,7 +216,7 @@ def _print_status(data: dict[str, Any]) -> None:
 def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, bootstrap: BootstrapOpt = None,
            as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False) -> None:
     """Show the run's nodes: from the node running in --home, else by asking a bootstrap peer."""
-    from node.control import query
+    from intellect_node.node.swarm.control import query
 
     cfg = _config(home=home, config=config, run_id=run_id, bootstrap=bootstrap)
     try:
@@ -232,9 +232,9 @@ def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None
 def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
     import trio
 
-    from node.host import quiet_libp2p_logs
-    from node.peer_cache import PeerCache
-    from node.swarm_query import query_members
+    from intellect_node.node.swarm.host import quiet_libp2p_logs
+    from intellect_node.node.swarm.peer_cache import PeerCache
+    from intellect_node.node.swarm.query import query_members
 
     quiet_libp2p_logs(verbose=False)
     candidates = list(dict.fromkeys([*cfg.bootstrap, *PeerCache(cfg.home).addresses()]))
@@ -257,7 +257,7 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
          validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
          dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True) -> None:
     """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task."""
-    from node.demo import DemoOptions, run_demo
+    from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
     options = DemoOptions(steps=steps, workers=workers, minutes=minutes, out=out, async_level=async_level,
                           validator=validator, dashboard=dashboard)

@@ -7,7 +7,7 @@ specs/wire.md is the normative description.
 
     envelope = MAGIC (4) | signer public key (32) | signature (64) | signed payload
     payload  = type length u8 | type (ascii) | protocol version u16 | timestamp ms u64
-               | expiry ms u64 | body (msgpack; parsed by ``protocol.codec``)
+               | expiry ms u64 | body (msgpack; parsed by ``intellect_node.protocol.codec``)
     signature = Ed25519(DOMAIN | signer public key | payload)
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import ClassVar
 
-from crypto.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key, verify_signature
+from intellect_node.crypto.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key, verify_signature
 
 MAGIC = b"INE\x01"
 DOMAIN = b"intellect-node/envelope/v1\x00"

@@ -1,11 +1,15 @@
-"""The running node: a trio program around a py-libp2p host.
+"""The running node: one sub-package per concern. Installed as ``intellect_node.node``.
 
-- ``node.config``: configuration from TOML file, environment and flags.
-- ``node.hardware``: what this machine offers (accelerators, CPU, RAM, disk).
-- ``node.host``: the libp2p host (noise only, yamux), bootstrap and the persistent peer cache.
-- ``node.gossip``: gossipsub topics per run with validators that drop and penalize bad input.
-- ``node.membership``: signed adverts in the DHT, heartbeats, and the view of the run's nodes.
-- ``node.peer_scores``: rejection counters and per-peer penalties.
-- ``node.control``: the local control socket that ``intellect-node status`` reads.
-- ``node.runtime``: wires the parts above into one node that runs until cancelled.
+- ``swarm``: the libp2p host, streams, gossip, DHT access, signed adverts and membership, peer
+  scores and bans, the peer cache, hardware, and the control socket ``status`` reads.
+- ``shards``: the checkpoint overlay (SHARDCAST, done right): signed manifests, verified shards.
+- ``rollouts``: rollout batches between nodes: the delivery protocol and the durable inbox.
+- ``roles``: one sub-package per role (``inference``, ``validator``, ``trainer``).
+- ``engine``: generation and prefill engines (torch, vLLM) and TOPLOC proof building.
+- ``tasks``: task sets and reward verifiers (toy, math, code sandbox).
+- ``app``: one node process: configuration, role assembly, logging, signals.
+- ``home``: what a node keeps on disk, written durably.
+- ``demo``: a whole swarm on this machine, its dashboard and plot, and the tiny CPU model.
+
+Dependencies point one way: ``cli -> node -> protocol, crypto``.
 """

@@ -1,9 +1,9 @@
 """Bytes <-> signed, schema-checked messages.
 
 The order of checks is the point: size first (no work on oversize input), then the envelope's
-fixed layout, type, signature and validity window (``crypto.envelope``), then msgpack with strict
+fixed layout, type, signature and validity window (``intellect_node.crypto.envelope``), then msgpack with strict
 options, then the message's schema, then the binding between content and signer. Each failure is a
-``protocol.errors.Rejected`` subclass; nothing else escapes ``decode``.
+``intellect_node.protocol.errors.Rejected`` subclass; nothing else escapes ``decode``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Generic, TypeVar
 
 import msgpack
 
-from crypto.envelope import OpenedEnvelope, open_envelope, seal
-from crypto.identity import Identity
-from protocol.errors import MalformedBody, Oversize, UnsupportedVersion
-from protocol.messages import Message
+from intellect_node.crypto.envelope import OpenedEnvelope, open_envelope, seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.protocol.errors import MalformedBody, Oversize, UnsupportedVersion
+from intellect_node.protocol.messages import Message
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({PROTOCOL_VERSION})

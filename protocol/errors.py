@@ -6,7 +6,7 @@ operator-facing interface (metrics, logs, specs/wire.md): never rename one.
 
 from __future__ import annotations
 
-from crypto.envelope import (
+from intellect_node.crypto.envelope import (
     BadLifetime,
     BadSignature,
     Expired,

@@ -11,7 +11,7 @@ import struct
 
 import msgpack
 
-from protocol.errors import InvalidValue, MalformedBody, Oversize, WrongType
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, WrongType
 
 HEADER = struct.Struct(">I")
 MEMBERS_PROTOCOL = "/ina/members/1.0.0"
@@ -37,7 +37,7 @@ def encode_envelope_list(envelopes: list[bytes]) -> bytes:
 
 
 def decode_envelope_list(payload: bytes) -> list[bytes]:
-    """The envelopes in a members response; each still needs ``protocol.codec.decode``."""
+    """The envelopes in a members response; each still needs ``intellect_node.protocol.codec.decode``."""
     try:
         value = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
     except (ValueError, TypeError) as exc:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from protocol.errors import ExtraField, InvalidValue, MissingField, WrongType
+from intellect_node.protocol.errors import ExtraField, InvalidValue, MissingField, WrongType
 
 T = TypeVar("T", bound="Record")
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from protocol.errors import InvalidValue, SignerMismatch
-from protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
-from protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
+from intellect_node.protocol.errors import InvalidValue, SignerMismatch
+from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
 
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (

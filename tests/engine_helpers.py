@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from node.tinymodel import TinyRecipe, ensure_tiny_model
+from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model
 
 QUICK_RECIPE = TinyRecipe(
     hidden_size=64,

@@ -3,9 +3,9 @@ reach into a node's state, which the process-level tests cannot."""
 
 from pathlib import Path
 
-from crypto.identity import Identity
-from node.config import NodeConfig
-from node.runtime import Node
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.swarm.runtime import Node
 from tests.protocol_samples import CPU_HARDWARE
 
 

@@ -1,7 +1,7 @@
 """Sample messages shared by the protocol tests."""
 
-from crypto.identity import Identity
-from protocol.messages import Hardware, NodeAdvert
+from intellect_node.crypto.identity import Identity
+from intellect_node.protocol.messages import Hardware, NodeAdvert
 
 CPU_HARDWARE = Hardware(
     accelerator="cpu", accelerator_name="x86_64", accelerator_count=0, accelerator_memory_bytes=0,

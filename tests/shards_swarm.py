@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from node.local_swarm import LocalSwarm, NodeProcess
-from node.shards.checkpoint import write_safetensors
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess
+from intellect_node.node.shards.checkpoint import write_safetensors
 
 # Adverts live long enough that a node busy hashing hundreds of MiB on a loaded machine does not
 # drop out of its peers' member lists; discovery stays quick.

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.assignment import length_target, sampling_seed, task_index
+from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
 
 PEER = "12D3KooWExamplePeerIdForAssignmentTests"
 

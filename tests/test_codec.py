@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto.envelope import DOMAIN, HEADER_SIZE, MAGIC, now_ms, seal
-from crypto.identity import Identity
-from protocol import codec, errors
-from protocol.messages import ACCELERATORS, ROLES, Hardware, NodeAdvert
+from intellect_node.crypto.envelope import DOMAIN, HEADER_SIZE, MAGIC, now_ms, seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.protocol import codec, errors
+from intellect_node.protocol.messages import ACCELERATORS, ROLES, Hardware, NodeAdvert
 from tests.protocol_samples import CPU_HARDWARE, sample_advert
 
 IDENTITY = Identity.generate()

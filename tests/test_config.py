@@ -1,6 +1,6 @@
 import pytest
 
-from node.config import ConfigError, load_config
+from intellect_node.node.app.config import ConfigError, load_config
 
 
 def test_flags_override_environment_override_file_override_defaults(tmp_path):

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from node.demo import DemoOptions, run_demo
+from intellect_node.node.demo.swarm import DemoOptions, run_demo
 from tests.engine_helpers import demo_tiny_model
 
 STEPS = 25

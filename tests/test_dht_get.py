@@ -1,4 +1,4 @@
-"""The bounded DHT get (node/dht_get.py) against real libp2p hosts on 127.0.0.1: an honest DHT
+"""The bounded DHT get (node/swarm/dht_get.py) against real libp2p hosts on 127.0.0.1: an honest DHT
 server that holds an advert, and hostile peers that speak the Kademlia protocol but answer
 GET_VALUE with forged records, oversize or garbage replies, or nothing at all."""
 
@@ -21,14 +21,14 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import encode_uvarint, read_varint_prefixed_bytes_limited
 
-from crypto.envelope import now_ms, seal
-from crypto.identity import Identity
-from node.dht_get import MAX_GET_REPLY, bounded_get
-from node.host import build_host
-from node.membership import AdvertRecordValidator, check_advert_record
-from node.peer_scores import PeerScores
-from protocol import codec
-from protocol.keys import DHT_NAMESPACE, advert_key
+from intellect_node.crypto.envelope import now_ms, seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.dht_get import MAX_GET_REPLY, bounded_get
+from intellect_node.node.swarm.host import build_host
+from intellect_node.node.swarm.membership import AdvertRecordValidator, check_advert_record
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol import codec
+from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key
 from tests.protocol_samples import sample_advert
 
 RUN = "dht-get-test"

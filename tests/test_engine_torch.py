@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from crypto.toploc import build_proofs, verify_proofs
-from node.engine import EngineUnavailable, select_engine
-from node.engine.base import Completion, SamplingParams, encode_prompt
-from node.engine.proofs import build_completion_proofs
-from node.engine.torch_engine import TorchEngine
+from intellect_node.crypto.toploc import build_proofs, verify_proofs
+from intellect_node.node.engine import EngineUnavailable, select_engine
+from intellect_node.node.engine.base import Completion, SamplingParams, encode_prompt
+from intellect_node.node.engine.proofs import build_completion_proofs
+from intellect_node.node.engine.torch_engine import TorchEngine
 from tests.engine_helpers import quick_tiny_model
 
 PROMPTS = [

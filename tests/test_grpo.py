@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from node.trainer.groups import TrainingGroup
-from node.trainer.learner import GRPOLearner, OptimConfig, token_logprobs, _pack, _Row
-from node.trainer.loss import LossConfig, grpo_loss
-from node.trainer.state import load_state, save_state
-from node.trainer.rewards import RewardConfig, group_advantages, length_reward, teaches_nothing, total_rewards
+from intellect_node.node.roles.trainer.groups import TrainingGroup
+from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig, token_logprobs, _pack, _Row
+from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
+from intellect_node.node.roles.trainer.state import load_state, save_state
+from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, length_reward, teaches_nothing, total_rewards
 
 CFG = LossConfig()  # eps 0.2, delta 4
 

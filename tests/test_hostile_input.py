@@ -12,15 +12,15 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
 
-from crypto.envelope import now_ms, seal
-from crypto.identity import Identity
-from node.gossip import build_pubsub
-from node.host import build_host, parse_peer_addr
-from node.local_swarm import LocalSwarm
-from node.streams import read_frame
-from protocol import codec
-from protocol.framing import HEADER, MEMBERS_PROTOCOL, frame
-from protocol.keys import DHT_NAMESPACE, advert_key, members_topic
+from intellect_node.crypto.envelope import now_ms, seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.gossip import build_pubsub
+from intellect_node.node.swarm.host import build_host, parse_peer_addr
+from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.swarm.streams import read_frame
+from intellect_node.protocol import codec
+from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, frame
+from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, members_topic
 from tests.protocol_samples import sample_advert
 
 RUN = "attack-test"

@@ -5,7 +5,7 @@ import pytest
 from libp2p.crypto.ed25519 import Ed25519PrivateKey as Libp2pEd25519
 from libp2p.peer.id import ID
 
-from crypto.identity import (
+from intellect_node.crypto.identity import (
     Identity,
     IdentityError,
     load_identity,

@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from crypto.toploc import verify_proofs
-from node.engine.torch_engine import TorchEngine
-from node.local_swarm import LocalSwarm
-from node.rollout_inbox import RolloutInbox
-from protocol import codec
-from protocol.rollouts import RolloutBatch, unpack_tokens
-from protocol.verdicts import Verdict
+from intellect_node.crypto.toploc import verify_proofs
+from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.protocol import codec
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
+from intellect_node.protocol.verdicts import Verdict
 from tests.test_rollout_builder import wide_tiny_model
 
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",

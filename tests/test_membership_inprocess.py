@@ -2,7 +2,7 @@
 
 import trio
 
-from protocol.keys import members_topic
+from intellect_node.protocol.keys import members_topic
 from tests.inprocess_nodes import make_node
 
 RUN = "anti-entropy"

@@ -1,11 +1,11 @@
 import pytest
 
-from crypto.envelope import now_ms
-from crypto.identity import Identity
-from node.membership import AdvertRecordValidator, MemberView
-from node.peer_scores import PeerScores
-from protocol import codec, errors
-from protocol.keys import advert_key
+from intellect_node.crypto.envelope import now_ms
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.membership import AdvertRecordValidator, MemberView
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol import codec, errors
+from intellect_node.protocol.keys import advert_key
 from tests.protocol_samples import sample_advert
 
 ALICE = Identity.generate()

@@ -1,6 +1,6 @@
 import json
 
-from node.peer_cache import MAX_PEERS, PeerCache
+from intellect_node.node.swarm.peer_cache import MAX_PEERS, PeerCache
 
 
 def test_keeps_only_dialable_addresses_newest_first_and_bounded(tmp_path):

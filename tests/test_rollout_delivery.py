@@ -6,13 +6,13 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
-from crypto.identity import Identity
-from node.rollout_exchange import DeliveryFailed, RolloutReceiver, deliver
-from node.rollout_inbox import RolloutInbox
-from node.streams import read_frame
-from protocol import codec
-from protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
-from protocol.rollouts import RolloutBatch
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.rollouts.exchange import DeliveryFailed, RolloutReceiver, deliver
+from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.swarm.streams import read_frame
+from intellect_node.protocol import codec
+from intellect_node.protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
+from intellect_node.protocol.rollouts import RolloutBatch
 from tests.inprocess_nodes import make_node
 from tests.test_rollouts_wire import batch
 

@@ -4,10 +4,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from crypto.envelope import seal
-from crypto.identity import Identity
-from protocol import codec, errors
-from protocol.rollouts import (
+from intellect_node.crypto.envelope import seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.protocol import codec, errors
+from intellect_node.protocol.rollouts import (
     CompletionRecord,
     RolloutBatch,
     RolloutGroup,
@@ -105,7 +105,7 @@ def test_a_node_advert_is_not_accepted_where_a_batch_is_expected():
 
 
 def test_announcement_round_trip_and_binding():
-    from protocol.rollouts import RolloutAnnouncement
+    from intellect_node.protocol.rollouts import RolloutAnnouncement
 
     note = RolloutAnnouncement(run_id="r", worker=WORKER.peer_id, policy_step=2, batch_digest=bytes(32), groups=4,
                                completions=32)

@@ -9,13 +9,13 @@ import pytest
 import trio
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.gossip import build_pubsub
-from node.local_swarm import NodeProcess, wait_until
-from node.shards.checkpoint import build_manifest
-from node.shards.server import pack_bits
-from protocol import codec
-from protocol.keys import announcements_topic, members_topic
-from protocol.manifest import CheckpointManifest
+from intellect_node.node.swarm.gossip import build_pubsub
+from intellect_node.node.demo.local_swarm import NodeProcess, wait_until
+from intellect_node.node.shards.checkpoint import build_manifest
+from intellect_node.node.shards.server import pack_bits
+from intellect_node.protocol import codec
+from intellect_node.protocol.keys import announcements_topic, members_topic
+from intellect_node.protocol.manifest import CheckpointManifest
 from tests.protocol_samples import sample_advert
 from tests.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, shard_status
 from tests.test_hostile_input import Attacker

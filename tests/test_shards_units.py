@@ -12,18 +12,18 @@ import torch
 import trio
 from safetensors import safe_open
 
-from crypto.envelope import seal
-from crypto.identity import Identity
-from node.peer_scores import PeerScores
-from node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
-from node.shards.client import Endpoint, HttpStatus, ShardClient
-from node.shards.config import ShardConfig, ShardConfigError, load_shard_config
-from node.shards.loader import load_tensors
-from node.shards.server import ShardServer, pack_bits, unpack_bits
-from node.shards.store import PARTIAL, ShardStore
-from protocol import codec
-from protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated
-from protocol.manifest import (
+from intellect_node.crypto.envelope import seal
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
+from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
+from intellect_node.node.shards.config import ShardConfig, ShardConfigError, load_shard_config
+from intellect_node.node.shards.loader import load_tensors
+from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
+from intellect_node.node.shards.store import PARTIAL, ShardStore
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated
+from intellect_node.protocol.manifest import (
     CheckpointManifest,
     ShardComplaint,
     TensorEntry,

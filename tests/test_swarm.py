@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from node.local_swarm import LocalSwarm
+from intellect_node.node.demo.local_swarm import LocalSwarm
 
 FAST = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "15", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
         "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "3"}
@@ -23,7 +23,7 @@ def swarm(tmp_path):
 
 
 def status_json(home) -> dict:
-    out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--home", str(home), "--json"],
+    out = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "status", "--home", str(home), "--json"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     return json.loads(out)
 
@@ -55,7 +55,7 @@ def test_nine_nodes_converge_crash_expires_and_restart_rejoins_without_bootstrap
 
 
 def test_join_without_any_peer_says_what_to_do(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "cli.main", "join", "--role", "inference", "--home", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference", "--home", str(tmp_path),
                              "--listen", "/ip4/127.0.0.1/tcp/0"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "--bootstrap" in result.stderr and "--new-swarm" in result.stderr
@@ -63,7 +63,7 @@ def test_join_without_any_peer_says_what_to_do(tmp_path):
 
 def test_unreachable_bootstrap_is_reported(tmp_path):
     dead = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWGHr8gMeAT6ELsKN1jjPbLCogvrpBLC95bnnLMPAnvAPm"
-    result = subprocess.run([sys.executable, "-m", "cli.main", "join", "--role", "trainer", "--home", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "trainer", "--home", str(tmp_path),
                              "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", dead],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
@@ -76,7 +76,7 @@ def test_sigterm_stops_cleanly_and_status_falls_back_to_asking_a_peer(swarm, tmp
     member = swarm.start_member("m", "inference", [boot.addr])
     swarm.wait_until(swarm.converged, timeout_s=CONVERGENCE_BOUND_S)
     # A home with no running node: status asks the bootstrap peer over the members protocol.
-    out = subprocess.run([sys.executable, "-m", "cli.main", "status", "--home", str(tmp_path / "viewer"), "--json",
+    out = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "status", "--home", str(tmp_path / "viewer"), "--json",
                           "--run-id", "swarm-test", "--bootstrap", boot.addr],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert {m["peer_id"] for m in json.loads(out)["members"]} == {boot.peer_id, member.peer_id}

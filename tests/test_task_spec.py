@@ -1,8 +1,8 @@
 import pytest
 
-from node.tasks.schema import save_tasks
-from node.tasks.spec import TaskSpecError, load_task_spec
-from node.tasks.toy import generate_toy_tasks
+from intellect_node.node.tasks.schema import save_tasks
+from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
+from intellect_node.node.tasks.toy import generate_toy_tasks
 
 
 def test_toy_specs_are_deterministic_and_configurable():

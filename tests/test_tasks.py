@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from node.tasks.code_verifier import extract_code, verify_code
-from node.tasks.math_verifier import last_boxed, verify_math
-from node.tasks.sandbox import SandboxLimits, run_python
-from node.tasks.schema import Task, filter_by_solve_rate, load_tasks, save_tasks, with_length_target
-from node.tasks.toy import generate_toy_tasks, verify_toy
-from node.tasks.verify import task_reward
+from intellect_node.node.tasks.code_verifier import extract_code, verify_code
+from intellect_node.node.tasks.math_verifier import last_boxed, verify_math
+from intellect_node.node.tasks.sandbox import SandboxLimits, run_python
+from intellect_node.node.tasks.schema import Task, filter_by_solve_rate, load_tasks, save_tasks, with_length_target
+from intellect_node.node.tasks.toy import generate_toy_tasks, verify_toy
+from intellect_node.node.tasks.verify import task_reward
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256)
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crypto.toploc import (
+from intellect_node.crypto.toploc import (
     NOT_MEASURED,
     PRIME,
     ChunkVerdict,

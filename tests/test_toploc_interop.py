@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crypto.toploc import PRIME, build_proofs, verify_proofs
+from intellect_node.crypto.toploc import PRIME, build_proofs, verify_proofs
 from tests import toploc_golden
 from tests.toploc_model import TinyConfig, TinyLlama
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.trainer.config import TrainerConfigError, load_trainer_options
+from intellect_node.node.roles.trainer.config import TrainerConfigError, load_trainer_options
 
 BASE = {"model_dir": Path("/m"), "task_spec": "toy:seed=0,count=10", "publish_dir": Path("/p")}
 

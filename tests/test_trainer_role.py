@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from crypto.identity import load_or_create_identity
-from node.config import NodeConfig
-from node.local_swarm import LocalSwarm
-from node.trainer.rewards import teaches_nothing
-from protocol import codec
-from protocol.verdicts import Verdict
+from intellect_node.crypto.identity import load_or_create_identity
+from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.roles.trainer.rewards import teaches_nothing
+from intellect_node.protocol import codec
+from intellect_node.protocol.verdicts import Verdict
 from tests.engine_helpers import demo_tiny_model
 
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",

@@ -14,20 +14,20 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from crypto.envelope import BadSignature
-from crypto.identity import Identity
-from crypto.toploc import Thresholds
-from node.engine.base import encode_prompt
-from node.engine.proofs import build_completion_proofs
-from node.engine.torch_engine import TorchEngine
-from node.rollout_builder import RolloutSettings, build_batch
-from node.tasks.schema import with_length_target
-from node.tasks.toy import generate_toy_tasks
-from node.validation import Tolerances, termination_problem, verify_batch
-from protocol import codec
-from protocol.errors import InvalidValue
-from protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
-from protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
+from intellect_node.crypto.envelope import BadSignature
+from intellect_node.crypto.identity import Identity
+from intellect_node.crypto.toploc import Thresholds
+from intellect_node.node.engine.base import encode_prompt
+from intellect_node.node.engine.proofs import build_completion_proofs
+from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.tasks.schema import with_length_target
+from intellect_node.node.tasks.toy import generate_toy_tasks
+from intellect_node.node.roles.validator.validation import Tolerances, termination_problem, verify_batch
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue
+from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
+from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
 from tests.test_rollout_builder import wide_tiny_model
 
 RUN = "validation-test"

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crypto.identity import Identity
-from node.peer_scores import PeerScores
-from node.verdict_trust import TrustedVerdicts
-from protocol import codec
-from protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.roles.validator.verdict_trust import TrustedVerdicts
+from intellect_node.protocol import codec
+from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
 RUN = "trust-test"
 WORKER = Identity.generate()

@@ -1,11 +1,11 @@
 """Inference engines: generation with final-hidden-state capture, and verification prefill.
 
-- ``node.engine.base``: the ``Engine`` interface, ``SamplingParams``, ``Completion``,
+- ``intellect_node.node.engine.base``: the ``Engine`` interface, ``SamplingParams``, ``Completion``,
   ``PrefillResult``, and the conventions every engine shares (which hidden state belongs to which
   token, which log-probability is reported, how per-completion seeds are derived).
-- ``node.engine.torch_engine``: ``TorchEngine``, CPU by default, HF-layout Llama and Qwen2.
-- ``node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
-- ``node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
+- ``intellect_node.node.engine.torch_engine``: ``TorchEngine``, CPU by default, HF-layout Llama and Qwen2.
+- ``intellect_node.node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
+- ``intellect_node.node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
 
 ``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class; nothing heavy is
 imported until then, so ``import node.engine`` stays cheap.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from node.engine.base import Engine
+from intellect_node.node.engine.base import Engine
 
 ENGINE_NAMES = ("auto", "torch", "vllm")
 
@@ -43,9 +43,9 @@ def select_engine(name: str) -> type[Engine]:
     if name == "vllm" and missing is not None:
         raise EngineUnavailable(f"engine 'vllm' requested but {missing}; use --engine torch")
     if missing is None and name != "torch":
-        from node.engine.vllm_engine import VllmEngine
+        from intellect_node.node.engine.vllm_engine import VllmEngine
 
         return VllmEngine
-    from node.engine.torch_engine import TorchEngine
+    from intellect_node.node.engine.torch_engine import TorchEngine
 
     return TorchEngine

@@ -1,6 +1,6 @@
 """TOPLOC proofs for a whole batch of completions in a few calls instead of one per completion.
 
-``crypto.toploc.build_proofs`` proves each chunk of ``chunk_size`` rows independently of the
+``intellect_node.crypto.toploc.build_proofs`` proves each chunk of ``chunk_size`` rows independently of the
 others, and its fixed cost per call is comparable to the work of a short completion. So the full
 chunks of all completions go through one call (their rows concatenated: chunk boundaries stay
 where they were), and the short tail chunks go through one call per distinct tail length (with
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
+from intellect_node.crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
 
 
 def build_completion_proofs(

@@ -14,7 +14,7 @@ exact control over them:
   model's logits, not on batch composition.
 
 Verification prefill right-pads ``prompt + completion[:-1]`` without a cache and reads the same
-positions the generation captured (see ``node.engine.base``).
+positions the generation captured (see ``intellect_node.node.engine.base``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from node.engine.base import (
+from intellect_node.node.engine.base import (
     Completion,
     Engine,
     FinishReason,

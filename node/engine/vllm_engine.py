@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from node.engine.base import (
+from intellect_node.node.engine.base import (
     Completion,
     Engine,
     FinishReason,

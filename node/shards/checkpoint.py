@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import blake3
 
-from protocol.manifest import (
+from intellect_node.protocol.manifest import (
     DTYPE_SIZES,
     SAFETENSORS_HEADER_LEN,
     TENSOR_NAME_PATTERN,

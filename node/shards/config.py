@@ -1,6 +1,6 @@
 """Settings of the weight broadcast overlay: defaults < environment (INTELLECT_NODE_SHARDS_*) < flags.
 
-They live apart from ``node.config.NodeConfig`` (whose TOML loader refuses unknown keys) so that
+They live apart from ``intellect_node.node.app.config.NodeConfig`` (whose TOML loader refuses unknown keys) so that
 the overlay can be configured without touching the node's own settings; the CLI passes the flags.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.messages import PEER_ID_PATTERN
+from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 ENV_PREFIX = "INTELLECT_NODE_SHARDS_"
 MIB = 1 << 20

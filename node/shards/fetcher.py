@@ -23,13 +23,13 @@ from typing import Protocol
 import blake3
 import trio
 
-from node.peer_scores import PeerScores
-from node.shards.client import Endpoint, HttpStatus, ShardClient
-from node.shards.config import ShardConfig
-from node.shards.server import unpack_bits
-from node.shards.store import Checkpoint, ShardStore
-from protocol.errors import InvalidValue, MalformedBody, Rejected
-from protocol.manifest import BadShard
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
+from intellect_node.node.shards.config import ShardConfig
+from intellect_node.node.shards.server import unpack_bits
+from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected
+from intellect_node.protocol.manifest import BadShard
 
 log = logging.getLogger(__name__)
 MAX_WATCHED = 12  # have streams followed per checkpoint: the origin and the best other peers

@@ -18,10 +18,10 @@ from http import HTTPStatus
 
 import trio
 
-from crypto.envelope import now_ms
-from crypto.identity import Identity, public_key_from_peer_id, verify_signature
-from protocol.errors import Oversize, Stalled, Truncated
-from protocol.messages import PEER_ID_PATTERN
+from intellect_node.crypto.envelope import now_ms
+from intellect_node.crypto.identity import Identity, public_key_from_peer_id, verify_signature
+from intellect_node.protocol.errors import Oversize, Stalled, Truncated
+from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 MAX_HEAD = 16 << 10
 PEER_HEADER = b"x-ina-peer"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from protocol.manifest import CheckpointManifest
+from intellect_node.protocol.manifest import CheckpointManifest
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8,

@@ -28,9 +28,9 @@ import h11
 import numpy as np
 import trio
 
-from node.peer_scores import PeerScores
-from node.shards.config import MIB, ShardConfig
-from node.shards.http import (
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.shards.config import MIB, ShardConfig
+from intellect_node.node.shards.http import (
     PEER_HEADER,
     BadRequestAuth,
     ProgressWindow,
@@ -39,8 +39,8 @@ from node.shards.http import (
     response_head,
     verify_request,
 )
-from node.shards.store import Checkpoint, ShardStore
-from protocol.errors import Rejected
+from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.protocol.errors import Rejected
 
 log = logging.getLogger(__name__)
 HEAD_TIMEOUT_S = 5.0

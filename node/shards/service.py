@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.shards.checkpoint import CheckpointFormatError, build_manifest
-from node.shards.client import HttpStatus, ShardClient
-from node.shards.config import ShardConfig, ShardConfigError
-from node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
-from node.shards.progress import CheckpointProgress
-from node.shards.server import ShardServer
-from node.shards.store import Checkpoint, InsufficientDisk, ShardStore
-from protocol import codec
-from protocol.errors import InvalidValue, Rejected
-from protocol.manifest import CheckpointManifest, ShardComplaint, authorize_manifest, manifest_key, shard_key
+from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
+from intellect_node.node.shards.client import HttpStatus, ShardClient
+from intellect_node.node.shards.config import ShardConfig, ShardConfigError
+from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
+from intellect_node.node.shards.progress import CheckpointProgress
+from intellect_node.node.shards.server import ShardServer
+from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue, Rejected
+from intellect_node.protocol.manifest import CheckpointManifest, ShardComplaint, authorize_manifest, manifest_key, shard_key
 
 if TYPE_CHECKING:
-    from node.runtime import Node
+    from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
 PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import trio
 
-from node.shards.checkpoint import hash_range
-from protocol.codec import Signed
-from protocol.errors import Rejected
-from protocol.manifest import CheckpointManifest
-from protocol.messages import RUN_ID_PATTERN
+from intellect_node.node.shards.checkpoint import hash_range
+from intellect_node.protocol.codec import Signed
+from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.manifest import CheckpointManifest
+from intellect_node.protocol.messages import RUN_ID_PATTERN
 
 log = logging.getLogger(__name__)
 PARTIAL = ".partial"

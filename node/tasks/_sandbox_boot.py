@@ -1,6 +1,6 @@
 """First code the sandboxed child runs: lock the process down, then run the untrusted program.
 
-Run as ``python -I -B _sandbox_boot.py CONFIG_JSON`` by ``node.tasks.sandbox``; uses the standard
+Run as ``python -I -B _sandbox_boot.py CONFIG_JSON`` by ``intellect_node.node.tasks.sandbox``; uses the standard
 library only. Order matters: limits and the network namespace need ``resource`` and ``ctypes``,
 which the audit hook forbids afterwards.
 """

@@ -8,7 +8,7 @@ layout), each test case one of:
 - ``{"type": "assert", "code": "..."}``: ``code`` (e.g. ``assert add(1, 2) == 3``) runs after the
   solution in the same module and must exit with status 0.
 
-Every test runs in its own sandboxed process (``node.tasks.sandbox``). The reward is binary: all
+Every test runs in its own sandboxed process (``intellect_node.node.tasks.sandbox``). The reward is binary: all
 tests pass or nothing, as a partial score would reward programs that special-case easy tests.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from node.tasks.sandbox import SandboxLimits, run_python
+from intellect_node.node.tasks.sandbox import SandboxLimits, run_python
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 

@@ -132,7 +132,7 @@ class TargetedPrompt:
 def with_length_target(task: Task, target: int) -> TargetedPrompt:
     """Append "Think for N tokens before giving a response." and record N for the reward.
 
-    In the swarm the target comes from ``protocol.assignment.length_target``, so that a validator
+    In the swarm the target comes from ``intellect_node.protocol.assignment.length_target``, so that a validator
     can recompute which target the prompt had to state.
     """
     if isinstance(target, bool) or not isinstance(target, int) or target < 1:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from node.engine.base import Engine, SamplingParams, encode_prompt
-from node.tasks.schema import Task
-from node.tasks.verify import task_reward
+from intellect_node.node.engine.base import Engine, SamplingParams, encode_prompt
+from intellect_node.node.tasks.schema import Task
+from intellect_node.node.tasks.verify import task_reward
 
 
 def measure_solve_rates(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from node.tasks.schema import Task, load_tasks
-from node.tasks.toy import TOY_KINDS, generate_toy_tasks
+from intellect_node.node.tasks.schema import Task, load_tasks
+from intellect_node.node.tasks.toy import TOY_KINDS, generate_toy_tasks
 
 
 class TaskSpecError(ValueError):

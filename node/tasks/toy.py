@@ -18,7 +18,7 @@ import random
 import string
 from collections.abc import Sequence
 
-from node.tasks.schema import Task
+from intellect_node.node.tasks.schema import Task
 
 TOY_KINDS = ("add", "reverse")
 

@@ -6,11 +6,11 @@ The trainer and validators call ``task_reward``; the length part of the INTELLEC
 
 from __future__ import annotations
 
-from node.tasks.code_verifier import verify_code
-from node.tasks.math_verifier import verify_math
-from node.tasks.sandbox import SandboxLimits
-from node.tasks.schema import Task
-from node.tasks.toy import verify_toy
+from intellect_node.node.tasks.code_verifier import verify_code
+from intellect_node.node.tasks.math_verifier import verify_math
+from intellect_node.node.tasks.sandbox import SandboxLimits
+from intellect_node.node.tasks.schema import Task
+from intellect_node.node.tasks.toy import verify_toy
 
 
 def task_reward(task: Task, completion: str, code_limits: SandboxLimits | None = None) -> float:

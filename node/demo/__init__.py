@@ -1,0 +1,9 @@
+"""A whole swarm on this machine, for newcomers and for the tests.
+
+- ``swarm``: ``intellect-node demo``: bootstrap, trainer, inference nodes and a validator as
+  processes on 127.0.0.1, learning a toy task.
+- ``local_swarm``: starting and stopping real node processes on 127.0.0.1.
+- ``dashboard``: the live terminal view.
+- ``plot``: reward.png from metrics.jsonl.
+- ``tinymodel``: the project's tiny CPU model, built on first use.
+"""

@@ -1,0 +1,197 @@
+"""``intellect-node demo``: the whole RL swarm on this machine, learning a toy task on CPU.
+
+A bootstrap node, a trainer, ``workers`` inference nodes and a validator run as separate
+``intellect-node`` processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
+terminal's Ctrl-C reaches only the demo, which then stops them in order), sharing one tiny model built once
+into the cache. Identities are created up front so that every node can be told the trainer's peer
+id (the run's manifest authority) and the trainer which validator to trust. The demo watches
+through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
+at ``steps`` trainer steps, after ``minutes``, on Ctrl-C, or when a node dies, and always leaves
+``out/metrics.jsonl``, ``out/reward.png`` and ``out/summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from intellect_node.crypto.identity import load_or_create_identity
+from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess
+from intellect_node.node.demo.plot import write_reward_plot
+
+POLL_S = 1.0
+DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
+NODE_ENV = {"OMP_NUM_THREADS": "1"}  # 5 processes on a few cores: one compute thread each
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    steps: int = 100
+    workers: int = 2
+    minutes: float = 10.0
+    out: Path | None = None
+    model_cache: Path = Path.home() / ".intellect-node" / "models" / "tiny"
+    async_level: int = 2
+    lr: float = 5e-4
+    batch_groups: int = 16
+    validator: bool = True
+    dashboard: bool = True
+
+
+@dataclass
+class DemoSwarm:
+    """The running processes and where the trainer writes its metrics."""
+
+    swarm: LocalSwarm
+    metrics_path: Path
+
+    def metrics(self) -> list[dict[str, Any]]:
+        try:
+            text = self.metrics_path.read_text()
+        except FileNotFoundError:
+            return []
+        lines = []
+        for raw in text.splitlines():
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:  # the line being written right now
+                break
+        return lines
+
+    def dead(self) -> list[NodeProcess]:
+        return [n for n in self.swarm.nodes.values() if n.process.poll() is not None]
+
+
+def _peer_id(home: Path) -> str:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    identity, _ = load_or_create_identity(NodeConfig(home=home).key_path)
+    return identity.peer_id
+
+
+def start_demo_swarm(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
+    """Start every node; if one fails to start, the ones already running are stopped."""
+    swarm = LocalSwarm(root / "nodes")
+    try:
+        return _start_nodes(swarm, options, model_dir, log)
+    except BaseException:
+        swarm.stop_all()
+        raise
+
+
+def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
+    trainer_id = _peer_id(swarm.root / "trainer")
+    validator_id = _peer_id(swarm.root / "validator") if options.validator else None
+    common = ["--model", str(model_dir), "--tasks", DEMO_TASKS]
+    bootstrap = swarm.start_bootstrap()
+    log(f"bootstrap  {bootstrap.addr}")
+    trainer_args = ["join", "--role", "trainer", "--bootstrap", bootstrap.addr, *common, "--steps", str(options.steps),
+                    "--async-level", str(options.async_level), "--lr", str(options.lr),
+                    "--batch-groups", str(options.batch_groups)]
+    if validator_id:
+        trainer_args += ["--trust-validator", validator_id]
+    trainer = swarm.start("trainer", trainer_args, NODE_ENV)
+    log(f"trainer    {trainer.peer_id}")
+    for index in range(options.workers):
+        node = swarm.start(f"inference{index}", ["join", "--role", "inference", "--bootstrap", bootstrap.addr,
+                                                 "--trainer", trainer_id, *common], NODE_ENV)
+        log(f"inference  {node.peer_id}")
+    if validator_id:
+        node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", bootstrap.addr,
+                                         "--trainer", trainer_id, *common], NODE_ENV)
+        log(f"validator  {node.peer_id}")
+    return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
+
+
+def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> dict[str, Any]:
+    measured = [line for line in lines if line.get("eval_measured")]
+    trained = [line for line in lines if "task_reward" in line]
+    last = trained[-1] if trained else {}
+    return {
+        "steps": last.get("step", 0), "seconds": round(seconds, 1), "stopped_by": stopped_by,
+        "eval_accuracy_start": measured[0]["eval_accuracy"] if measured else None,
+        "eval_accuracy_end": measured[-1]["eval_accuracy"] if measured else None,
+        "eval_accuracy_best": max((m["eval_accuracy"] for m in measured), default=None),
+        "task_reward_first5": _mean([line["task_reward"] for line in trained[:5]]),
+        "task_reward_last5": _mean([line["task_reward"] for line in trained[-5:]]),
+        "accepted_groups": last.get("accepted_groups", 0), "rejected_groups": last.get("rejected_groups", 0),
+        "stale_groups": last.get("stale_groups", 0), "utilization": last.get("utilization"),
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Run the demo swarm to completion; returns the summary (also written to out/summary.json)."""
+    from intellect_node.node.demo.tinymodel import ensure_tiny_model
+
+    root = options.out or Path(tempfile.mkdtemp(prefix="intellect-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    if not (options.model_cache / "config.json").exists():
+        log(f"building the tiny model into {options.model_cache} (once; one to two minutes)...")
+    model_dir = ensure_tiny_model(options.model_cache)
+    shutil.rmtree(root / "nodes", ignore_errors=True)  # a fresh run each time: no stale trainer state
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops the nodes too, like Ctrl-C
+    try:
+        return _run(options, root, model_dir, log)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        demo = start_demo_swarm(options, root, model_dir, log)
+    except KeyboardInterrupt:  # start_demo_swarm has stopped what it started
+        demo = None
+    stopped_by = "ctrl-c"
+    lines: list[dict[str, Any]] = []
+    if demo is not None:
+        try:
+            stopped_by = _watch(demo, options, started)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            lines = demo.metrics()
+            demo.swarm.stop_all()
+    summary = summarize(lines, time.monotonic() - started, stopped_by)
+    (root / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    if lines:
+        write_reward_plot(lines, root / "reward.png")
+    (root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary["out"] = str(root)
+    return summary
+
+
+def _watch(demo: DemoSwarm, options: DemoOptions, started: float) -> str:
+    """Poll until done; returns why it stopped. The dashboard redraws on every poll."""
+    from intellect_node.node.demo.dashboard import Dashboard
+
+    deadline = started + options.minutes * 60
+    with Dashboard(options, enabled=options.dashboard) as dashboard:
+        while True:
+            lines = demo.metrics()
+            dashboard.update(lines, demo.swarm, time.monotonic() - started)
+            trained = [line for line in lines if "task_reward" in line]
+            if trained and trained[-1]["step"] >= options.steps:
+                return "steps"
+            dead = demo.dead()
+            if dead:
+                return "node died: " + ", ".join(f"{n.name} (exit {n.process.returncode}, log {n.home / 'node.log'})"
+                                                 for n in dead)
+            if time.monotonic() >= deadline:
+                return "minutes"
+            time.sleep(POLL_S)

@@ -1,0 +1,6 @@
+"""One sub-package per role a node can take.
+
+- ``inference``: generate rollouts on the newest verified checkpoint, prove and deliver them.
+- ``validator``: recompute and judge received batches, sign and gossip verdicts, ban cheats.
+- ``trainer``: verified rollouts in, GRPO updates, signed checkpoints out.
+"""

@@ -1,0 +1,7 @@
+"""The inference role.
+
+- ``worker``: ``InferenceWorker``, the node service: newest verified checkpoint, assigned tasks,
+  generation off the trio loop, signed batches delivered to the run's receivers.
+- ``builder``: assigned tasks -> a ``RolloutBatch`` (sampling, hidden states, proofs, rewards);
+  compute only, no network.
+"""

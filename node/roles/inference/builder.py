@@ -1,0 +1,83 @@
+"""Turning assigned tasks into a signed-ready RolloutBatch: compute only, no network.
+
+Everything a worker puts in a batch is either derived from public values (task, length target,
+sampling seed: ``intellect_node.protocol.assignment``) or measured by the engine (tokens, logprobs, hidden
+states, from which the TOPLOC proofs are built), so a validator holding the same checkpoint can
+recompute and check every group. Runs in a worker thread: it blocks for the whole generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from intellect_node.node.engine.base import Engine, SamplingParams, encode_prompt
+from intellect_node.node.engine.proofs import build_completion_proofs
+from intellect_node.node.tasks.schema import Task, with_length_target
+from intellect_node.node.tasks.verify import task_reward
+from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
+from intellect_node.protocol.rollouts import (
+    CompletionRecord,
+    RolloutBatch,
+    RolloutGroup,
+    SamplingSettings,
+    pack_logprobs,
+    pack_tokens,
+)
+
+DEFAULT_LENGTH_TARGETS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    group_size: int = 8  # completions per prompt: one GRPO group
+    groups_per_batch: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    length_targets: tuple[int, ...] = DEFAULT_LENGTH_TARGETS
+
+
+@dataclass(frozen=True)
+class BuiltBatch:
+    batch: RolloutBatch
+    generated_tokens: int
+    seconds: float
+
+
+def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run_id: str, worker: str, step: int,
+                manifest_hash: bytes, first_counter: int, settings: RolloutSettings) -> BuiltBatch:
+    """Generate the groups for counters ``first_counter ..`` of (worker, step) and pack them."""
+    started = time.perf_counter()
+    groups = []
+    generated = 0
+    for counter in range(first_counter, first_counter + settings.groups_per_batch):
+        task = tasks[task_index(run_id, worker, step, counter, len(tasks))]
+        target = length_target(run_id, worker, step, counter, settings.length_targets)
+        prompt_ids = encode_prompt(tokenizer, with_length_target(task, target).prompt)
+        params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
+                                max_tokens=settings.max_tokens,
+                                seed=sampling_seed(run_id, worker, step, counter))
+        completions = engine.generate([prompt_ids], settings.group_size, params)[0]
+        proofs = build_completion_proofs([c.hidden_states for c in completions])
+        records = []
+        for completion, completion_proofs in zip(completions, proofs):
+            text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            records.append(CompletionRecord(
+                token_ids=pack_tokens(completion.token_ids),
+                logprobs=pack_logprobs(completion.logprobs),
+                finish_reason=completion.finish_reason,
+                proofs=tuple(completion_proofs),
+                reward=float(task_reward(task, text)),
+            ))
+            generated += len(completion.token_ids)
+        groups.append(RolloutGroup(counter=counter, task_id=task.problem_id, length_target=target,
+                                   prompt_ids=pack_tokens(prompt_ids), completions=tuple(records)))
+    batch = RolloutBatch(
+        run_id=run_id, worker=worker, policy_step=step, manifest_hash=manifest_hash, engine=engine.name,
+        sampling=SamplingSettings(temperature=float(settings.temperature), top_p=float(settings.top_p),
+                                  max_tokens=settings.max_tokens),
+        groups=tuple(groups),
+    )
+    return BuiltBatch(batch=batch, generated_tokens=generated, seconds=time.perf_counter() - started)

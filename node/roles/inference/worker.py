@@ -1,0 +1,195 @@
+"""The inference role: generate rollouts on the newest verified checkpoint and deliver them.
+
+Each round the worker takes the newest complete checkpoint the shard overlay holds, swaps the
+engine's weights when it changed (tensors are mmapped views, no second copy), generates one batch
+for the next dense task counters of (worker, step) in a worker thread, signs it, and delivers it to
+every trainer and validator it knows. It never generates on a policy older than the newest step
+advertised by the run's trainer minus the async window: it waits for the overlay instead.
+
+Counters are persisted per step, so a restart continues where it stopped instead of reusing
+counters (which validators treat as replays).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from intellect_node.node.engine import select_engine
+from intellect_node.node.engine.base import Engine
+from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.rollouts.exchange import DeliveryFailed, DeliveryRejected, deliver
+from intellect_node.node.shards.loader import load_tensors
+from intellect_node.node.tasks.schema import Task
+from intellect_node.crypto.toploc import DEFAULT_TOPK
+from intellect_node.protocol import codec
+from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
+
+if TYPE_CHECKING:
+    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.shards.store import Checkpoint
+
+log = logging.getLogger(__name__)
+RECEIVER_ROLES = frozenset({"trainer", "validator"})
+BATCH_LIFETIME_S = 3600.0
+ANNOUNCEMENT_LIFETIME_S = 600.0
+IDLE_POLL_S = 0.5
+
+
+class WorkerSetupError(Exception):
+    """The worker cannot start (model, engine); the message says what to fix."""
+
+
+@dataclass
+class WorkerStats:
+    batches: int = 0
+    tokens: int = 0
+    generation_s: float = 0.0
+    delivered: dict[str, int] = field(default_factory=lambda: {"stored": 0, "duplicate": 0, "rejected": 0, "failed": 0})
+
+    def line(self, step: int) -> str:
+        rate = self.tokens / self.generation_s if self.generation_s else 0.0
+        d = self.delivered
+        return (f"step {step}: {rate:,.0f} tokens/s, {self.batches} batches; delivered {d['stored']} "
+                f"(+{d['duplicate']} dup), rejected {d['rejected']}, undelivered {d['failed']}")
+
+
+class InferenceWorker:
+    def __init__(self, shards: ShardService, model_dir: Path, tasks: list[Task], *, engine: str = "auto",
+                 settings: RolloutSettings | None = None, async_window: int = 2) -> None:
+        self.shards = shards
+        self.model_dir = model_dir
+        self.tasks = tasks
+        self.engine_name = engine
+        self.settings = settings or RolloutSettings()
+        self.async_window = async_window
+        self.stats = WorkerStats()
+        self._counters: dict[str, int] = {}
+
+    # ---- setup -------------------------------------------------------------------------------
+
+    def _load_engine(self) -> tuple[Engine, Any]:
+        from transformers import AutoTokenizer
+
+        if not (self.model_dir / "config.json").exists():
+            raise WorkerSetupError(f"{self.model_dir} is not an HF-layout model directory (no config.json)")
+        engine = select_engine(self.engine_name).from_checkpoint(self.model_dir)
+        if engine.hidden_size < DEFAULT_TOPK:
+            raise WorkerSetupError(f"hidden size {engine.hidden_size} is below TOPLOC's top-k {DEFAULT_TOPK}: "
+                                   "a one-token chunk could not be proven")
+        return engine, AutoTokenizer.from_pretrained(self.model_dir)
+
+    @property
+    def _state_path(self) -> Path:
+        return self.node.config.home / "inference_counters.json"
+
+    def _load_counters(self) -> None:
+        try:
+            data = json.loads(self._state_path.read_text())
+            self._counters = {str(k): int(v) for k, v in data.items()}
+        except FileNotFoundError:
+            self._counters = {}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise WorkerSetupError(f"{self._state_path} is corrupt ({exc}); remove it to start counting at 0") from None
+
+    def _save_counters(self) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._counters))
+        os.replace(tmp, self._state_path)
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node = node
+        self._load_counters()
+        engine, tokenizer = await trio.to_thread.run_sync(self._load_engine)
+        log.info("inference worker ready: %s engine, %d tasks, model %s", engine.name, len(self.tasks), self.model_dir)
+        task_status.started()
+        loaded_step: int | None = None
+        while True:
+            checkpoint = self._usable_checkpoint()
+            if checkpoint is None:
+                await trio.sleep(IDLE_POLL_S)
+                continue
+            if checkpoint.step != loaded_step:
+                tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
+                await trio.to_thread.run_sync(engine.load_state_dict, tensors)
+                loaded_step = checkpoint.step
+                log.info("generating on step %d", loaded_step)
+            await self._one_batch(engine, tokenizer, checkpoint)
+
+    def _usable_checkpoint(self) -> Checkpoint | None:
+        """The newest complete checkpoint, unless it is older than the async window allows."""
+        checkpoint = self.shards.store.newest_complete()
+        if checkpoint is None:
+            return None
+        trainer_steps = [m.advert.policy_step for m in self.node.view.members()
+                         if "trainer" in m.advert.roles and m.advert.policy_step is not None]
+        newest_known = max([checkpoint.step, *trainer_steps])
+        if checkpoint.step < newest_known - self.async_window:
+            return None  # too stale to be trained on: wait for the overlay to bring a newer one
+        return checkpoint
+
+    async def _one_batch(self, engine: Engine, tokenizer: Any, checkpoint: Checkpoint) -> None:
+        step = checkpoint.step
+        first = self._counters.get(str(step), 0)
+        built = await trio.to_thread.run_sync(lambda: build_batch(
+            engine, tokenizer, self.tasks, run_id=self.node.config.run_id, worker=self.node.peer_id, step=step,
+            manifest_hash=hashlib.sha256(checkpoint.envelope).digest(), first_counter=first, settings=self.settings))
+        self._counters = {k: v for k, v in self._counters.items() if int(k) >= step - self.async_window}
+        self._counters[str(step)] = first + self.settings.groups_per_batch
+        self._save_counters()
+        self.stats.batches += 1
+        self.stats.tokens += built.generated_tokens
+        self.stats.generation_s += built.seconds
+        envelope = codec.encode(built.batch, self.node.identity, lifetime_s=BATCH_LIFETIME_S)
+        await self._deliver_everywhere(envelope)
+        await self._announce(built.batch, envelope)
+        log.info("%s", self.stats.line(step))
+
+    async def _announce(self, batch: RolloutBatch, envelope: bytes) -> None:
+        announcement = RolloutAnnouncement(
+            run_id=batch.run_id, worker=batch.worker, policy_step=batch.policy_step,
+            batch_digest=hashlib.sha256(envelope).digest(), groups=len(batch.groups),
+            completions=sum(len(g.completions) for g in batch.groups))
+        try:
+            await self.node.announce(announcement, lifetime_s=ANNOUNCEMENT_LIFETIME_S)
+        except Exception as exc:  # gossip is best effort; the batch itself was delivered
+            log.debug("announcement failed: %s", exc)
+
+    def _receivers(self) -> list[str]:
+        return [m.advert.peer_id for m in self.node.view.members()
+                if m.advert.peer_id != self.node.peer_id and RECEIVER_ROLES & set(m.advert.roles)]
+
+    async def _deliver_everywhere(self, envelope: bytes) -> None:
+        """Deliver to every receiver at once; with none known yet, wait for one (backpressure)."""
+        receivers = self._receivers()
+        while not receivers:
+            await trio.sleep(IDLE_POLL_S)
+            receivers = self._receivers()
+
+        async def one(peer_id: str) -> None:
+            try:
+                status = await deliver(self.node, peer_id, envelope)
+            except DeliveryRejected as exc:
+                status = "rejected"
+                log.warning("%s", exc)
+            except DeliveryFailed as exc:
+                status = "failed"
+                log.warning("batch not delivered to %s: %s", peer_id, exc)
+            self.stats.delivered[status] += 1
+
+        started = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            for peer_id in receivers:
+                nursery.start_soon(one, peer_id)
+        log.debug("delivered to %d receivers in %.2f s", len(receivers), time.monotonic() - started)

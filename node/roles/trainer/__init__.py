@@ -1,0 +1,12 @@
+"""The trainer role: verified rollouts in, GRPO updates, signed checkpoints out.
+
+- ``service``: ``TrainerService``, the node service: verify, pool, train, save, publish, repeat.
+- ``config``: the trainer's settings (optimizer, loss, rewards).
+- ``groups``: a verified GRPO group as the trainer keeps it.
+- ``pool``: accepted groups waiting to be trained on, one durable file each.
+- ``rewards``: task and length rewards, group advantages, the online filter.
+- ``loss``: the GRPO objective with INTELLECT-2's two-sided clipping.
+- ``learner``: one GRPO update from a batch of groups; compute only.
+- ``state``: weights, optimizer, step and counters, saved atomically.
+- ``evaluation``: held-out greedy accuracy.
+"""

@@ -1,0 +1,64 @@
+"""Accepted rollouts waiting to be trained on, one durable file per group.
+
+A group enters the pool (fsynced) before its batch leaves the inbox, and leaves the pool only
+after the trainer state that consumed it is on disk; so at every instant each accepted group is in
+the inbox, in the pool, or inside a saved step, and a crash (kill -9) loses none. Keys consumed by
+recent steps are remembered in the trainer state, so a batch re-verified after a crash cannot put
+an already trained group back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgpack
+
+from intellect_node.node.home.durable import write_durably
+from intellect_node.node.roles.trainer.groups import TrainingGroup
+
+SUFFIX = ".group"
+KEY = re.compile(r"[0-9a-f]{64}:[0-9]{1,10}")
+
+
+class GroupPool:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        for leftover in directory.glob(f"*{SUFFIX}.tmp*"):
+            leftover.unlink(missing_ok=True)
+        self.groups: dict[str, TrainingGroup] = {}
+
+    def _path(self, key: str) -> Path:
+        if not KEY.fullmatch(key):
+            raise ValueError(f"not a group key: {key[:80]!r}")
+        return self.directory / (key.replace(":", "-") + SUFFIX)
+
+    def load(self, consumed: Iterable[str]) -> int:
+        """Read the groups left on disk, dropping those a saved step already consumed."""
+        consumed = set(consumed)
+        for path in sorted(self.directory.glob(f"*{SUFFIX}")):
+            group = TrainingGroup.from_wire(msgpack.unpackb(path.read_bytes()))
+            if group.key in consumed:
+                path.unlink(missing_ok=True)
+            else:
+                self.groups[group.key] = group
+        return len(self.groups)
+
+    def persist(self, groups: Iterable[TrainingGroup]) -> None:
+        """Write the groups durably (file I/O only: safe in a worker thread); then ``admit`` them."""
+        for group in groups:
+            write_durably(self._path(group.key), msgpack.packb(group.to_wire()), tmp_suffix=".tmp")
+
+    def admit(self, groups: Iterable[TrainingGroup]) -> None:
+        for group in groups:
+            self.groups[group.key] = group
+
+    def discard(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.groups.pop(key, None)
+            self._path(key).unlink(missing_ok=True)
+
+    def __len__(self) -> int:
+        return len(self.groups)

@@ -1,0 +1,311 @@
+"""The trainer role as a node ``Service``: verify, pool, train, save, publish, repeat.
+
+- Every batch delivered to ``<home>/inbox`` is judged by the same checks a validator runs (a
+  ``ValidatorService`` inside the trainer, verdicts signed and gossiped), so a swarm without a
+  dedicated validator is still safe. With ``verify_fraction`` < 1 the batches it does not sample
+  wait for agreeing verdicts of trusted validators instead (and are verified here if those
+  conflict or do not come). Accepted groups that can teach something (their task rewards
+  differ) enter the durable pool; the rest are counted.
+- A step takes the oldest ``batch_groups`` pooled groups whose policy step is inside the async
+  window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
+  are dropped. The learner trains on them in a worker thread.
+- Then, in this order: the ledger notes which groups the step trained on, one line goes to
+  ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
+  consumed groups leave the pool, and the new weights are written to the publish directory where
+  the shard overlay signs and broadcasts them. A crash between the first two and the state save
+  makes the restart redo that step, so ledger and metrics may hold a step twice (the last line
+  holds) but never miss one.
+
+``ledger.jsonl`` is the audit trail of every accepted group's fate, written ahead (fsynced) of
+the action it records: ``{"step": s, "trained": [keys]}`` for the groups step s trained on (a
+restart that redoes step s appends a second line for it; the last one holds), and
+``{"step": s, "stale": [keys]}`` for groups that aged out of the async window unused. It is what
+credits workers for accepted rollouts, and what the crash tests check for lost groups.
+
+A restart resumes from the saved state with the same step numbering; the overlay still holds the
+published checkpoints, and a step whose state was saved but whose checkpoint was not yet handed
+over is published again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import trio
+
+from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.shards.checkpoint import write_safetensors
+from intellect_node.node.tasks.schema import Task
+from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
+from intellect_node.node.roles.trainer.groups import TrainingGroup
+from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
+from intellect_node.node.roles.trainer.loss import LossConfig
+from intellect_node.node.roles.trainer.pool import GroupPool
+from intellect_node.node.roles.trainer.rewards import RewardConfig, teaches_nothing
+from intellect_node.node.roles.trainer.state import load_state, save_state
+from intellect_node.node.roles.validator.validation import BatchVerdict
+from intellect_node.node.roles.validator.service import ValidatorOptions, ValidatorService
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
+
+if TYPE_CHECKING:
+    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.shards.service import ShardService
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"
+LEDGER_FILE = "ledger.jsonl"
+CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any async window anyway
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    model_dir: Path
+    task_spec: str
+    publish_dir: Path
+    batch_groups: int = 16  # GRPO groups (prompts) per step
+    async_level: int = 2
+    max_steps: int | None = None  # stop training after this step (the node keeps serving)
+    eval_every: int = 5
+    eval_tasks: int = 200
+    engine: str = "torch"  # for verification
+    trusted: tuple[str, ...] = ()
+    verify_fraction: float = 1.0  # the rest waits for agreeing trusted verdicts (node/roles/validator/verdict_trust.py)
+    optim: OptimConfig = OptimConfig()
+    loss: LossConfig = LossConfig()
+    rewards: RewardConfig = RewardConfig()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
+            raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
+        if not 0.0 <= self.verify_fraction <= 1.0:
+            raise ValueError("verify_fraction must be in [0, 1]")
+        if self.verify_fraction < 1.0 and not self.trusted:
+            raise ValueError("a trainer that verifies only part of the batches needs --trust-validator for the rest")
+
+
+@dataclass
+class TrainerCounters:
+    """Running totals, persisted with the state so a restart keeps counting."""
+
+    filtered_groups: int = 0  # accepted but all-equal task rewards
+    stale_groups: int = 0
+    train_s: float = 0.0
+    wait_s: float = 0.0
+    elapsed_s: float = 0.0  # wall time of the run before this process started
+    last_eval: float | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {"filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
+                "train_s": self.train_s, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
+                "last_eval": self.last_eval}
+
+
+class TrainerService:
+    def __init__(self, node: Node, shards: ShardService, options: TrainerOptions, tasks: list[Task]) -> None:
+        if shards.config.publish_dir is None:
+            raise ValueError("the trainer publishes through the shard overlay: it needs a publish directory")
+        self.node = node
+        self.shards = shards
+        self.options = options
+        self.directory = node.config.home / "trainer"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.pool = GroupPool(self.directory / "pool")
+        self.counters = TrainerCounters()
+        self.consumed: dict[int, list[str]] = {}  # step -> group keys it trained on
+        kinds = sorted({t.verification_info["kind"] for t in tasks if t.task_type == "toy"})
+        self.eval_tasks = held_out_tasks(options.eval_tasks, kinds) if kinds else []
+        self.validator = ValidatorService(
+            node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
+                                           engine=options.engine, verify_fraction=options.verify_fraction,
+                                           trusted=options.trusted),
+            tasks, async_window=options.async_level, on_judged=self._on_judged)
+        self._pool_changed = trio.Event()
+        self._started = time.monotonic()
+        self.learner: GRPOLearner | None = None
+        self.tokenizer: Any = None
+
+    # ---- intake (the validator's hook) ------------------------------------------------------------
+
+    async def _on_judged(self, digest: str, batch: RolloutBatch, result: BatchVerdict) -> None:
+        rewards = {g.counter: g.rewards for g in result.accepted}
+        recent = {key for keys in self.consumed.values() for key in keys}
+        fresh = []
+        for group in batch.groups:
+            if group.counter not in rewards:
+                continue
+            if teaches_nothing(rewards[group.counter]):
+                self.counters.filtered_groups += 1
+                continue
+            key = f"{digest}:{group.counter}"
+            if key in recent:
+                continue  # trained on already; the batch was re-verified after a crash
+            fresh.append(TrainingGroup(
+                key=key, worker=batch.worker, policy_step=batch.policy_step, task_id=group.task_id,
+                length_target=group.length_target, prompt=tuple(unpack_tokens(group.prompt_ids).tolist()),
+                completions=tuple(tuple(unpack_tokens(c.token_ids).tolist()) for c in group.completions),
+                task_rewards=tuple(rewards[group.counter]),
+                logprobs=tuple(tuple(unpack_logprobs(c.logprobs).tolist()) for c in group.completions)))
+        if fresh:
+            await trio.to_thread.run_sync(self.pool.persist, fresh)
+            self.pool.admit(fresh)
+            self._pool_changed.set()
+
+    # ---- set-up and restart ---------------------------------------------------------------------
+
+    def _load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        options = self.options
+        model = AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
+        reference = None
+        if options.loss.kl_coef:
+            reference = AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32).eval()
+        self.learner = GRPOLearner(model, int(self.tokenizer.pad_token_id), optim=options.optim, loss=options.loss,
+                                   rewards=options.rewards, reference=reference, seed=options.seed)
+        state = load_state(self.directory)
+        if state is not None:
+            self.learner.load_state_dict(state["learner"])
+            self.consumed = {int(k): list(v) for k, v in state["consumed"].items()}
+            saved = state["counters"]
+            for name, value in saved.items():
+                setattr(self.counters, name, value)
+        self.pool.load(key for keys in self.consumed.values() for key in keys)
+
+    @property
+    def step(self) -> int:
+        assert self.learner is not None
+        return self.learner.updates
+
+    def _write_checkpoint(self, step: int) -> None:
+        """Hand the weights to the overlay: written aside, then renamed into the publish directory.
+        Runs in a worker thread between steps (the weights do not change meanwhile); tied
+        embeddings are written once, as ``save_pretrained`` does."""
+        assert self.learner is not None
+        model = self.learner.model
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        tensors = {k: v.detach() for k, v in model.state_dict().items() if k not in tied}
+        publish_dir = self.options.publish_dir
+        publish_dir.mkdir(parents=True, exist_ok=True)
+        staging = publish_dir / f".writing-{step}"
+        write_safetensors(tensors, staging)
+        os.replace(staging, publish_dir / f"step-{step}.safetensors")
+
+    def _save(self) -> None:
+        assert self.learner is not None
+        counters = self.counters.to_state() | {"elapsed_s": self._elapsed()}
+        save_state(self.directory, {"learner": self.learner.state_dict(), "consumed": self.consumed,
+                                    "counters": counters})
+
+    def _elapsed(self) -> float:
+        """Wall time of the run, across restarts (the time a crashed trainer was down excluded)."""
+        return self.counters.elapsed_s + (time.monotonic() - self._started)
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await trio.to_thread.run_sync(self._load)
+        self._started = time.monotonic()
+        held = max(self.shards.store.checkpoints, default=-1)
+        if held < self.step:  # first start, or the last step's checkpoint never reached the overlay
+            await trio.to_thread.run_sync(self._write_checkpoint, self.step)
+        log.info("trainer ready at step %d: %d groups pooled, batches of %d groups, async level %d",
+                 self.step, len(self.pool), self.options.batch_groups, self.options.async_level)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.validator.run, node)
+            task_status.started()
+            if self.counters.last_eval is None and self.eval_tasks:  # the starting point, as step 0's line
+                self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
+                self._append_metrics({"step": self.step, "wall_s": round(self._elapsed(), 3),
+                                      "eval_accuracy": self.counters.last_eval, "eval_measured": True})
+            while self.options.max_steps is None or self.step < self.options.max_steps:
+                await self._one_step()
+            log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
+            await trio.sleep_forever()
+
+    async def _usable(self) -> list[TrainingGroup]:
+        """Pooled groups inside the async window, oldest first; staler ones leave the pool (noted
+        in the ledger first, off the trio loop: it fsyncs)."""
+        oldest = self.step - self.options.async_level
+        stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
+        if stale:
+            self.counters.stale_groups += len(stale)
+            await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale})
+            self.pool.discard(stale)
+        return sorted(self.pool.groups.values(), key=lambda g: (g.policy_step, g.key))
+
+    async def _gather(self) -> list[TrainingGroup]:
+        while True:
+            self._pool_changed = trio.Event()
+            usable = await self._usable()
+            if len(usable) >= self.options.batch_groups:
+                return usable[: self.options.batch_groups]
+            with trio.move_on_after(1.0):
+                await self._pool_changed.wait()
+
+    async def _one_step(self) -> None:
+        assert self.learner is not None
+        waited = time.monotonic()
+        groups = await self._gather()
+        wait_s = time.monotonic() - waited
+        started = time.monotonic()
+        metrics = await trio.to_thread.run_sync(self.learner.step, groups)
+        step = self.step
+        self.consumed[step] = [g.key for g in groups]
+        self.consumed = {s: keys for s, keys in self.consumed.items() if s > step - CONSUMED_KEPT_STEPS}
+        evaluated = bool(self.eval_tasks) and step % self.options.eval_every == 0
+        if evaluated:
+            self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
+        train_s = time.monotonic() - started
+        self.counters.train_s += train_s
+        self.counters.wait_s += wait_s
+        staleness = [step - 1 - g.policy_step for g in groups]
+        line = {"step": step, "wall_s": round(self._elapsed(), 3), **{k: round(v, 6) for k, v in metrics.items()},
+                "eval_accuracy": self.counters.last_eval, "eval_measured": evaluated,
+                "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
+                "train_s": round(train_s, 3), "wait_s": round(wait_s, 3),
+                "utilization": round(self.counters.train_s / max(1e-9, self.counters.train_s + self.counters.wait_s), 4),
+                "accepted_groups": self.validator.accepted_groups,
+                "rejected_groups": sum(n for r, n in self.validator.rejections.items() if r != "stale_step"),
+                "rejections": dict(self.validator.rejections),
+                "adopted_batches": self.validator.adopted_batches,
+                "verdict_conflicts": self.validator.trusted_verdicts.conflicts,
+                "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
+                "pooled_groups": len(self.pool) - len(groups)}
+        # written ahead of the state: a crash in between repeats a step's line, never loses one
+        await trio.to_thread.run_sync(self._write_ledger, {"step": step, "trained": self.consumed[step]})
+        await trio.to_thread.run_sync(self._append_metrics, line)
+        handing_over = time.monotonic()
+        await trio.to_thread.run_sync(self._save)
+        self.pool.discard(self.consumed[step])
+        await trio.to_thread.run_sync(self._write_checkpoint, step)
+        self.counters.train_s += time.monotonic() - handing_over  # busy, not waiting: in the next line's figure
+        log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
+                 "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
+                 "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
+                 metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
+
+    def _write_ledger(self, entry: dict[str, Any]) -> None:
+        with open(self.directory / LEDGER_FILE, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def _append_metrics(self, line: dict[str, Any]) -> None:
+        with open(self.directory / METRICS_FILE, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def _evaluate(self) -> float:
+        assert self.learner is not None
+        engine = TorchEngine(self.learner.model, max_batch_rows=256)
+        return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)

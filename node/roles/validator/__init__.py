@@ -1,0 +1,9 @@
+"""The validator role (specs/validation.md).
+
+- ``service``: ``ValidatorService``, the node service: judge the inbox, sign and gossip verdicts,
+  ban proven cheats. The trainer runs the same service to verify what it trains on.
+- ``validation``: ``verify_batch``, the checks themselves (assignment, prefill, TOPLOC, logprobs,
+  termination, rewards); compute only, no network.
+- ``verdict_trust``: verdicts from validators this node trusts: bans, and verification a trainer
+  may skip.
+"""

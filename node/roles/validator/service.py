@@ -1,0 +1,266 @@
+"""The validator role: judge the batches in the inbox, sign and gossip verdicts, ban proven cheats.
+
+Batches arrive through ``RolloutReceiver`` into ``<home>/inbox``; this service is woken by its
+``on_stored`` callback and, at start, takes whatever is still pending there, so a restart loses
+nothing. A batch leaves the inbox only after its record (verdict envelope, or the note that it
+was not sampled) is durably in ``<home>/verdicts``; those records also rebuild the seen counters.
+specs/validation.md is normative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from intellect_node.node.home.durable import write_durably
+from intellect_node.node.engine import select_engine
+from intellect_node.node.engine.base import Engine
+from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.shards.loader import load_tensors
+from intellect_node.node.tasks.schema import Task
+from intellect_node.node.roles.validator.validation import BatchVerdict, GroupResult, Tolerances, batch_precheck, verify_batch
+from intellect_node.node.roles.validator.verdict_trust import TrustedVerdicts, ban_worker
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.keys import announcements_topic
+from intellect_node.protocol.rollouts import RolloutBatch
+from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
+
+if TYPE_CHECKING:
+    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.shards.store import Checkpoint
+
+log = logging.getLogger(__name__)
+VERDICT_LIFETIME_S = 3600.0
+RESCAN_S = 2.0  # deferred batches (checkpoint not here yet) are retried this often
+
+
+@dataclass(frozen=True)
+class ValidatorOptions:
+    """What the validator role needs beyond the node (the inference flags, reused)."""
+
+    model_dir: Path
+    task_spec: str
+    engine: str = "auto"
+    verify_fraction: float = 1.0
+    trusted: tuple[str, ...] = ()
+    # a judged-hook user (the trainer) adopts trusted verdicts on unsampled batches; this long it waits
+    verdict_wait_s: float = 60.0
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The local secret the sampling is drawn from; workers never see it."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        secret = secrets.token_bytes(32)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(secret)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        return secret
+
+
+def sampled(secret: bytes, digest: str, fraction: float) -> bool:
+    """Whether the batch ``digest`` is verified: HMAC(secret, digest) read as a number in [0, 1)."""
+    value = int.from_bytes(hmac.new(secret, digest.encode(), hashlib.sha256).digest()[:8], "big") / 2**64
+    return value < fraction
+
+
+JudgedHook = Callable[[str, RolloutBatch, BatchVerdict], Awaitable[None]]
+
+
+class ValidatorService:
+    """``on_judged(digest, batch, result)`` runs after a batch is verified and before it leaves the
+    inbox: the trainer keeps the accepted groups there (durably), so the two steps cannot drift."""
+
+    def __init__(self, node: Node, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
+                 async_window: int = 2, tolerances: Tolerances = Tolerances(),
+                 on_judged: JudgedHook | None = None) -> None:
+        if not 0.0 <= options.verify_fraction <= 1.0:
+            raise ValueError("verify fraction must be in [0, 1]")
+        self.shards = shards
+        self.options = options
+        self.tasks = tasks
+        self.async_window = async_window
+        self.tolerances = tolerances
+        self.inbox = RolloutInbox(node.config.home / "inbox")
+        self.verdict_dir = node.config.home / "verdicts"
+        self.verdict_dir.mkdir(parents=True, exist_ok=True)
+        self.secret = load_or_create_secret(node.config.home / "validator_secret")
+        self.seen: dict[tuple[str, int], set[int]] = {}
+        self.on_judged = on_judged
+        self.rows = 0
+        self.seconds = 0.0
+        self.accepted_groups = 0
+        self.rejections: Counter[str] = Counter()  # rejected groups by reason ("stale_step" is no cheat)
+        self._wake = trio.Event()
+        self._waiting_since: dict[str, float] = {}  # unsampled batches waiting for trusted verdicts
+        self.adopted_batches = 0
+        self.trusted_verdicts = TrustedVerdicts(node, options.trusted, own_accepted=self._own_accepted,
+                                                on_verdict=lambda digest: self._wake.set())
+        self.trusted_verdicts.listen()
+
+    def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
+        """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
+        self._wake.set()
+
+    def _load_records(self) -> None:
+        for path in self.verdict_dir.glob("*.json"):
+            record = json.loads(path.read_text())
+            self.seen.setdefault((record["worker"], record["step"]), set()).update(record["counters"])
+
+    def _load_engine(self) -> tuple[Engine, Any]:
+        from transformers import AutoTokenizer
+
+        engine = select_engine(self.options.engine).from_checkpoint(self.options.model_dir)
+        return engine, AutoTokenizer.from_pretrained(self.options.model_dir)
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node = node
+        await trio.to_thread.run_sync(self._load_records)
+        engine, tokenizer = await trio.to_thread.run_sync(self._load_engine)
+        log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
+                 engine.name, len(self.tasks), 100 * self.options.verify_fraction, len(self.inbox.pending()))
+        task_status.started()
+        loaded: list[int | None] = [None]
+        while True:
+            self._wake = trio.Event()
+            for digest in self.inbox.pending():
+                await self._handle(digest, engine, tokenizer, loaded)
+            with trio.move_on_after(RESCAN_S):
+                await self._wake.wait()
+
+    # ---- one batch ----------------------------------------------------------------------------
+
+    def _checkpoint(self, manifest_hash: bytes) -> Checkpoint | None:
+        for checkpoint in list(self.shards.store.checkpoints.values()):
+            if checkpoint.complete and hashlib.sha256(checkpoint.envelope).digest() == manifest_hash:
+                return checkpoint
+        return None
+
+    def _newest_step(self) -> int:
+        newest = self.shards.store.newest_complete()
+        steps = [m.advert.policy_step for m in self.node.view.members()
+                 if "trainer" in m.advert.roles and m.advert.policy_step is not None]
+        return max([newest.step if newest is not None else 0, *steps])
+
+    def _step_of(self, manifest_hash: bytes) -> int | None:
+        checkpoint = self._checkpoint(manifest_hash)
+        return checkpoint.step if checkpoint is not None else None
+
+    async def _handle(self, digest: str, engine: Engine, tokenizer: Any, loaded: list[int | None]) -> None:
+        try:
+            signed = codec.decode(self.inbox.load(digest), RolloutBatch)
+        except Rejected as exc:  # expired while it waited, or a file damaged on disk
+            log.warning("dropping inbox batch %s: %s", digest[:12], exc)
+            self.inbox.remove(digest)
+            return
+        except FileNotFoundError:
+            return
+        batch = signed.message
+        newest = self._newest_step()
+        reason = batch_precheck(batch, run_id=self.node.config.run_id, newest_step=newest,
+                                async_window=self.async_window, checkpoint_step_of=self._step_of)
+        if reason == "unknown_checkpoint" or (reason == "stale_step" and batch.policy_step > newest):
+            return  # the overlay has not brought that checkpoint yet: the batch waits in the inbox
+        counters = [g.counter for g in batch.groups]
+        if reason is None and not sampled(self.secret, digest, self.options.verify_fraction):
+            if self.on_judged is not None and self.options.trusted:
+                adopted = self._trusted_result(digest, batch)
+                if adopted is None:
+                    return  # waits in the inbox for a trusted verdict
+                if adopted is not False:
+                    self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                    self.accepted_groups += len(adopted.accepted)
+                    self.adopted_batches += 1
+                    await self.on_judged(digest, batch, adopted)
+                    self._record(digest, batch, None)
+                    return
+                # conflicting verdicts, or none in time: verify it here
+            else:
+                self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                self._record(digest, batch, None)
+                return
+        checkpoint = self._checkpoint(batch.manifest_hash)
+        if reason is None and checkpoint is not None and loaded[0] != checkpoint.step:
+            tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
+            await trio.to_thread.run_sync(engine.load_state_dict, tensors)
+            loaded[0] = checkpoint.step
+        started = time.perf_counter()
+        result = await trio.to_thread.run_sync(lambda: verify_batch(
+            signed, engine=engine, tokenizer=tokenizer, tasks=self.tasks, run_id=self.node.config.run_id,
+            checkpoint_step_of=self._step_of, newest_step=newest, async_window=self.async_window,
+            seen_counters=self.seen, tolerances=self.tolerances))
+        self.seconds += time.perf_counter() - started
+        self.rows += result.completions
+        self.accepted_groups += len(result.accepted)
+        self.rejections.update(g.reason or "" for g in result.rejected)
+        if self.on_judged is not None:
+            await self.on_judged(digest, batch, result)
+        envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
+        self._record(digest, batch, envelope, (g.counter for g in result.accepted))
+        await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
+        verdict = codec.decode(envelope, Verdict).message
+        if verdict.cheats:
+            ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")
+        rate = self.rows / self.seconds if self.seconds else 0.0
+        log.info("verdict on %s from %s step %d: %d accepted, %d rejected %s; %.1f verified rows/s",
+                 digest[:12], batch.worker, batch.policy_step, len(result.accepted), len(result.rejected),
+                 sorted({g.reason for g in result.rejected}), rate)
+
+    def _trusted_result(self, digest: str, batch: RolloutBatch) -> BatchVerdict | None | bool:
+        """The agreed trusted verdict on an unsampled batch as a result; None: keep waiting;
+        False: verify it here (trusted verdicts conflict, or none came within the wait)."""
+        agreed = self.trusted_verdicts.agreed(digest)
+        if agreed is False:
+            self.trusted_verdicts.conflicts += 1
+            log.warning("trusted validators disagree on batch %s: verifying it here", digest[:12])
+        if agreed is None:
+            first = self._waiting_since.setdefault(digest, time.monotonic())
+            if time.monotonic() - first < self.options.verdict_wait_s:
+                return None
+            log.info("no trusted verdict on batch %s within %.0f s: verifying it here", digest[:12],
+                     self.options.verdict_wait_s)
+        self._waiting_since.pop(digest, None)
+        if not isinstance(agreed, Verdict):
+            return False
+        groups = tuple(GroupResult(g.counter, None, tuple(g.rewards)) for g in agreed.accepted) + tuple(
+            GroupResult(g.counter, g.reason) for g in agreed.rejected)
+        return BatchVerdict(worker=batch.worker, policy_step=batch.policy_step, groups=groups, completions=0)
+
+    def _own_accepted(self, digest: str) -> set[int] | None:
+        """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
+        try:
+            record = json.loads((self.verdict_dir / f"{digest}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return set(record["accepted"]) if record.get("verdict") else None
+
+    def _verdict(self, digest: str, result: BatchVerdict) -> Verdict:
+        return Verdict(run_id=self.node.config.run_id, batch_digest=bytes.fromhex(digest), worker=result.worker,
+                       policy_step=result.policy_step, validator=self.node.peer_id,
+                       accepted=tuple(AcceptedGroup(counter=g.counter, rewards=g.rewards) for g in result.accepted),
+                       rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
+                                      for g in result.rejected))
+
+    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = ()) -> None:
+        """Durably note the batch (and its verdict), then drop it from the inbox."""
+        record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
+                  "verdict": envelope.hex() if envelope is not None else None,
+                  "accepted": list(accepted)}
+        write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
+        self.inbox.remove(digest)

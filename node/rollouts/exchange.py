@@ -1,0 +1,123 @@
+"""Delivering rollout batches over streams (``/ina/rollouts/1.0.0``, specs/rollouts.md).
+
+``RolloutReceiver`` is the service validators and trainers run: it checks each incoming batch as a
+wire message, stores it durably in a ``RolloutInbox`` and only then acknowledges. ``deliver`` is
+the worker's side: it retries until the receiver answers, which is safe because storage is keyed by
+the envelope's hash (a retry of a stored batch is answered ``duplicate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.swarm.runtime import Node
+from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue, Rejected
+from intellect_node.protocol.framing import (
+    MAX_DELIVERY_REPLY,
+    ROLLOUTS_PROTOCOL,
+    decode_delivery_reply,
+    encode_delivery_reply,
+)
+from intellect_node.protocol.rollouts import RolloutBatch
+
+log = logging.getLogger(__name__)
+READ_TIMEOUT_S = 60.0
+MAX_CONCURRENT_BATCHES = 4
+
+
+class DeliveryFailed(Exception):
+    """No answer from the receiver after every retry."""
+
+
+class DeliveryRejected(DeliveryFailed):
+    """The receiver refused the batch; retrying the same bytes cannot help."""
+
+
+class RolloutReceiver:
+    """Accepts rollout batches into an inbox; ``on_stored(digest, signed)`` hears of each new one."""
+
+    def __init__(self, inbox: RolloutInbox,
+                 on_stored: Callable[[str, codec.Signed[RolloutBatch]], None] | None = None) -> None:
+        self.inbox = inbox
+        self.on_stored = on_stored
+        self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.node = node
+        node.host.set_stream_handler(TProtocol(ROLLOUTS_PROTOCOL), self._handle)
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def _handle(self, stream: INetStream) -> None:
+        peer_id = stream.muxed_conn.peer_id.to_base58()
+        if self.node.scores.is_banned(peer_id):
+            await close_quietly(stream)
+            return
+        async with self._slots:
+            try:
+                envelope = await read_frame(stream, RolloutBatch.MAX_SIZE, READ_TIMEOUT_S)
+                status, reason = await self._accept(envelope, peer_id)
+            except Rejected as exc:
+                self.node.scores.reject(peer_id, exc.reason, f"rollout batch: {exc}")
+                status, reason = "rejected", exc.reason
+            try:
+                await write_frame(stream, encode_delivery_reply(status, reason))
+            except Exception as exc:  # the worker hung up; it will retry and get "duplicate"
+                log.info("could not answer %s: %s", peer_id, exc)
+            finally:
+                await close_quietly(stream)
+
+    async def _accept(self, envelope: bytes, peer_id: str) -> tuple[str, str]:
+        signed = codec.decode(envelope, RolloutBatch)
+        if signed.message.run_id != self.node.config.run_id:
+            raise InvalidValue(f"batch for run {signed.message.run_id!r}")
+        digest, new = await trio.to_thread.run_sync(self.inbox.store, envelope)
+        if not new:
+            return "duplicate", ""
+        log.info("stored rollout batch %s from %s (%d groups)", digest[:12], peer_id, len(signed.message.groups))
+        if self.on_stored is not None:
+            self.on_stored(digest, signed)
+        return "stored", ""
+
+
+async def deliver(node: Node, peer_id: str, envelope: bytes, *, attempts: int = 5,
+                  first_backoff_s: float = 0.5) -> str:
+    """Send one batch envelope to ``peer_id``; returns "stored" or "duplicate".
+
+    Retries transport failures with exponential backoff (``DeliveryFailed`` when they run out); a
+    "rejected" answer is final (``DeliveryRejected``).
+    """
+    peer = ID.from_base58(peer_id)
+    backoff = first_backoff_s
+    last_error = "no attempt made"
+    for _ in range(attempts):
+        try:
+            with trio.fail_after(READ_TIMEOUT_S):
+                stream = await node.host.new_stream(peer, [TProtocol(ROLLOUTS_PROTOCOL)])
+                try:
+                    await write_frame(stream, envelope)
+                    status, reason = decode_delivery_reply(await read_frame(stream, MAX_DELIVERY_REPLY, READ_TIMEOUT_S))
+                finally:
+                    await close_quietly(stream)
+        except Rejected as exc:
+            node.scores.reject(peer_id, exc.reason, f"delivery reply: {exc}")
+            last_error = f"bad reply: {exc}"
+        except Exception as exc:  # connection refused, reset, timeout: try again
+            last_error = f"{type(exc).__name__}: {exc}"
+        else:
+            if status == "rejected":
+                raise DeliveryRejected(f"{peer_id} rejected the batch: {reason}")
+            return status
+        await trio.sleep(backoff)
+        backoff *= 2
+    raise DeliveryFailed(f"{peer_id} did not take the batch after {attempts} attempts ({last_error})")
+

@@ -1,0 +1,138 @@
+"""The run's member list: verified adverts from the DHT, from gossip heartbeats and from peers.
+
+Kademlia cannot enumerate keys and provider records return only the closest ~20 providers, so the
+list has three sources, all checked the same way (``MemberView.accept``):
+- every node repeats its signed advert on the run's members topic (gossip heartbeat);
+- a node that connects asks the peer for the adverts it knows (``/ina/members/1.0.0``);
+- provider records on the run key, then a DHT get of each provider's advert.
+The signed advert is the source of truth in each case; its expiry removes nodes that vanish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from libp2p.records.validator import Validator
+
+from intellect_node.crypto.envelope import now_ms
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue, Rejected, Replayed
+from intellect_node.protocol.keys import advert_key
+from intellect_node.protocol.messages import NodeAdvert
+
+
+@dataclass(frozen=True)
+class Member:
+    advert: NodeAdvert
+    envelope: bytes
+    timestamp_ms: int
+    expiry_ms: int
+    received_ms: int
+
+
+class MemberView:
+    """Verified, unexpired adverts of one run, newest per peer."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._members: dict[str, Member] = {}
+
+    def accept(self, data: bytes, now: int | None = None) -> Member | None:
+        """Verify an advert envelope and record it; None for a copy of what is already known.
+
+        Raises ``Rejected`` for anything invalid, for another run's advert, and for an advert older
+        than the one held (a replay: it could resurrect a node that has left, or roll back its step).
+        """
+        now = now_ms() if now is None else now
+        signed = codec.decode(data, NodeAdvert, now_ms=now)
+        advert = signed.message
+        if advert.run_id != self.run_id:
+            raise InvalidValue(f"advert for run {advert.run_id!r}, this node is in {self.run_id!r}")
+        held = self._members.get(advert.peer_id)
+        if held is not None:
+            if held.envelope == data:
+                return None
+            if signed.envelope.timestamp_ms <= held.timestamp_ms:
+                raise Replayed("advert is not newer than the one held for that peer")
+        member = Member(advert, data, signed.envelope.timestamp_ms, signed.envelope.expiry_ms, now)
+        self._members[advert.peer_id] = member
+        return member
+
+    def prune(self, now: int | None = None) -> list[str]:
+        """Drop expired adverts; returns the peer ids dropped."""
+        now = now_ms() if now is None else now
+        gone = [peer for peer, member in self._members.items() if member.expiry_ms <= now]
+        for peer in gone:
+            del self._members[peer]
+        return gone
+
+    def members(self, now: int | None = None) -> list[Member]:
+        now = now_ms() if now is None else now
+        return [m for m in self._members.values() if m.expiry_ms > now]
+
+    def get(self, peer_id: str) -> Member | None:
+        return self._members.get(peer_id)
+
+    def envelopes(self) -> list[bytes]:
+        return [member.envelope for member in self.members()]
+
+
+def member_summary(member: Member, now_s: float) -> dict[str, Any]:
+    """The JSON-ready view of a member that ``status`` prints."""
+    advert = member.advert
+    return {
+        "peer_id": advert.peer_id,
+        "roles": list(advert.roles),
+        "hardware": asdict(advert.hardware),
+        "policy_step": advert.policy_step,
+        "software_version": advert.software_version,
+        "throughput_tokens_per_s": advert.throughput_tokens_per_s,
+        "addrs": list(advert.addrs),
+        "age_s": round(now_s - member.timestamp_ms / 1000, 1),
+        "expires_in_s": round(member.expiry_ms / 1000 - now_s, 1),
+    }
+
+
+def check_advert_record(key: str, value: bytes) -> codec.Signed[NodeAdvert]:
+    """A DHT value under ``key``, verified: a valid advert stored under its own key; else ``Rejected``.
+
+    The one check for every advert read from or stored in the DHT (the validator below, and
+    ``intellect_node.node.swarm.dht_get``), so a forged, expired or misplaced advert is refused the same way everywhere.
+    """
+    signed = codec.decode(value, NodeAdvert)
+    if advert_key(signed.message.run_id, signed.message.peer_id) != key:
+        raise InvalidValue("advert stored under a key that is not its own")
+    return signed
+
+
+class AdvertRecordValidator(Validator):
+    """DHT validator for "/ina/..." keys: a value must be a valid advert stored under its own key.
+
+    libp2p runs it when this node stores a value (its own or a remote put) and when it selects
+    among values fetched from several peers, so forged, expired or misplaced adverts never enter
+    this node's store. Remote puts carry no sender here, so rejections are counted, not charged.
+    """
+
+    def __init__(self, scores: PeerScores) -> None:
+        self.scores = scores
+
+    def validate(self, key: str, value: bytes) -> None:
+        try:
+            check_advert_record(key, value)
+        except Rejected as exc:
+            self.scores.reject(None, exc.reason, f"DHT value for {key}: {exc}")
+            raise ValueError(f"{exc.reason}: {exc}") from None
+
+    def select(self, key: str, values: list[bytes]) -> int:
+        """The newest valid advert; index 0 when none is valid (libp2p then validates it and fails)."""
+        best, best_ts = 0, -1
+        for index, value in enumerate(values):
+            try:
+                timestamp = check_advert_record(key, value).envelope.timestamp_ms
+            except Rejected:
+                continue
+            if timestamp > best_ts:
+                best, best_ts = index, timestamp
+        return best

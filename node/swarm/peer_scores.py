@@ -1,0 +1,74 @@
+"""Rejection counters and per-peer penalties.
+
+Every refused network input is counted by its ``reason`` (the labels of ``intellect_node.protocol.errors``) and
+charged to the peer that delivered it. A peer whose penalty passes the ban threshold is banned: the
+node disconnects it, blacklists it in gossip and ignores its streams. Penalties decay, so an honest
+peer with a clock hiccup or a flaky link recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+# Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. Forged or malformed input is
+# never an accident of an honest peer. A stale or superseded message is: gossip delivers an older
+# advert after a newer one by another path, a relayed message can expire in transit, and a peer
+# can answer with the older advert it holds, and a node running a newer version gossips message
+# types this one does not know. Those are counted but cost nothing, or a loaded or mixed-version
+# swarm would ban its honest members.
+PENALTIES: dict[str, float] = {
+    "bad_signature": 60.0,
+    "signer_mismatch": 60.0,
+    "unauthorized_signer": 60.0,  # a manifest signed by a key other than the run's trainer
+    "bad_shard": 60.0,  # shard bytes that contradict the signed manifest's hash
+    "malformed": 25.0,
+    "malformed_body": 25.0,
+    "oversize": 25.0,
+    "expired": 0.0,
+    "replayed": 0.0,
+    "unknown_type": 0.0,  # a newer version's message: forwarded by honest peers, not evidence
+    "from_future": 5.0,
+    "timeout": 5.0,
+}
+DEFAULT_PENALTY = 10.0
+
+
+@dataclass
+class PeerScores:
+    ban_threshold: float = 100.0
+    half_life_s: float = 600.0
+    on_ban: Callable[[str], None] | None = None
+    rejections: Counter[str] = field(default_factory=Counter)
+    _penalty: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (points, at)
+    banned: set[str] = field(default_factory=set)
+
+    def penalty(self, peer_id: str, now: float | None = None) -> float:
+        points, at = self._penalty.get(peer_id, (0.0, 0.0))
+        elapsed = (time.monotonic() if now is None else now) - at
+        return points * 0.5 ** (max(elapsed, 0.0) / self.half_life_s)
+
+    def reject(self, peer_id: str | None, reason: str, detail: str = "") -> None:
+        """Count a refused input and charge the peer that sent it (None when unknown)."""
+        self.rejections[reason] += 1
+        cost = PENALTIES.get(reason, DEFAULT_PENALTY)
+        log.log(logging.INFO if cost else logging.DEBUG, "rejected input from %s: %s %s",
+                peer_id or "unknown peer", reason, detail[:200])
+        if peer_id is None or peer_id in self.banned or not cost:
+            return
+        now = time.monotonic()
+        points = self.penalty(peer_id, now) + cost
+        self._penalty[peer_id] = (points, now)
+        if points >= self.ban_threshold:
+            self.banned.add(peer_id)
+            log.warning("banned peer %s (penalty %.0f, last reason %s)", peer_id, points, reason)
+            if self.on_ban is not None:
+                self.on_ban(peer_id)
+
+    def is_banned(self, peer_id: str) -> bool:
+        return peer_id in self.banned

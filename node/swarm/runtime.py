@@ -1,0 +1,525 @@
+"""One node: host, DHT, gossip, membership and control socket, run as tasks of one trio nursery.
+
+Nothing here computes; every loop sleeps between rounds and bounds each network call with a
+deadline, so a slow or hostile peer can delay one round, never the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import multiaddr
+import trio
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.tools.anyio_service import background_trio_service
+
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.swarm.control import serve_control
+from intellect_node.node.swarm.dht_get import bounded_get
+from intellect_node.node.swarm.gossip import build_pubsub, install_validator
+from intellect_node.node.swarm.host import build_host, parse_peer_addr
+from intellect_node.node.swarm.membership import AdvertRecordValidator, Member, MemberView, check_advert_record, member_summary
+from intellect_node.node.swarm.peer_cache import PeerCache
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import InvalidValue, Rejected, SignerMismatch
+from intellect_node.protocol.framing import (
+    MAX_MEMBERS_REQUEST,
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+    encode_envelope_list,
+)
+from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, announcements_topic, members_topic, run_members_key
+from intellect_node.protocol.messages import Hardware, Message, NodeAdvert
+from intellect_node.protocol.rollouts import RolloutAnnouncement
+
+log = logging.getLogger(__name__)
+SOFTWARE_VERSION = "0.1.0"
+STREAM_TIMEOUT_S = 5.0
+DHT_TIMEOUT_S = 10.0
+TARGET_CONNECTIONS = 8
+MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
+EARLY_PULLS_AT_S = (1.0, 2.0, 4.0, 8.0)  # seconds after joining: pull the adverts a random peer holds
+PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
+# Heartbeats grow sparser as the run grows, so the members topic stays under about this many
+# messages per second in total (libp2p rate-limits each forwarding peer per topic).
+MEMBERS_TOPIC_BUDGET_PER_S = 2.0
+
+
+class JoinError(Exception):
+    """The node could not reach the swarm; the message says what to do about it."""
+
+
+class Service(Protocol):
+    """A part of the node that runs beside membership: the shard overlay, a role's work loop.
+
+    ``run`` is started once the node has joined; it calls ``task_status.started()`` when ready and
+    runs until cancelled. Services register announcement handlers before the node starts.
+    """
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+# (signed message, raw envelope) -> False to drop quietly; raise Rejected to refuse.
+AnnouncementHandler = Callable[[codec.Signed[Any], bytes], bool | None]
+
+
+class Node:
+    def __init__(self, config: NodeConfig, identity: Identity, hardware: Hardware,
+                 services: Sequence[Service] = ()) -> None:
+        self.config = config
+        self.identity = identity
+        self.hardware = hardware
+        self.peer_id = identity.peer_id
+        self.scores = PeerScores(on_ban=self._on_ban)
+        self.view = MemberView(config.run_id)
+        self.peer_cache = PeerCache(config.home)
+        self.host = build_host(identity)
+        self.policy_step: int | None = None
+        self.started_at = time.time()
+        self.services = list(services)
+        self.extra_addrs: list[str] = []  # data-plane endpoints (e.g. /ip4/.../tcp/.../http)
+        self._own_envelope: bytes | None = None
+        self._nursery: trio.Nursery | None = None
+        self._advert_changed = trio.Event()
+        self._announcement_handlers: dict[str, tuple[type[Message], AnnouncementHandler]] = {}
+        self.rollouts_announced: dict[str, int] = {}  # worker -> batches it announced
+        self.on_announcement(RolloutAnnouncement, self._on_rollout_announcement)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join and serve until cancelled; reports the listen multiaddrs once ready."""
+        listen = [multiaddr.Multiaddr(addr) for addr in self.config.listen]
+        self.pubsub, router = build_pubsub(self.host)
+        self.dht = KadDHT(self.host, DHTMode.SERVER)
+        self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
+        topic = members_topic(self.config.run_id)
+        install_validator(self.pubsub, topic, (NodeAdvert,), self._on_gossip_advert, self.scores)
+        if self._announcement_handlers:
+            accepted = tuple(cls for cls, _ in self._announcement_handlers.values())
+            install_validator(self.pubsub, announcements_topic(self.config.run_id), accepted,
+                              self._on_announcement, self.scores)
+        try:
+            async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
+                self._nursery = nursery
+                async with background_trio_service(self.pubsub), background_trio_service(router), \
+                        background_trio_service(self.dht):
+                    await self.pubsub.wait_until_ready()
+                    await nursery.start(serve_control, self.config.control_path, self.snapshot)
+                    self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
+                    nursery.start_soon(self._drain, await self.pubsub.subscribe(topic))
+                    if self._announcement_handlers:
+                        nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
+                    self._refresh_own_advert()
+                    await self._join()
+                    nursery.start_soon(self._catch_up_after_joining)
+                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
+                        nursery.start_soon(loop)
+                    for service in self.services:
+                        await nursery.start(service.run, self)
+                    task_status.started(self.addrs())
+                    await trio.sleep_forever()
+        finally:
+            self.peer_cache.save()
+
+    def addrs(self) -> list[str]:
+        return [str(addr) for addr in self.host.get_addrs()]
+
+    # ---- joining ---------------------------------------------------------------------------
+
+    async def _join(self) -> None:
+        own = set(self.addrs())
+        candidates = list(dict.fromkeys(a for a in [*self.config.bootstrap, *self.peer_cache.addresses()] if a not in own))
+        if not candidates:
+            if self.config.new_swarm:
+                log.info("starting a new swarm for run %s (no bootstrap peers given)", self.config.run_id)
+                return
+            raise JoinError(
+                "no bootstrap peers configured and no cached peers from an earlier run: pass "
+                "--bootstrap /ip4/.../tcp/.../p2p/<peer id> (the address `intellect-node bootstrap` prints), "
+                "or --new-swarm to start a new swarm"
+            )
+        async with trio.open_nursery() as nursery:
+            results: list[bool] = []
+
+            async def attempt(addr: str) -> None:
+                results.append(await self._connect_and_exchange(addr))
+
+            for addr in candidates:
+                nursery.start_soon(attempt, addr)
+        reached = sum(results)
+        if reached == 0 and not self.config.new_swarm:
+            raise JoinError(
+                f"could not reach any of {len(candidates)} bootstrap or cached peers "
+                f"({', '.join(candidates[:3])}{', ...' if len(candidates) > 3 else ''}); check the addresses "
+                "and that those nodes run, or pass --new-swarm to start a new swarm"
+            )
+        log.info("joined run %s through %d of %d peers", self.config.run_id, reached, len(candidates))
+
+    async def _connect_and_exchange(self, addr: str) -> bool:
+        try:
+            info = parse_peer_addr(addr)
+        except ValueError as exc:
+            log.warning("%s", exc)
+            return False
+        if info.peer_id == self.host.get_id():
+            return False
+        with trio.move_on_after(self.config.connect_timeout_s):
+            try:
+                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+                await self.host.connect(info)
+                await self.dht.routing_table.add_peer(info.peer_id)
+            except Exception as exc:  # unreachable peers fail in many transport-specific ways
+                log.info("cannot connect to %s: %s", addr, exc)
+                return False
+            await self._exchange_members(info.peer_id)
+            return True
+        log.info("connecting to %s timed out", addr)
+        return False
+
+    # ---- the members protocol --------------------------------------------------------------
+
+    async def _exchange_members(self, peer: ID) -> None:
+        """Send our advert to ``peer`` and take the adverts it knows."""
+        peer_id = peer.to_base58()
+        try:
+            stream = await self.host.new_stream(peer, [TProtocol(MEMBERS_PROTOCOL)])
+        except Exception as exc:
+            log.info("members exchange with %s failed to open: %s", peer_id, exc)
+            return
+        try:
+            await write_frame(stream, self._own_envelope or b"")
+            payload = await read_frame(stream, MAX_MEMBERS_RESPONSE, STREAM_TIMEOUT_S)
+            envelopes = decode_envelope_list(payload)
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members response: {exc}")
+            return
+        except Exception as exc:
+            log.info("members exchange with %s failed: %s", peer_id, exc)
+            return
+        finally:
+            await close_quietly(stream)
+        for envelope in envelopes:
+            self._accept_advert(envelope, delivered_by=peer_id)
+
+    async def _serve_members(self, stream: INetStream) -> None:
+        peer_id = stream.muxed_conn.peer_id.to_base58()
+        try:
+            if self.scores.is_banned(peer_id):
+                return
+            request = await read_frame(stream, MAX_MEMBERS_REQUEST, STREAM_TIMEOUT_S)
+            if request:
+                signed = codec.decode(request, NodeAdvert)
+                if signed.signer_peer_id != peer_id:
+                    raise SignerMismatch("members request carries an advert of another peer")
+                self._accept_advert(request, delivered_by=peer_id)
+            await write_frame(stream, encode_envelope_list(self.view.envelopes()))
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members request: {exc}")
+        except Exception as exc:
+            log.info("members request from %s failed: %s", peer_id, exc)
+        finally:
+            await close_quietly(stream)
+
+    # ---- adverts ---------------------------------------------------------------------------
+
+    def own_advert(self) -> NodeAdvert:
+        return NodeAdvert(
+            peer_id=self.peer_id,
+            run_id=self.config.run_id,
+            roles=tuple(dict.fromkeys(self.config.roles)),
+            addrs=tuple(dict.fromkeys([*self.addrs(), *self.extra_addrs]))[:16],
+            hardware=self.hardware,
+            throughput_tokens_per_s=None,
+            software_version=SOFTWARE_VERSION,
+            policy_step=self.policy_step,
+        )
+
+    def update_advert(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
+        """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
+        if policy_step is not None:
+            self.policy_step = policy_step
+        if extra_addr is not None and extra_addr not in self.extra_addrs:
+            self.extra_addrs.append(extra_addr)
+        self._advert_changed.set()
+
+    def _refresh_own_advert(self) -> bytes:
+        self._own_envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=self.config.advert_lifetime_s)
+        self.view.accept(self._own_envelope)
+        return self._own_envelope
+
+    def _accept_advert(self, envelope: bytes, delivered_by: str | None) -> bool:
+        """Record a verified advert (charging ``delivered_by`` for a bad one); True if kept or known."""
+        try:
+            self._remember(self.view.accept(envelope))
+        except Rejected as exc:
+            self.scores.reject(delivered_by, exc.reason, f"advert: {exc}")
+            return False
+        return True
+
+    def _remember(self, member: Member | None) -> None:
+        """Keep a newly accepted peer's addresses for the next start (not our own)."""
+        if member is not None and member.advert.peer_id != self.peer_id:
+            self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))
+
+    def _on_gossip_advert(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
+        self._remember(self.view.accept(raw))  # Rejected propagates to the gossip validator, which charges
+        return True
+
+    async def _advertise_loop(self) -> None:
+        """Gossip the advert every heartbeat; re-sign (and re-store in the DHT) when due or changed.
+
+        One loop, one message per interval: the heartbeat repeats the current envelope, which is
+        re-signed every ``advert_refresh_s`` so it never nears expiry. The interval grows with the
+        run (``MEMBERS_TOPIC_BUDGET_PER_S``). The DHT store runs beside the loop: it can take seconds
+        under load, and the cadence must not wait for it or peers would expire a live node.
+        """
+        assert self._nursery is not None
+        signed_at = stored_at = provided_at = -float("inf")
+        while True:
+            changed = self._advert_changed.is_set()
+            if time.monotonic() - signed_at >= self.config.advert_refresh_s or changed:
+                self._advert_changed = trio.Event()
+                signed_at = time.monotonic()
+                envelope = self._refresh_own_advert()
+                # The DHT copy only has to outlive its own half-life; each put is a lookup plus
+                # stores at ~k peers, which at gossip cadence swamped a 20-node swarm's CPU.
+                if changed or signed_at - stored_at >= self.config.advert_lifetime_s / 2:
+                    provide = signed_at - provided_at >= PROVIDER_REFRESH_S
+                    stored_at = signed_at
+                    provided_at = signed_at if provide else provided_at
+                    self._nursery.start_soon(self._store_advert, envelope, provide)
+            await self._publish_advert()
+            interval = max(self.config.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
+            next_signing = signed_at + self.config.advert_refresh_s - time.monotonic()
+            with trio.move_on_after(max(0.0, min(interval, next_signing))):
+                await self._advert_changed.wait()
+
+    async def _store_advert(self, envelope: bytes, provide: bool) -> None:
+        """Put the advert (and, rarely, the run provider record); bounded so puts never pile up."""
+        with trio.move_on_after(min(DHT_TIMEOUT_S, self.config.advert_refresh_s)):
+            try:
+                await self.dht.put_value(advert_key(self.config.run_id, self.peer_id), envelope)
+                if provide:
+                    await self.dht.provide(run_members_key(self.config.run_id))
+            except Exception as exc:  # no reachable DHT peers yet: the next round retries
+                log.debug("advert DHT put failed: %s", exc)
+
+    async def _publish_advert(self) -> None:
+        if self._own_envelope is None:
+            return
+        try:
+            await self.pubsub.publish(members_topic(self.config.run_id), self._own_envelope)
+        except Exception as exc:
+            log.debug("advert publish failed: %s", exc)
+
+    async def _drain(self, subscription: Any) -> None:
+        """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
+        try:
+            while True:
+                await subscription.get()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            return  # unsubscribed
+
+    # ---- announcements and provider records (used by services) -------------------------------
+
+    def on_announcement(self, cls: type[Message], handler: AnnouncementHandler) -> None:
+        """Accept ``cls`` on the run's announcements topic; call before ``run``."""
+        self._announcement_handlers[cls.TYPE] = (cls, handler)
+
+    def _on_announcement(self, signed: codec.Signed[Any], raw: bytes) -> bool:
+        _, handler = self._announcement_handlers[signed.message.TYPE]
+        return handler(signed, raw) is not False
+
+    def _on_rollout_announcement(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
+        if signed.message.run_id != self.config.run_id:
+            raise InvalidValue(f"announcement for run {signed.message.run_id!r}")
+        worker = signed.message.worker
+        self.rollouts_announced[worker] = self.rollouts_announced.get(worker, 0) + 1
+        return True
+
+    async def announce(self, message: Message, lifetime_s: float) -> bytes:
+        """Sign and gossip ``message`` on the announcements topic; returns the envelope."""
+        envelope = codec.encode(message, self.identity, lifetime_s=lifetime_s)
+        await self.pubsub.publish(announcements_topic(self.config.run_id), envelope)
+        return envelope
+
+    async def provide(self, key: str) -> bool:
+        """Announce a provider record for ``key`` (e.g. "I hold shard k of step s")."""
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                return await self.dht.provide(key)
+            except Exception as exc:
+                log.debug("provide %s failed: %s", key, exc)
+        return False
+
+    async def find_providers(self, key: str, count: int = 20) -> list[str]:
+        """Peer ids that announced ``key``; empty on timeout or failure."""
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                return [info.peer_id.to_base58() for info in await self.dht.find_providers(key, count)]
+            except Exception as exc:
+                log.debug("find_providers %s failed: %s", key, exc)
+        return []
+
+    # ---- discovery and upkeep --------------------------------------------------------------
+
+    async def _discovery_loop(self) -> None:
+        """Find members gossip has not brought, and pull from one peer in case gossip fell behind.
+
+        Gossip is push-only: a node that was starved of CPU or cut off for a while has no way to
+        catch up from it. So each round also exchanges adverts with one random connected peer
+        (anti-entropy: one small stream), besides the DHT provider lookup for unknown members.
+        """
+        while True:
+            await trio.sleep(self.config.discovery_s)
+            await self._discover_through_dht()
+            await self._connect_to_members()
+            await self._pull_from_random_peer()
+
+    async def _pull_from_random_peer(self) -> None:
+        """One members exchange (anti-entropy) with a random connected peer."""
+        connected = self.host.get_connected_peers()
+        if connected:
+            with trio.move_on_after(STREAM_TIMEOUT_S * 2):
+                await self._exchange_members(random.choice(connected))
+
+    async def _discover_through_dht(self) -> None:
+        with trio.move_on_after(DHT_TIMEOUT_S):
+            try:
+                providers = await self.dht.find_providers(run_members_key(self.config.run_id), 20)
+            except Exception as exc:
+                log.debug("provider lookup failed: %s", exc)
+                return
+            for info in providers:
+                peer_id = info.peer_id.to_base58()
+                if peer_id == self.peer_id or self.view.get(peer_id) is not None:
+                    continue
+                key = advert_key(self.config.run_id, peer_id)
+                value = await bounded_get(self.dht, key, check_advert_record, self.scores, owner=info.peer_id)
+                if value is not None:
+                    self._accept_advert(value, delivered_by=None)
+
+    async def _catch_up_after_joining(self) -> None:
+        """Spread our advert and learn the members who join right after us, without waiting for
+        the first heartbeat (``heartbeat_s``) or discovery round (``discovery_s``).
+
+        A new swarm is a star around its bootstrap, whose gossip mesh keeps only 6-12 peers: a
+        member outside it reaches nobody until the first discovery round. So: dial the members
+        the join exchange named at once, and again once later joiners have arrived; gossip the
+        advert once a mesh exists; and pull the adverts a random peer holds a few times in the
+        first seconds. In a 20-node start on 2 cores, gossip took several gossip heartbeats per
+        hop while every node was busy joining, and the last joiners' adverts reached some nodes
+        only through their first discovery round (bench/RESULTS.md).
+        """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._gossip_advert_once_meshed)
+            nursery.start_soon(self._pull_early)
+            await self._connect_to_members()
+            await trio.sleep(1.0)
+            await self._connect_to_members()
+
+    async def _pull_early(self) -> None:
+        joined_at = trio.current_time()
+        for at in EARLY_PULLS_AT_S:
+            await trio.sleep_until(joined_at + at)
+            await self._pull_from_random_peer()
+
+    async def _gossip_advert_once_meshed(self) -> None:
+        """Gossip the advert again as soon as this node has a members mesh, and once more a gossip
+        heartbeat later. The advert gossiped while joining went out before any mesh existed
+        (gossipsub sends only to mesh peers), so only the peers this node dialed knew it, and the
+        next heartbeat is ``heartbeat_s`` away: in a 20-node start that gap set convergence."""
+        topic = members_topic(self.config.run_id)
+        with trio.move_on_after(MESH_WAIT_S):
+            while not self.pubsub.router.mesh.get(topic):
+                await trio.sleep(0.1)
+        await self._publish_advert()
+        await trio.sleep(1.0)  # node.gossip's heartbeat: by then the mesh has grown to its degree
+        await self._publish_advert()
+
+    async def _connect_to_members(self) -> None:
+        """Keep at least TARGET_CONNECTIONS peers, dialing members we know but are not connected to.
+
+        One at a time: dialing all missing peers at once (libp2p's ``connect`` takes 250 ms of
+        wall time, 14 ms of CPU) made a 20-node start on 2 cores a storm of handshakes, over 100 of
+        which timed out (5 s). In random order: every joiner learns the same member list from its
+        bootstrap, and in list order all of them dialed the same first few members at once, whose
+        handshakes then timed out and who heard no gossip meanwhile.
+        """
+        connected = {peer.to_base58() for peer in self.host.get_connected_peers()}
+        members = self.view.members()
+        random.shuffle(members)
+        for member in members:
+            if len(connected) >= TARGET_CONNECTIONS:
+                return
+            peer_id = member.advert.peer_id
+            if peer_id == self.peer_id or peer_id in connected or self.scores.is_banned(peer_id):
+                continue
+            for addr in member.advert.addrs:
+                if "/p2p/" in addr and await self._connect_and_exchange(addr):
+                    connected.add(peer_id)
+                    break
+
+    async def _upkeep_loop(self) -> None:
+        """Expire members; persist the peer cache soon after it changes (a crash skips shutdown)."""
+        while True:
+            await trio.sleep(1.0)
+            for peer_id in self.view.prune():
+                log.info("member %s left (advert expired)", peer_id)
+            if self.peer_cache.dirty:
+                self.peer_cache.save()
+
+    def _on_ban(self, peer_id: str) -> None:
+        """Drop a banned peer's gossip and connection.
+
+        Not ``Pubsub.add_to_blacklist``: in libp2p 0.8.1 its teardown races the dead-peer handler
+        (KeyError in ``_teardown_if_connected``) and takes the pubsub service, and the node, down.
+        Adding to the blacklist set and closing the connection reaches the same state safely.
+        """
+        try:
+            peer = ID.from_base58(peer_id)
+        except ValueError:
+            return
+        self.pubsub.blacklisted_peers.add(peer)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._disconnect, peer)
+
+    async def _disconnect(self, peer: ID) -> None:
+        try:
+            await self.host.disconnect(peer)
+        except Exception as exc:
+            log.debug("disconnect of %s failed: %s", peer, exc)
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``intellect-node status`` shows: this node, the run's members, rejection counts."""
+        now = time.time()
+        members = [member_summary(m, now) for m in sorted(self.view.members(), key=lambda m: m.advert.peer_id)]
+        return {
+            "peer_id": self.peer_id,
+            "run_id": self.config.run_id,
+            "version": SOFTWARE_VERSION,
+            "uptime_s": round(now - self.started_at, 1),
+            "addrs": self.addrs(),
+            "connected_peers": len(self.host.get_connected_peers()),
+            "gossip_peers": len(self.pubsub.peers),
+            "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
+            "members": members,
+            "rejections": dict(self.scores.rejections),
+            "rollout_batches_announced": sum(self.rollouts_announced.values()),
+            "banned": sorted(self.scores.banned),
+        }
+

@@ -1,1 +1,0 @@
-"""The trainer role: verified rollouts in, GRPO updates, signed checkpoints out (issue 7)."""
