@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from collections import deque
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-
+from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig, ShardConfigError
@@ -36,7 +35,13 @@ from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected
-from intellect_node.protocol.manifest import CheckpointManifest, ShardComplaint, authorize_manifest, manifest_key, shard_key
+from intellect_node.protocol.manifest import (
+    CheckpointManifest,
+    ShardComplaint,
+    authorize_manifest,
+    manifest_key,
+    shard_key,
+)
 
 if TYPE_CHECKING:
     from intellect_node.node.swarm.runtime import Node
@@ -396,6 +401,4 @@ def _expiry_ms(envelope: bytes) -> int:
 
 
 def _write_status(path: Path, text: str) -> None:
-    tmp = path.with_name("status.json.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_durably(path, text.encode())

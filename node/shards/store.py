@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-
+from intellect_node.node.home.durable import fsync_directory, fsync_file, write_durably
 from intellect_node.node.shards.checkpoint import hash_range
 from intellect_node.protocol.codec import Signed
 from intellect_node.protocol.errors import Rejected
@@ -171,11 +171,11 @@ class ShardStore:
         directory = self._dir(manifest.step, partial=True)
         self._remove(directory)
         directory.mkdir(mode=0o700)
-        _write_atomic(directory / MANIFEST_FILE, envelope)
+        write_durably(directory / MANIFEST_FILE, envelope)
         with open(directory / DATA_FILE, "wb") as f:
             f.truncate(manifest.total_size)
         checkpoint = Checkpoint(manifest, envelope, directory, bytearray(manifest.shard_count))
-        _write_atomic(directory / VERIFIED_FILE, bytes(checkpoint.verified))
+        write_durably(directory / VERIFIED_FILE, bytes(checkpoint.verified))
         self.checkpoints[manifest.step] = checkpoint
         return checkpoint
 
@@ -191,22 +191,18 @@ class ShardStore:
         the disk before its data does costs a re-fetch, never a bad shard.
         """
         if not checkpoint.complete:
-            _write_atomic(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
+            write_durably(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
 
     def finalize(self, checkpoint: Checkpoint) -> None:
         """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""
         if checkpoint.verified_count != checkpoint.manifest.shard_count:
             raise ValueError(f"step {checkpoint.step} has unverified shards")
-        fd = os.open(checkpoint.data_path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(checkpoint.data_path)
         (checkpoint.directory / VERIFIED_FILE).unlink(missing_ok=True)
         final = self._dir(checkpoint.step, partial=False)
         self._remove(final)
         os.rename(checkpoint.directory, final)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         checkpoint.directory = final
         checkpoint.bump()
 
@@ -222,12 +218,12 @@ class ShardStore:
         tmp = self.root / f"publish-{manifest.step:012d}.dir.tmp"
         self._remove(tmp)
         tmp.mkdir(mode=0o700)
-        _write_atomic(tmp / MANIFEST_FILE, envelope)
+        write_durably(tmp / MANIFEST_FILE, envelope)
         os.rename(staged, tmp / DATA_FILE)
         final = self._dir(manifest.step, partial=False)
         self._remove(final)
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_directory(self.root)
         checkpoint = Checkpoint(manifest, envelope, final, bytearray([1]) * manifest.shard_count, origin=True)
         self.checkpoints[manifest.step] = checkpoint
         return checkpoint
@@ -235,7 +231,7 @@ class ShardStore:
     def replace_envelope(self, checkpoint: Checkpoint, envelope: bytes) -> None:
         """Keep the freshest signed copy of a manifest (re-announcements extend its expiry)."""
         checkpoint.envelope = envelope
-        _write_atomic(checkpoint.directory / MANIFEST_FILE, envelope)
+        write_durably(checkpoint.directory / MANIFEST_FILE, envelope)
 
     # ---- retention -------------------------------------------------------------------------
 
@@ -257,18 +253,3 @@ class ShardStore:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
+
+from intellect_node.node.home.durable import write_durably
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,5 @@ class PeerCache:
         return [addr for addrs in self._addrs.values() for addr in addrs]
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self._addrs, indent=1))
-        os.replace(tmp, self.path)
+        write_durably(self.path, json.dumps(self._addrs, indent=1).encode())
         self.dirty = False

@@ -15,28 +15,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-
+from intellect_node.crypto.toploc import DEFAULT_TOPK
 from intellect_node.node.engine import select_engine
 from intellect_node.node.engine.base import Engine
+from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
-from intellect_node.node.rollouts.exchange import DeliveryFailed, DeliveryRejected, deliver
+from intellect_node.node.rollouts.exchange import (
+    DeliveryFailed,
+    DeliveryRejected,
+    deliver,
+)
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.tasks.schema import Task
-from intellect_node.crypto.toploc import DEFAULT_TOPK
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 
 if TYPE_CHECKING:
-    from intellect_node.node.swarm.runtime import Node
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.shards.store import Checkpoint
+    from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
 RECEIVER_ROLES = frozenset({"trainer", "validator"})
@@ -102,9 +105,7 @@ class InferenceWorker:
             raise WorkerSetupError(f"{self._state_path} is corrupt ({exc}); remove it to start counting at 0") from None
 
     def _save_counters(self) -> None:
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._counters))
-        os.replace(tmp, self._state_path)
+        write_durably(self._state_path, json.dumps(self._counters).encode())
 
     # ---- the loop ----------------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
-
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.shards.checkpoint import write_safetensors
-from intellect_node.node.tasks.schema import Task
+from intellect_node.node.home.durable import append_durably, rename_durably
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
@@ -50,13 +47,22 @@ from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.rewards import RewardConfig, teaches_nothing
 from intellect_node.node.roles.trainer.state import load_state, save_state
+from intellect_node.node.roles.validator.service import (
+    ValidatorOptions,
+    ValidatorService,
+)
 from intellect_node.node.roles.validator.validation import BatchVerdict
-from intellect_node.node.roles.validator.service import ValidatorOptions, ValidatorService
-from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
+from intellect_node.node.shards.checkpoint import write_safetensors
+from intellect_node.node.tasks.schema import Task
+from intellect_node.protocol.rollouts import (
+    RolloutBatch,
+    unpack_logprobs,
+    unpack_tokens,
+)
 
 if TYPE_CHECKING:
-    from intellect_node.node.swarm.runtime import Node
     from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -197,7 +203,7 @@ class TrainerService:
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
         write_safetensors(tensors, staging)
-        os.replace(staging, publish_dir / f"step-{step}.safetensors")
+        rename_durably(staging, publish_dir / f"step-{step}.safetensors")
 
     def _save(self) -> None:
         assert self.learner is not None
@@ -294,16 +300,10 @@ class TrainerService:
                  metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
 
     def _write_ledger(self, entry: dict[str, Any]) -> None:
-        with open(self.directory / LEDGER_FILE, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_durably(self.directory / LEDGER_FILE, json.dumps(entry))
 
     def _append_metrics(self, line: dict[str, Any]) -> None:
-        with open(self.directory / METRICS_FILE, "a") as handle:
-            handle.write(json.dumps(line) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_durably(self.directory / METRICS_FILE, json.dumps(line))
 
     def _evaluate(self) -> float:
         assert self.learner is not None

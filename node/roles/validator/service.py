@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 import time
 from collections import Counter
@@ -23,15 +22,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-
-from intellect_node.node.home.durable import write_durably
 from intellect_node.node.engine import select_engine
 from intellect_node.node.engine.base import Engine
+from intellect_node.node.home.durable import write_durably
+from intellect_node.node.roles.validator.validation import (
+    BatchVerdict,
+    GroupResult,
+    Tolerances,
+    batch_precheck,
+    verify_batch,
+)
+from intellect_node.node.roles.validator.verdict_trust import (
+    TrustedVerdicts,
+    ban_worker,
+)
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.tasks.schema import Task
-from intellect_node.node.roles.validator.validation import BatchVerdict, GroupResult, Tolerances, batch_precheck, verify_batch
-from intellect_node.node.roles.validator.verdict_trust import TrustedVerdicts, ban_worker
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.keys import announcements_topic
@@ -39,9 +46,9 @@ from intellect_node.protocol.rollouts import RolloutBatch
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
 if TYPE_CHECKING:
-    from intellect_node.node.swarm.runtime import Node
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.shards.store import Checkpoint
+    from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
 VERDICT_LIFETIME_S = 3600.0
@@ -67,10 +74,7 @@ def load_or_create_secret(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         secret = secrets.token_bytes(32)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(secret)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        write_durably(path, secret, mode=0o600)
         return secret
 
 
