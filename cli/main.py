@@ -9,11 +9,19 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from intellect_node.node.app.config import (
+    ConfigError,
+    InferenceOptions,
+    NodeConfig,
+    load_config,
+)
+from intellect_node.node.shards.config import (
+    ShardConfig,
+    ShardConfigError,
+    load_shard_config,
+)
 from rich.console import Console
 from rich.table import Table
-
-from intellect_node.node.app.config import ConfigError, InferenceOptions, NodeConfig, load_config
-from intellect_node.node.shards.config import ShardConfig, ShardConfigError, load_shard_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -40,9 +48,9 @@ def _config(**flags: Any) -> NodeConfig:
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
          trainer: Any = None) -> None:
+    from intellect_node.node.app.run import run_node, setup_logging
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.runtime import JoinError
-    from intellect_node.node.app.run import run_node, setup_logging
 
     setup_logging(config.log_level)
 
@@ -80,11 +88,11 @@ def keygen(home: HomeOpt = None, config: ConfigOpt = None) -> None:
 
     cfg = _config(home=home, config=config)
     try:
-        identity, created = load_or_create_identity(cfg.key_path)
+        identity, created = load_or_create_identity(cfg.layout.identity_key)
     except IdentityError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    err.print(("created " if created else "existing ") + f"identity at {cfg.key_path}")
+    err.print(("created " if created else "existing ") + f"identity at {cfg.layout.identity_key}")
     print(identity.peer_id)
 
 
@@ -156,12 +164,15 @@ def join(
 
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
                      trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
-    from intellect_node.node.roles.trainer.config import TrainerConfigError, load_trainer_options
+    from intellect_node.node.roles.trainer.config import (
+        TrainerConfigError,
+        load_trainer_options,
+    )
 
     checked = _inference_options(cfg, model, tasks, "torch")
     try:
         return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
-                                    publish_dir=shards.publish_dir or cfg.home / "publish",
+                                    publish_dir=shards.publish_dir or cfg.layout.publish,
                                     config_file=config_file, flags=flags, trusted=trusted)
     except TrainerConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
@@ -181,7 +192,7 @@ def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> 
         from intellect_node.node.demo.tinymodel import ensure_tiny_model
 
         err.print("preparing the tiny model (built once, about two minutes on 2 cores)...")
-        model_dir = ensure_tiny_model(cfg.home / "models" / "tiny")
+        model_dir = ensure_tiny_model(cfg.layout.models / "tiny")
     else:
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():
@@ -220,7 +231,7 @@ def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None
 
     cfg = _config(home=home, config=config, run_id=run_id, bootstrap=bootstrap)
     try:
-        data = query(cfg.control_path)
+        data = query(cfg.layout.control_socket)
     except OSError:
         data = _query_swarm(cfg)
     if as_json:
@@ -231,13 +242,12 @@ def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None
 
 def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
     import trio
-
     from intellect_node.node.swarm.host import quiet_libp2p_logs
     from intellect_node.node.swarm.peer_cache import PeerCache
     from intellect_node.node.swarm.query import query_members
 
     quiet_libp2p_logs(verbose=False)
-    candidates = list(dict.fromkeys([*cfg.bootstrap, *PeerCache(cfg.home).addresses()]))
+    candidates = list(dict.fromkeys([*cfg.bootstrap, *PeerCache(cfg.layout.peer_cache).addresses()]))
     if not candidates:
         err.print(f"[red]error:[/red] no node runs with home {cfg.home} and no --bootstrap peer was given")
         raise typer.Exit(1)

@@ -4,7 +4,7 @@ from intellect_node.node.swarm.peer_cache import MAX_PEERS, PeerCache
 
 
 def test_keeps_only_dialable_addresses_newest_first_and_bounded(tmp_path):
-    cache = PeerCache(tmp_path)
+    cache = PeerCache(tmp_path / "peers.json")
     cache.remember("a", ["/ip4/1.1.1.1/tcp/1/p2p/a", "/ip4/1.1.1.1/tcp/2/http"])
     cache.remember("b", ["/ip4/2.2.2.2/tcp/1/http"])  # nothing dialable: not kept
     assert cache.addresses() == ["/ip4/1.1.1.1/tcp/1/p2p/a"]
@@ -15,7 +15,7 @@ def test_keeps_only_dialable_addresses_newest_first_and_bounded(tmp_path):
 
 
 def test_unchanged_addresses_do_not_dirty_the_cache(tmp_path):
-    cache = PeerCache(tmp_path)
+    cache = PeerCache(tmp_path / "peers.json")
     cache.remember("a", ["/ip4/1.1.1.1/tcp/1/p2p/a"])
     cache.save()
     cache.remember("a", ["/ip4/1.1.1.1/tcp/1/p2p/a"])
@@ -25,11 +25,11 @@ def test_unchanged_addresses_do_not_dirty_the_cache(tmp_path):
 
 
 def test_survives_a_reload_and_ignores_a_corrupt_file(tmp_path):
-    cache = PeerCache(tmp_path)
+    cache = PeerCache(tmp_path / "peers.json")
     cache.remember("a", ["/ip4/1.1.1.1/tcp/1/p2p/a"])
     cache.save()
-    assert PeerCache(tmp_path).addresses() == ["/ip4/1.1.1.1/tcp/1/p2p/a"]
+    assert PeerCache(tmp_path / "peers.json").addresses() == ["/ip4/1.1.1.1/tcp/1/p2p/a"]
     (tmp_path / "peers.json").write_text("{not json")
-    assert PeerCache(tmp_path).addresses() == []
+    assert PeerCache(tmp_path / "peers.json").addresses() == []
     (tmp_path / "peers.json").write_text(json.dumps({"a": "not a list", "b": [1, 2]}))
-    assert PeerCache(tmp_path).addresses() == []
+    assert PeerCache(tmp_path / "peers.json").addresses() == []

@@ -102,7 +102,7 @@ def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdict
     model = demo_tiny_model()
     validator_home = swarm.root / "validator"
     validator_home.mkdir(parents=True)
-    validator_id = load_or_create_identity(NodeConfig(home=validator_home).key_path)[0].peer_id
+    validator_id = load_or_create_identity(NodeConfig(home=validator_home).layout.identity_key)[0].peer_id
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model), "--tasks", TASKS,
                                       "--batch-groups", "4", "--verify-fraction", "0",
                                       "--trust-validator", validator_id], ENV)

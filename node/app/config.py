@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intellect_node.node.home.layout import HomeLayout
+
 ENV_PREFIX = "INTELLECT_NODE_"
 DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
@@ -40,12 +42,8 @@ class NodeConfig:
     log_level: str = "INFO"
 
     @property
-    def key_path(self) -> Path:
-        return self.home / "identity.key"
-
-    @property
-    def control_path(self) -> Path:
-        return self.home / "control.sock"
+    def layout(self) -> HomeLayout:
+        return HomeLayout(self.home)
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     given = {k: v for k, v in flags.items() if v is not None}
     env = {name: environ[ENV_PREFIX + name.upper()] for name in _FIELDS if ENV_PREFIX + name.upper() in environ}
     home = _coerce("home", given.get("home", env.get("home", DEFAULT_HOME)), "flags/environment")
-    path = config_file or home / "config.toml"
+    path = config_file or HomeLayout(home).config_file
     from_file: dict[str, Any] = {}
     if path.exists():
         try:

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
-
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import InferenceOptions, NodeConfig
+from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.swarm.hardware import detect_hardware
 from intellect_node.node.swarm.host import quiet_libp2p_logs
-from intellect_node.node.shards.config import ShardConfig
 
 if TYPE_CHECKING:
     from intellect_node.node.roles.trainer.service import TrainerOptions
@@ -52,23 +51,25 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
     """
     from intellect_node.node.rollouts.exchange import RolloutReceiver
     from intellect_node.node.rollouts.inbox import RolloutInbox
-    from intellect_node.node.swarm.runtime import Node  # libp2p is imported only by commands that run a node
     from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.swarm.runtime import (
+        Node,  # libp2p is imported only by commands that run a node
+    )
 
     config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    identity, created = load_or_create_identity(config.key_path)
+    identity, created = load_or_create_identity(config.layout.identity_key)
     if created:
-        log.info("created a new identity %s at %s", identity.peer_id, config.key_path)
+        log.info("created a new identity %s at %s", identity.peer_id, config.layout.identity_key)
     node = Node(config, identity, detect_hardware(config.home))
     shard_service = ShardService(node, shards) if shards is not None else None  # registers gossip handlers
     if shard_service is not None:
         node.services.append(shard_service)
     if RECEIVER_ROLES & set(config.roles):
-        receiver = RolloutReceiver(RolloutInbox(config.home / "inbox"))
+        receiver = RolloutReceiver(RolloutInbox(config.layout.inbox))
         node.services.append(receiver)
     if trainer is not None:  # judges the inbox itself, then trains (node/roles/trainer/service.py)
-        from intellect_node.node.tasks.spec import load_task_spec
         from intellect_node.node.roles.trainer.service import TrainerService
+        from intellect_node.node.tasks.spec import load_task_spec
 
         if shard_service is None:
             raise ValueError("the trainer role needs the shard overlay to publish its checkpoints")
@@ -76,8 +77,8 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
         receiver.on_stored = trainer_service.validator.notify
         node.services.append(trainer_service)
     elif validator is not None:  # judges the receiver's inbox (node/roles/validator/service.py)
-        from intellect_node.node.tasks.spec import load_task_spec
         from intellect_node.node.roles.validator.service import ValidatorService
+        from intellect_node.node.tasks.spec import load_task_spec
 
         if shard_service is None:
             raise ValueError("the validator role needs the shard overlay for its checkpoints")
@@ -85,7 +86,9 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
         receiver.on_stored = validator_service.notify
         node.services.append(validator_service)
     elif trusted_validators:  # bans the workers these validators prove to cheat
-        from intellect_node.node.roles.validator.verdict_trust import listen_for_verdicts
+        from intellect_node.node.roles.validator.verdict_trust import (
+            listen_for_verdicts,
+        )
 
         listen_for_verdicts(node, trusted_validators)
     if inference is not None:

@@ -72,7 +72,7 @@ class DemoSwarm:
 
 def _peer_id(home: Path) -> str:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    identity, _ = load_or_create_identity(NodeConfig(home=home).key_path)
+    identity, _ = load_or_create_identity(NodeConfig(home=home).layout.identity_key)
     return identity.peer_id
 
 

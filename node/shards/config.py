@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from intellect_node.node.home.layout import HomeLayout
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 ENV_PREFIX = "INTELLECT_NODE_SHARDS_"
@@ -89,4 +90,4 @@ def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str
             values[name] = _coerce(name, raw)
         except (TypeError, ValueError) as exc:
             raise ShardConfigError(f"{name} from {source}: {exc}") from None
-    return ShardConfig(data_dir=home / "shards", **values)
+    return ShardConfig(data_dir=HomeLayout(home).shards, **values)

@@ -14,13 +14,12 @@ from intellect_node.node.home.durable import write_durably
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = "peers.json"
 MAX_PEERS = 64
 
 
 class PeerCache:
-    def __init__(self, home: Path) -> None:
-        self.path = home / FILE_NAME
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._addrs: dict[str, list[str]] = {}  # peer id -> multiaddrs with /p2p/, insertion = age
         self.dirty = False
         self._load()

@@ -83,7 +83,7 @@ class Node:
         self.peer_id = identity.peer_id
         self.scores = PeerScores(on_ban=self._on_ban)
         self.view = MemberView(config.run_id)
-        self.peer_cache = PeerCache(config.home)
+        self.peer_cache = PeerCache(config.layout.peer_cache)
         self.host = build_host(identity)
         self.policy_step: int | None = None
         self.started_at = time.time()
@@ -116,7 +116,7 @@ class Node:
                 async with background_trio_service(self.pubsub), background_trio_service(router), \
                         background_trio_service(self.dht):
                     await self.pubsub.wait_until_ready()
-                    await nursery.start(serve_control, self.config.control_path, self.snapshot)
+                    await nursery.start(serve_control, self.config.layout.control_socket, self.snapshot)
                     self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
                     nursery.start_soon(self._drain, await self.pubsub.subscribe(topic))
                     if self._announcement_handlers:

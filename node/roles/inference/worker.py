@@ -93,7 +93,7 @@ class InferenceWorker:
 
     @property
     def _state_path(self) -> Path:
-        return self.node.config.home / "inference_counters.json"
+        return self.node.config.layout.inference_counters
 
     def _load_counters(self) -> None:
         try:

@@ -121,7 +121,7 @@ class TrainerService:
         self.node = node
         self.shards = shards
         self.options = options
-        self.directory = node.config.home / "trainer"
+        self.directory = node.config.layout.trainer
         self.directory.mkdir(parents=True, exist_ok=True)
         self.pool = GroupPool(self.directory / "pool")
         self.counters = TrainerCounters()

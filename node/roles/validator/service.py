@@ -101,10 +101,10 @@ class ValidatorService:
         self.tasks = tasks
         self.async_window = async_window
         self.tolerances = tolerances
-        self.inbox = RolloutInbox(node.config.home / "inbox")
-        self.verdict_dir = node.config.home / "verdicts"
+        self.inbox = RolloutInbox(node.config.layout.inbox)
+        self.verdict_dir = node.config.layout.verdicts
         self.verdict_dir.mkdir(parents=True, exist_ok=True)
-        self.secret = load_or_create_secret(node.config.home / "validator_secret")
+        self.secret = load_or_create_secret(node.config.layout.validator_secret)
         self.seen: dict[tuple[str, int], set[int]] = {}
         self.on_judged = on_judged
         self.rows = 0
