@@ -50,6 +50,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          trainer: Any = None) -> None:
     from intellect_node.node.app.run import run_node, setup_logging
     from intellect_node.node.swarm.control import NodeAlreadyRunning
+    from intellect_node.node.swarm.host import PortInUse
     from intellect_node.node.swarm.runtime import JoinError
 
     setup_logging(config.log_level)
@@ -59,7 +60,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
             for addr in addrs:
                 print(addr, flush=True)
 
-    expected = (JoinError, NodeAlreadyRunning, ShardConfigError)
+    expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError)
     try:
         run_node(config, on_ready, shards, inference, validator, trusted, trainer)
     except expected as exc:

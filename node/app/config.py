@@ -20,6 +20,7 @@ DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intell
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
 # node needs --bootstrap, a peer cache from an earlier run, or --new-swarm; we never invent addresses.
 DEFAULT_BOOTSTRAP_PEERS: tuple[str, ...] = ()
+DEFAULT_LISTEN = ["/ip4/0.0.0.0/tcp/4001"]
 
 
 class ConfigError(Exception):
@@ -31,7 +32,7 @@ class NodeConfig:
     home: Path = DEFAULT_HOME
     run_id: str = "intellect-public"
     roles: list[str] = field(default_factory=lambda: ["inference"])
-    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/4001"])
+    listen: list[str] = field(default_factory=lambda: list(DEFAULT_LISTEN))
     bootstrap: list[str] = field(default_factory=lambda: list(DEFAULT_BOOTSTRAP_PEERS))
     new_swarm: bool = False
     advert_lifetime_s: float = 120.0

@@ -33,6 +33,7 @@ from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_e
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
+from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.manifest import (
@@ -125,7 +126,11 @@ class ShardService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             port = await nursery.start(self.server.serve, host, self.config.http_port)
-            self.http_addr = f"/ip4/{self.config.public_host or host}/tcp/{port}/http"
+            hosts = [self.config.public_host] if self.config.public_host else dialable_hosts(host)
+            addrs = [f"/ip4/{h}/tcp/{port}/http" for h in hosts]
+            self.http_addr = addrs[0]
+            for extra in addrs[1:]:
+                node.update_advert(extra_addr=extra)
             newest = self.store.newest_complete()
             node.update_advert(extra_addr=self.http_addr, policy_step=newest.step if newest else None)
             nursery.start_soon(self._provide_worker)

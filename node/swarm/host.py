@@ -6,9 +6,15 @@ against yamux's 120 on loopback), so both choices are made explicitly here.
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
+import re
+import socket
 
 import multiaddr
+import psutil
+from intellect_node.crypto.identity import Identity
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
@@ -20,8 +26,6 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
-
-from intellect_node.crypto.identity import Identity
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +52,68 @@ def parse_peer_addr(addr: str) -> PeerInfo:
 def quiet_libp2p_logs(verbose: bool) -> None:
     """libp2p logs routine events (a peer closing a DHT stream) at ERROR; show them only when asked."""
     logging.getLogger("libp2p").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+
+
+class PortInUse(Exception):
+    """A listen port another process (often another node) already holds; the message says what to do."""
+
+
+def claim_listen_addrs(listen: list[str], *, defaulted: bool) -> list[str]:
+    """The listen addresses to use, after checking that no one else listens on their TCP ports.
+
+    py-libp2p 0.8.1 listens with SO_REUSEPORT, so a second node on the same port binds it too and
+    the kernel splits inbound connections between the two: dials for one land on the other and
+    fail the handshake. A test bind without that option finds the holder. A busy port the user
+    chose is an error; a busy default port is replaced by a free one (port 0).
+    """
+    claimed = []
+    for addr in listen:
+        match = re.fullmatch(r"/ip4/([0-9.]+)/tcp/([0-9]+)", addr)
+        if match is None or match[2] == "0" or _port_free(match[1], int(match[2])):
+            claimed.append(addr)
+        elif defaulted:
+            log.warning("port %s is in use (another node on this machine?); listening on a free port instead", match[2])
+            claimed.append(f"/ip4/{match[1]}/tcp/0")
+        else:
+            raise PortInUse(f"cannot listen on {addr}: port {match[2]} is in use (another intellect-node on this "
+                            f"machine?); pass --listen /ip4/{match[1]}/tcp/0 for any free port, or another port")
+    return claimed
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT from our last run is fine
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return True
+
+
+def dialable_hosts(listen_host: str) -> list[str]:
+    """The IPv4 addresses peers can dial for a listener on ``listen_host``.
+
+    An unspecified address (0.0.0.0) is never advertised: it names no host. It stands for every
+    interface, so the interfaces' addresses are advertised instead, loopback only when the machine
+    has nothing else (a peer that dials 127.0.0.1 reaches itself).
+    """
+    if listen_host != "0.0.0.0":
+        return [listen_host]
+    found = [entry.address for entries in psutil.net_if_addrs().values() for entry in entries
+             if entry.family == socket.AF_INET]
+    public = [ip for ip in found if not ipaddress.ip_address(ip).is_loopback]
+    return public or [ip for ip in found if ipaddress.ip_address(ip).is_loopback] or ["127.0.0.1"]
+
+
+def dialable_addrs(addrs: list[str]) -> list[str]:
+    """``addrs`` with every ``/ip4/0.0.0.0/...`` replaced by one address per dialable interface."""
+    out: list[str] = []
+    for addr in addrs:
+        prefix = "/ip4/0.0.0.0/"
+        if addr.startswith(prefix):
+            out.extend(f"/ip4/{host}/{addr[len(prefix):]}" for host in dialable_hosts("0.0.0.0"))
+        else:
+            out.append(addr)
+    return list(dict.fromkeys(out))

@@ -14,19 +14,24 @@ from typing import Any, Protocol
 
 import multiaddr
 import trio
-from libp2p.abc import INetStream
-from libp2p.custom_types import TProtocol
-from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
-from libp2p.peer.id import ID
-from libp2p.tools.anyio_service import background_trio_service
-
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
 from intellect_node.node.swarm.control import serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
-from intellect_node.node.swarm.host import build_host, parse_peer_addr
-from intellect_node.node.swarm.membership import AdvertRecordValidator, Member, MemberView, check_advert_record, member_summary
+from intellect_node.node.swarm.host import (
+    build_host,
+    claim_listen_addrs,
+    dialable_addrs,
+    parse_peer_addr,
+)
+from intellect_node.node.swarm.membership import (
+    AdvertRecordValidator,
+    Member,
+    MemberView,
+    check_advert_record,
+    member_summary,
+)
 from intellect_node.node.swarm.peer_cache import PeerCache
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
@@ -39,9 +44,20 @@ from intellect_node.protocol.framing import (
     decode_envelope_list,
     encode_envelope_list,
 )
-from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, announcements_topic, members_topic, run_members_key
+from intellect_node.protocol.keys import (
+    DHT_NAMESPACE,
+    advert_key,
+    announcements_topic,
+    members_topic,
+    run_members_key,
+)
 from intellect_node.protocol.messages import Hardware, Message, NodeAdvert
 from intellect_node.protocol.rollouts import RolloutAnnouncement
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.tools.anyio_service import background_trio_service
 
 log = logging.getLogger(__name__)
 SOFTWARE_VERSION = "0.1.0"
@@ -100,7 +116,8 @@ class Node:
 
     async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Join and serve until cancelled; reports the listen multiaddrs once ready."""
-        listen = [multiaddr.Multiaddr(addr) for addr in self.config.listen]
+        defaulted = self.config.listen == DEFAULT_LISTEN
+        listen = [multiaddr.Multiaddr(addr) for addr in claim_listen_addrs(self.config.listen, defaulted=defaulted)]
         self.pubsub, router = build_pubsub(self.host)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
@@ -134,7 +151,8 @@ class Node:
             self.peer_cache.save()
 
     def addrs(self) -> list[str]:
-        return [str(addr) for addr in self.host.get_addrs()]
+        """The multiaddrs peers can dial (a 0.0.0.0 listener becomes one address per interface)."""
+        return dialable_addrs([str(addr) for addr in self.host.get_addrs()])
 
     # ---- joining ---------------------------------------------------------------------------
 
