@@ -13,6 +13,7 @@ from intellect_node.node.app.config import (
     ConfigError,
     InferenceOptions,
     NodeConfig,
+    RunConfig,
     load_config,
 )
 from intellect_node.node.shards.config import (
@@ -115,13 +116,13 @@ def join(
     trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
     publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. Inference: without it the node relays checkpoints but generates nothing; trainer: without it the node publishes what is written to --publish-dir")] = None,
-    tasks: Annotated[str, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse] or a tasks .jsonl file")] = "toy:seed=0,count=1000",
-    engine: Annotated[str, typer.Option("--engine", help="Inference engine: auto, torch or vllm")] = "auto",
+    tasks: Annotated[str | None, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="Inference engine: auto, torch or vllm [auto]")] = None,
     trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
     verify_fraction: Annotated[float | None, typer.Option("--verify-fraction", help="Validator, trainer: fraction of batches verified, drawn from a local secret (a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]", min=0.0, max=1.0)] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
     batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
-    async_level: Annotated[int | None, typer.Option("--async-level", help="Trainer: oldest usable policy is step - this [2]", min=0)] = None,
+    async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
     trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Trainer: TOML file with [optim], [loss], [rewards] settings")] = None,
 ) -> None:
@@ -132,8 +133,15 @@ def join(
         raise typer.Exit(2)
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
+    if async_level is not None:  # run-wide: the workers and validators of this node obey it too
+        cfg.run = RunConfig(async_level=async_level)
+    model = _role_setting(cfg, role, "model", model, None)
+    tasks = _role_setting(cfg, role, "tasks", tasks, "toy:seed=0,count=1000")
+    engine = _role_setting(cfg, role, "engine", engine, "auto")
+    verify_fraction = _role_setting(cfg, ["validator"], "verify_fraction", verify_fraction, None)
     try:
-        shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir})
+        shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir},
+                                   file_values=cfg.sections.get("shards"), file_name=str(config or cfg.layout.config_file))
     except ShardConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -163,6 +171,17 @@ def join(
          trusted=tuple(trust_validator or ()), trainer=training)
 
 
+def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:
+    """A flag, else the first of this node's role sections (``[inference]``, ``[validator]``) that
+    sets ``name``, else the default: one place decides, so the roles of one node agree."""
+    if flag is not None:
+        return flag
+    for role in ("inference", "validator"):
+        if role in roles and name in cfg.sections.get(role, {}):
+            return cfg.sections[role][name]
+    return default
+
+
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
                      trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
     from intellect_node.node.roles.trainer.config import (
@@ -174,7 +193,8 @@ def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: st
     try:
         return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
                                     publish_dir=shards.publish_dir or cfg.layout.publish,
-                                    config_file=config_file, flags=flags, trusted=trusted)
+                                    config_file=config_file, flags=flags, trusted=trusted,
+                                    section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level)
     except TrainerConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -35,3 +35,44 @@ def test_bad_config_is_a_clear_error(tmp_path, content, match):
 def test_missing_explicit_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config({"home": str(tmp_path)}, config_file=tmp_path / "nope.toml", environ={})
+
+
+def test_one_file_with_sections(tmp_path):
+    from intellect_node.node.roles.trainer.config import load_trainer_options
+    from intellect_node.node.shards.config import load_shard_config
+
+    (tmp_path / "config.toml").write_text(
+        '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\n'
+        '[shards]\nkeep_steps = 5\n[inference]\nengine = "torch"\n'
+        '[trainer]\nbatch_groups = 4\n[trainer.optim]\nlr = 1e-3\n')
+    config = load_config({"home": str(tmp_path)}, environ={})
+    assert config.run_id == "sectioned" and config.heartbeat_s == 3.0 and config.run.async_level == 0
+    assert config.sections["inference"] == {"engine": "torch"}
+    shards = load_shard_config(config.home, {}, environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"},
+                               file_values=config.sections["shards"])
+    assert shards.keep_steps == 5 and shards.discovery_s == 1.5
+    trainer = load_trainer_options(model_dir=tmp_path, task_spec="toy:seed=0,count=4", publish_dir=tmp_path,
+                                   config_file=None, flags={"batch_groups": None}, section=config.sections["trainer"],
+                                   run_async_level=config.run.async_level)
+    assert trainer.batch_groups == 4 and trainer.optim.lr == 1e-3 and trainer.async_level == 0
+
+
+@pytest.mark.parametrize("content,match", [
+    ("[nodes]\nheartbeat_s = 1\n", r"unknown keys \['nodes'\]"),
+    ("[run]\nasync_lvl = 1\n", r"\[run\]: unknown keys \['async_lvl'\]"),
+    ("[run]\nasync_level = -1\n", "async_level"),
+    ("[inference]\nmodle = 'x'\n", r"\[inference\]: unknown keys \['modle'\]"),
+    ("[node]\nheartbeat = 1\n", r"unknown keys \['heartbeat'\]"),
+])
+def test_bad_sections_name_the_key_and_file(tmp_path, content, match):
+    (tmp_path / "config.toml").write_text(content)
+    with pytest.raises(ConfigError, match=match) as caught:
+        load_config({"home": str(tmp_path)}, environ={})
+    assert "config.toml" in str(caught.value)
+
+
+def test_unknown_shards_key_is_named(tmp_path):
+    from intellect_node.node.shards.config import ShardConfigError, load_shard_config
+
+    with pytest.raises(ShardConfigError, match=r"\[shards\]: unknown keys \['shard_mib'\]"):
+        load_shard_config(tmp_path, {}, environ={}, file_values={"shard_mib": 4})

@@ -1,7 +1,18 @@
-"""Node configuration: defaults < TOML file < environment (INTELLECT_NODE_*) < command-line flags.
+"""The one configuration: defaults < TOML file < environment (INTELLECT_NODE_*) < command-line flags.
 
-The TOML file is ``<home>/config.toml`` unless ``--config`` names another; its keys are the field
-names below. The environment uses the same names upper-cased with the prefix, lists comma-separated.
+The TOML file is ``<home>/config.toml`` unless ``--config`` names another. It has one section per
+concern, each read by one loader that names the key and the file on any mistake::
+
+    [node]        # this node: NodeConfig's fields below (top-level keys are read as [node] too)
+    [run]         # run-wide values every role reads: run_id, async_level
+    [shards]      # the checkpoint overlay (node.shards.config.ShardConfig)
+    [inference]   # model, tasks, engine
+    [validator]   # model, tasks, engine, verify_fraction
+    [trainer]     # node.roles.trainer.config: batch_groups, ..., and [trainer.optim/loss/rewards]
+    [diloco]      # the DiLoCo role
+    [metagene]    # the genomic workload
+
+The environment uses a field's name upper-cased with the prefix, lists comma-separated.
 """
 
 from __future__ import annotations
@@ -23,6 +34,22 @@ DEFAULT_BOOTSTRAP_PEERS: tuple[str, ...] = ()
 DEFAULT_LISTEN = ["/ip4/0.0.0.0/tcp/4001"]
 
 
+SECTIONS = ("node", "run", "shards", "inference", "validator", "trainer", "diloco", "metagene")
+ROLE_SECTION_KEYS = {"inference": {"model", "tasks", "engine"},
+                     "validator": {"model", "tasks", "engine", "verify_fraction"}}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Run-wide values: every role reads them from here, never from a per-role copy."""
+
+    async_level: int = 2  # the oldest usable policy is step - async_level (0: synchronous)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.async_level, int) or self.async_level < 0:
+            raise ConfigError(f"[run] async_level: {self.async_level!r} is not a whole number >= 0")
+
+
 class ConfigError(Exception):
     """A configuration value that cannot be used; the message names the key and the source."""
 
@@ -41,6 +68,9 @@ class NodeConfig:
     discovery_s: float = 15.0
     connect_timeout_s: float = 5.0
     log_level: str = "INFO"
+    # The file's other sections, checked for unknown names; each concern's loader reads its own.
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    run: RunConfig = field(default_factory=RunConfig)
 
     @property
     def layout(self) -> HomeLayout:
@@ -56,7 +86,7 @@ class InferenceOptions:
     engine: str = "auto"
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig) if f.name not in ("sections", "run")}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
@@ -101,11 +131,11 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
             raise ConfigError(f"cannot read {path}: {exc}") from None
     elif config_file is not None:
         raise ConfigError(f"config file {path} does not exist")
-    unknown = sorted(set(from_file) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown keys {unknown}; known keys are {sorted(_FIELDS)}")
-    values: dict[str, Any] = {"home": home}
-    for layer, source in ((from_file, str(path)), (env, "environment"), (given, "command line")):
+    node_values, sections, run = _split_sections(from_file, path)
+    values: dict[str, Any] = {"home": home, "sections": sections, "run": run}
+    if "run_id" in sections.get("run", {}):
+        values["run_id"] = _coerce("run_id", sections["run"]["run_id"], f"{path} [run]")
+    for layer, source in ((node_values, str(path)), (env, "environment"), (given, "command line")):
         for name, value in layer.items():
             if name != "home":
                 values[name] = _coerce(name, value, source)
@@ -113,3 +143,33 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     if config.advert_refresh_s >= config.advert_lifetime_s:
         raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
     return config
+
+
+def _split_sections(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], RunConfig]:
+    """The node's own keys (``[node]`` or top level, as before sections existed), the other
+    sections, and the run-wide values; unknown sections and keys are errors naming the file."""
+    tables = {name: value for name, value in data.items() if isinstance(value, dict)}
+    node_values = {name: value for name, value in data.items() if not isinstance(value, dict)}
+    unknown_sections = sorted(set(tables) - set(SECTIONS))
+    if unknown_sections:
+        hint = [n for n in unknown_sections if n in _FIELDS]
+        raise ConfigError(f"{path}: unknown keys {unknown_sections}{' (a key, not a section)' if hint else ''}; "
+                          f"sections are {list(SECTIONS)}, node keys are {sorted(_FIELDS)}")
+    node_values.update(tables.pop("node", {}))
+    unknown = sorted(set(node_values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {unknown}; known keys are {sorted(_FIELDS)}")
+    for role, known in ROLE_SECTION_KEYS.items():
+        extra = sorted(set(tables.get(role, {})) - known)
+        if extra:
+            raise ConfigError(f"{path} [{role}]: unknown keys {extra}; known keys are {sorted(known)}")
+    run_values = {k: v for k, v in tables.get("run", {}).items() if k != "run_id"}
+    known_run = {f.name for f in dataclasses.fields(RunConfig)}
+    extra = sorted(set(run_values) - known_run)
+    if extra:
+        raise ConfigError(f"{path} [run]: unknown keys {extra}; known keys are {sorted(known_run | {'run_id'})}")
+    try:
+        run = RunConfig(**run_values)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return node_values, tables, run

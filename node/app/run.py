@@ -82,7 +82,8 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
 
         if shard_service is None:
             raise ValueError("the validator role needs the shard overlay for its checkpoints")
-        validator_service = ValidatorService(node, shard_service, validator, load_task_spec(validator.task_spec))
+        validator_service = ValidatorService(node, shard_service, validator, load_task_spec(validator.task_spec),
+                                             async_window=config.run.async_level)
         receiver.on_stored = validator_service.notify
         node.services.append(validator_service)
     elif trusted_validators:  # bans the workers these validators prove to cheat
@@ -98,7 +99,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
         if shard_service is None:
             raise ValueError("the inference role needs the shard overlay for its checkpoints")
         node.services.append(InferenceWorker(shard_service, inference.model_dir, load_task_spec(inference.task_spec),
-                                             engine=inference.engine))
+                                             engine=inference.engine, async_window=config.run.async_level))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

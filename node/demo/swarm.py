@@ -89,11 +89,11 @@ def start_demo_swarm(options: DemoOptions, root: Path, model_dir: Path, log: Cal
 def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
-    common = ["--model", str(model_dir), "--tasks", DEMO_TASKS]
+    common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
     bootstrap = swarm.start_bootstrap()
     log(f"bootstrap  {bootstrap.addr}")
     trainer_args = ["join", "--role", "trainer", "--bootstrap", bootstrap.addr, *common, "--steps", str(options.steps),
-                    "--async-level", str(options.async_level), "--lr", str(options.lr),
+                    "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if validator_id:
         trainer_args += ["--trust-validator", validator_id]

@@ -1,8 +1,5 @@
-"""Settings of the weight broadcast overlay: defaults < environment (INTELLECT_NODE_SHARDS_*) < flags.
-
-They live apart from ``intellect_node.node.app.config.NodeConfig`` (whose TOML loader refuses unknown keys) so that
-the overlay can be configured without touching the node's own settings; the CLI passes the flags.
-"""
+"""Settings of the weight broadcast overlay: defaults < the config file's ``[shards]`` section <
+environment (INTELLECT_NODE_SHARDS_*) < flags."""
 
 from __future__ import annotations
 
@@ -73,9 +70,16 @@ def _coerce(name: str, value: Any) -> Any:
     return str(value)
 
 
-def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> ShardConfig:
-    """Merge environment and flags (None = not given) over the defaults; data always under ``home``."""
+def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None,
+                      file_values: Mapping[str, Any] | None = None, file_name: str = "config file") -> ShardConfig:
+    """Merge the ``[shards]`` section, environment and flags (None = not given) over the defaults;
+    data always under ``home`` (``data_dir`` is not a setting)."""
     environ = os.environ if environ is None else environ
+    file_values = file_values or {}
+    unknown = sorted(set(file_values) - set(_FIELDS) | ({"data_dir"} & set(file_values)))
+    if unknown:
+        raise ShardConfigError(f"{file_name} [shards]: unknown keys {unknown}; known keys are "
+                               f"{sorted(set(_FIELDS) - {'data_dir'})}")
     values: dict[str, Any] = {}
     for name in _FIELDS:
         if name == "data_dir":
@@ -84,6 +88,8 @@ def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str
         source = "command line"
         if raw is None and ENV_PREFIX + name.upper() in environ:
             raw, source = environ[ENV_PREFIX + name.upper()], "environment"
+        if raw is None and name in file_values:
+            raw, source = file_values[name], f"{file_name} [shards]"
         if raw is None:
             continue
         try:

@@ -1,6 +1,7 @@
-"""Trainer settings: defaults < a TOML file (``--trainer-config``) < command-line flags.
+"""Trainer settings: defaults < the config file's ``[trainer]`` section < a TOML file
+(``--trainer-config``, the same keys without the ``trainer.`` prefix) < command-line flags.
 
-The file holds the knobs a user tunes rarely; the flags the ones a demo or a quick run sets::
+``async_level`` is run-wide: it comes from ``[run]`` unless the trainer's settings name it. The file holds the knobs a user tunes rarely; the flags the ones a demo or a quick run sets::
 
     batch_groups = 16
     async_level = 2
@@ -33,6 +34,12 @@ class TrainerConfigError(ValueError):
     """A trainer setting that cannot be used; the message names it."""
 
 
+def _check_keys(data: Mapping[str, Any], source: str) -> None:
+    unknown = sorted(set(data) - TOP_LEVEL - set(SECTIONS))
+    if unknown:
+        raise TrainerConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(TOP_LEVEL | set(SECTIONS))}")
+
+
 def _section(name: str, cls: type, values: Mapping[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
@@ -46,17 +53,21 @@ def _section(name: str, cls: type, values: Mapping[str, Any]) -> Any:
 
 
 def load_trainer_options(*, model_dir: Path, task_spec: str, publish_dir: Path, config_file: Path | None,
-                         flags: Mapping[str, Any], trusted: tuple[str, ...] = ()) -> TrainerOptions:
-    """``flags``: top-level keys and ``lr`` (None = not given)."""
-    data: dict[str, Any] = {}
+                         flags: Mapping[str, Any], trusted: tuple[str, ...] = (),
+                         section: Mapping[str, Any] | None = None, run_async_level: int | None = None) -> TrainerOptions:
+    """``flags``: top-level keys and ``lr`` (None = not given); ``section``: the config file's ``[trainer]``."""
+    _check_keys(section or {}, "config file [trainer]")
+    data: dict[str, Any] = {name: dict(value) if name in SECTIONS else value for name, value in (section or {}).items()}
+    if run_async_level is not None:
+        data.setdefault("async_level", run_async_level)
     if config_file is not None:
         try:
-            data = tomllib.loads(config_file.read_text())
+            from_file = tomllib.loads(config_file.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise TrainerConfigError(f"{config_file}: {exc}") from None
-    unknown = sorted(set(data) - TOP_LEVEL - set(SECTIONS))
-    if unknown:
-        raise TrainerConfigError(f"{config_file}: unknown key(s) {unknown}; known: {sorted(TOP_LEVEL | set(SECTIONS))}")
+        _check_keys(from_file, str(config_file))
+        for name, value in from_file.items():
+            data[name] = {**data.get(name, {}), **value} if name in SECTIONS else value
     optim_values = dict(data.get("optim", {}))
     if flags.get("lr") is not None:
         optim_values["lr"] = flags["lr"]
