@@ -242,6 +242,26 @@ def _print_status(data: dict[str, Any]) -> None:
     Console().print(table)
     if data.get("rejections"):
         err.print("rejected inputs: " + ", ".join(f"{k}={v}" for k, v in sorted(data["rejections"].items())))
+    for name, figures in data.get("services", {}).items():
+        print(f"{name}: {_format_service(name, figures)}")
+
+
+def _format_service(name: str, s: dict[str, Any]) -> str:
+    """One line per local role: is it producing?"""
+    if name == "inference":
+        d = s["delivered"]
+        return (f"{s['batches']} batches, {s['tokens_per_s']:,.0f} tokens/s; delivered {d['stored']}, "
+                f"rejected {d['rejected']}, undelivered {d['failed']}")
+    if name == "validator":
+        rejected = ", ".join(f"{k}={v}" for k, v in sorted(s["rejected_groups"].items())) or "none"
+        return f"{s['rows_verified']} rows judged ({s['rows_per_s']:,.0f}/s), {s['accepted_groups']} groups accepted, rejected: {rejected}"
+    if name == "trainer":
+        waiting = "-" if s["waiting_share"] is None else f"{s['waiting_share']:.0%}"
+        return f"step {s['step']}, {s['pooled_groups']} groups pooled, waiting {waiting} of the time"
+    if name == "shards":
+        complete = [int(step) for step, c in s["steps"].items() if c["complete"]]
+        return f"newest step held {max(complete) if complete else '-'}, served {s['uploaded_bytes'] / 2**20:,.1f} MiB"
+    return ", ".join(f"{k}={v}" for k, v in s.items() if not isinstance(v, dict | list))
 
 
 @app.command()

@@ -65,7 +65,7 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model),
               "--tasks", "toy:seed=3,count=200", "--engine", "torch"]
     validator = swarm.start("validator", ["join", "--role", "validator", *common])
-    swarm.start("worker", ["join", "--role", "inference", *common])
+    worker = swarm.start("worker", ["join", "--role", "inference", *common])
     inbox = trainer.home / "inbox"
     swarm.wait_until(lambda: 0 in batches_by_step(inbox), timeout_s=180, poll_s=1)
     publish(publish_dir, 1, weights1)
@@ -87,3 +87,10 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     swarm.wait_until(lambda: {v.policy_step for v in verdicts()} >= {0, 1}, timeout_s=180, poll_s=1)
     assert validator.status()["rollout_batches_announced"] >= 2  # gossiped beside the delivery
     assert all(v.accepted and not v.rejected and v.validator == validator.peer_id for v in verdicts()), verdicts()
+    # status answers "is each local role producing?"
+    worker_status = worker.status()["services"]
+    assert worker_status["inference"]["batches"] >= 2 and worker_status["inference"]["tokens_per_s"] > 0
+    assert worker_status["shards"]["steps"]["1"]["complete"]
+    validator_status = validator.status()["services"]["validator"]
+    assert validator_status["rows_verified"] > 0 and validator_status["accepted_groups"] > 0
+    assert trainer.status()["services"]["rollouts"]["received"]["stored"] >= 2

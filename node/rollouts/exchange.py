@@ -9,13 +9,11 @@ the envelope's hash (a retry of a stored batch is answered ``duplicate``).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import trio
-from libp2p.abc import INetStream
-from libp2p.custom_types import TProtocol
-from libp2p.peer.id import ID
-
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.node.swarm.runtime import Node
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
@@ -28,6 +26,9 @@ from intellect_node.protocol.framing import (
     encode_delivery_reply,
 )
 from intellect_node.protocol.rollouts import RolloutBatch
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 60.0
@@ -49,6 +50,8 @@ class RolloutReceiver:
                  on_stored: Callable[[str, codec.Signed[RolloutBatch]], None] | None = None) -> None:
         self.inbox = inbox
         self.on_stored = on_stored
+        self.name = "rollouts"
+        self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, rejected
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -56,6 +59,9 @@ class RolloutReceiver:
         node.host.set_stream_handler(TProtocol(ROLLOUTS_PROTOCOL), self._handle)
         task_status.started()
         await trio.sleep_forever()
+
+    def status(self) -> dict[str, Any]:
+        return {"received": dict(self.received)}
 
     async def _handle(self, stream: INetStream) -> None:
         peer_id = stream.muxed_conn.peer_id.to_base58()
@@ -69,6 +75,7 @@ class RolloutReceiver:
             except Rejected as exc:
                 self.node.scores.reject(peer_id, exc.reason, f"rollout batch: {exc}")
                 status, reason = "rejected", exc.reason
+            self.received[status] += 1
             try:
                 await write_frame(stream, encode_delivery_reply(status, reason))
             except Exception as exc:  # the worker hung up; it will retry and get "duplicate"

@@ -59,6 +59,7 @@ class ShardService:
     def __init__(self, node: Node, config: ShardConfig) -> None:
         self.node = node
         self.config = config
+        self.name = "shards"
         self.run_id = node.config.run_id
         if config.is_publisher and config.trainer not in (None, node.peer_id):
             raise ShardConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "

@@ -83,7 +83,13 @@ class Service(Protocol):
     runs until cancelled. Services register announcement handlers before the node starts.
     """
 
+    name: str  # its key in ``status`` ("shards", "inference", ...)
+
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+    def status(self) -> dict[str, Any]:
+        """Is it producing: the figures a contributor asks for first (``intellect-node status``)."""
+        ...
 
 
 # (signed message, raw envelope) -> False to drop quietly; raise Rejected to refuse.
@@ -539,5 +545,6 @@ class Node:
             "rejections": dict(self.scores.rejections),
             "rollout_batches_announced": sum(self.rollouts_announced.values()),
             "banned": sorted(self.scores.banned),
+            "services": {service.name: service.status() for service in self.services},
         }
 

@@ -59,6 +59,12 @@ class WorkerStats:
     generation_s: float = 0.0
     delivered: dict[str, int] = field(default_factory=lambda: {"stored": 0, "duplicate": 0, "rejected": 0, "failed": 0})
 
+    def status(self) -> dict[str, Any]:
+        """Is this worker producing: batches, tokens/s of generation, delivery outcomes."""
+        rate = self.tokens / self.generation_s if self.generation_s else 0.0
+        return {"batches": self.batches, "tokens": self.tokens, "tokens_per_s": round(rate, 1),
+                "delivered": dict(self.delivered)}
+
     def line(self, step: int) -> str:
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
         d = self.delivered
@@ -76,6 +82,7 @@ class InferenceWorker:
         self.settings = settings or RolloutSettings()
         self.async_window = async_window
         self.stats = WorkerStats()
+        self.name = "inference"
         self._counters: dict[str, int] = {}
 
     # ---- setup -------------------------------------------------------------------------------
@@ -106,6 +113,9 @@ class InferenceWorker:
 
     def _save_counters(self) -> None:
         write_durably(self._state_path, json.dumps(self._counters).encode())
+
+    def status(self) -> dict[str, Any]:
+        return self.stats.status()
 
     # ---- the loop ----------------------------------------------------------------------------
 

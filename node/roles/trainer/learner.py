@@ -26,13 +26,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-from transformers import DynamicCache
-
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
-from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, total_rewards
-
+from intellect_node.node.roles.trainer.rewards import (
+    RewardConfig,
+    group_advantages,
+    total_rewards,
+)
+from torch import nn
+from transformers import DynamicCache
 
 OLD_POLICIES = ("behavior", "recompute")
 

@@ -125,6 +125,7 @@ class TrainerService:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.pool = GroupPool(self.directory / "pool")
         self.counters = TrainerCounters()
+        self.name = "trainer"
         self.consumed: dict[int, list[str]] = {}  # step -> group keys it trained on
         kinds = sorted({t.verification_info["kind"] for t in tasks if t.task_type == "toy"})
         self.eval_tasks = held_out_tasks(options.eval_tasks, kinds) if kinds else []
@@ -190,6 +191,14 @@ class TrainerService:
     def step(self) -> int:
         assert self.learner is not None
         return self.learner.updates
+
+    def status(self) -> dict[str, Any]:
+        """Is this trainer training: its step, groups pooled, and the share of time spent waiting."""
+        busy = self.counters.train_s + self.counters.wait_s
+        return {"step": self.step if self.learner is not None else None, "pooled_groups": len(self.pool),
+                "waiting_share": round(self.counters.wait_s / busy, 3) if busy else None,
+                "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
+                "last_eval": self.counters.last_eval, "verification": self.validator.status()}
 
     def _write_checkpoint(self, step: int) -> None:
         """Hand the weights to the overlay: written aside, then renamed into the publish directory.

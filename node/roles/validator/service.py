@@ -107,6 +107,7 @@ class ValidatorService:
         self.secret = load_or_create_secret(node.config.layout.validator_secret)
         self.seen: dict[tuple[str, int], set[int]] = {}
         self.on_judged = on_judged
+        self.name = "validator"
         self.rows = 0
         self.seconds = 0.0
         self.accepted_groups = 0
@@ -117,6 +118,12 @@ class ValidatorService:
         self.trusted_verdicts = TrustedVerdicts(node, options.trusted, own_accepted=self._own_accepted,
                                                 on_verdict=lambda digest: self._wake.set())
         self.trusted_verdicts.listen()
+
+    def status(self) -> dict[str, Any]:
+        """Is this validator judging: rows verified and their rate, groups accepted, rejected by reason."""
+        return {"rows_verified": self.rows, "rows_per_s": round(self.rows / self.seconds, 1) if self.seconds else 0.0,
+                "accepted_groups": self.accepted_groups, "rejected_groups": dict(self.rejections),
+                "adopted_batches": self.adopted_batches, "waiting_in_inbox": len(self._waiting_since)}
 
     def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
         """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""

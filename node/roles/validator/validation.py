@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
 from intellect_node.crypto.toploc import Thresholds, verify_proofs
 from intellect_node.node.engine.base import Engine, encode_prompt
 from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
@@ -24,7 +23,12 @@ from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import length_target, task_index
-from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, unpack_logprobs, unpack_tokens
+from intellect_node.protocol.rollouts import (
+    RolloutBatch,
+    RolloutGroup,
+    unpack_logprobs,
+    unpack_tokens,
+)
 
 SeenCounters = MutableMapping[tuple[str, int], set[int]]
 
