@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import msgpack
-
 from intellect_node.crypto.envelope import OpenedEnvelope, open_envelope, seal
 from intellect_node.crypto.identity import Identity
-from intellect_node.protocol.errors import MalformedBody, Oversize, UnsupportedVersion
+from intellect_node.protocol.errors import (
+    MalformedBody,
+    NewerVersion,
+    Oversize,
+    UnsupportedVersion,
+)
 from intellect_node.protocol.messages import Message
 
 PROTOCOL_VERSION = 1
@@ -59,6 +63,8 @@ def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | 
     cls = by_type[envelope.message_type]
     if len(data) > cls.MAX_SIZE:
         raise Oversize(f"{len(data)} bytes, at most {cls.MAX_SIZE} for {cls.TYPE}")
+    if envelope.protocol_version > max(SUPPORTED_VERSIONS):
+        raise NewerVersion(f"protocol version {envelope.protocol_version}, newest spoken here {max(SUPPORTED_VERSIONS)}")
     if envelope.protocol_version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(f"protocol version {envelope.protocol_version}, supported {sorted(SUPPORTED_VERSIONS)}")
     try:

@@ -35,6 +35,7 @@ __all__ = [
     "Truncated",
     "UnknownMessageType",
     "UnsupportedVersion",
+    "NewerVersion",
     "WrongType",
 ]
 
@@ -44,7 +45,15 @@ class Oversize(Rejected):
 
 
 class UnsupportedVersion(Rejected):
+    """A protocol version that never existed or is no longer spoken."""
+
     reason = "unsupported_version"
+
+
+class NewerVersion(UnsupportedVersion):
+    """A newer protocol version than this node speaks: an upgraded honest peer, never evidence."""
+
+    reason = "newer_version"
 
 
 class MalformedReply(Rejected):

@@ -10,8 +10,12 @@ from __future__ import annotations
 import struct
 
 import msgpack
-
-from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, WrongType
+from intellect_node.protocol.errors import (
+    InvalidValue,
+    MalformedBody,
+    Oversize,
+    WrongType,
+)
 
 HEADER = struct.Struct(">I")
 MEMBERS_PROTOCOL = "/ina/members/1.0.0"

@@ -18,11 +18,19 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import blake3
-
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.keys import _digest
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
-from intellect_node.protocol.schema import Bytes, Int, ListOf, Nested, Optional, Record, Str, wire
+from intellect_node.protocol.schema import (
+    Bytes,
+    Int,
+    ListOf,
+    Nested,
+    Optional,
+    Record,
+    Str,
+    wire,
+)
 
 HASH_SIZE = 32
 MIN_SHARD_SIZE = 1 << 16  # 64 KiB: smaller shards make the manifest, not the transfer, the cost

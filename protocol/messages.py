@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from intellect_node.protocol.errors import SignerMismatch
-from intellect_node.protocol.schema import Float, Int, ListOf, Nested, Optional, Record, Str, wire
+from intellect_node.protocol.schema import (
+    Float,
+    Int,
+    ListOf,
+    Nested,
+    Optional,
+    Record,
+    Str,
+    wire,
+)
 
 PEER_ID_PATTERN = r"[1-9A-HJ-NP-Za-km-z]{32,64}"  # base58btc
 RUN_ID_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"

@@ -12,10 +12,19 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
-from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Optional, Record, Str, wire
+from intellect_node.protocol.schema import (
+    Bytes,
+    Float,
+    Int,
+    ListOf,
+    Nested,
+    Optional,
+    Record,
+    Str,
+    wire,
+)
 
 TOPLOC_CHUNK = 32
 TOPLOC_PROOF_BYTES = 258

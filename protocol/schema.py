@@ -14,7 +14,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from intellect_node.protocol.errors import ExtraField, InvalidValue, MissingField, WrongType
+from intellect_node.protocol.errors import (
+    ExtraField,
+    InvalidValue,
+    MissingField,
+    WrongType,
+)
 
 T = TypeVar("T", bound="Record")
 

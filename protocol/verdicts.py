@@ -14,7 +14,16 @@ from typing import ClassVar
 
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
-from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
+from intellect_node.protocol.schema import (
+    Bytes,
+    Float,
+    Int,
+    ListOf,
+    Nested,
+    Record,
+    Str,
+    wire,
+)
 
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (

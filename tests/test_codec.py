@@ -1,15 +1,16 @@
+import re
 import struct
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from intellect_node.crypto.envelope import DOMAIN, HEADER_SIZE, MAGIC, now_ms, seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec, errors
 from intellect_node.protocol.messages import ACCELERATORS, ROLES, Hardware, NodeAdvert
-from tests.protocol_samples import CPU_HARDWARE, sample_advert
+
+from tests.protocol_samples import sample_advert
 
 IDENTITY = Identity.generate()
 OTHER = Identity.generate()
@@ -50,6 +51,35 @@ def test_unsupported_version_is_rejected():
     body = sample_advert(IDENTITY).to_wire()
     with pytest.raises(errors.UnsupportedVersion):
         codec.decode(sealed_body(body, version=99), NodeAdvert)
+
+
+def test_newer_version_costs_nothing_older_or_invented_costs():
+    from intellect_node.node.swarm.peer_scores import PeerScores
+
+    body = sample_advert(IDENTITY).to_wire()
+    with pytest.raises(errors.NewerVersion) as newer:
+        codec.decode(sealed_body(body, version=codec.PROTOCOL_VERSION + 1), NodeAdvert)
+    with pytest.raises(errors.UnsupportedVersion) as invented:
+        codec.decode(sealed_body(body, version=0), NodeAdvert)
+    assert newer.value.reason == "newer_version" and invented.value.reason == "unsupported_version"
+    scores = PeerScores()
+    for _ in range(50):  # an upgraded peer's whole stream of messages
+        scores.reject("upgraded", newer.value.reason)
+    scores.reject("stale", invented.value.reason)
+    assert scores.penalty("upgraded") == 0 and scores.penalty("stale") > 0 and not scores.banned
+    assert scores.rejections["newer_version"] == 50
+
+
+def test_penalty_table_in_the_spec_is_the_one_in_force():
+    from pathlib import Path
+
+    from intellect_node.node.swarm.peer_scores import DEFAULT_PENALTY, PENALTIES
+
+    spec = (Path(__file__).parents[1] / "specs" / "wire.md").read_text()
+    section = spec[spec.index("## 5. Penalties"):]
+    table = {m[0]: float(m[1]) for m in re.findall(r"^\| `(\w+)` \| ([0-9.]+) \|$", section, re.M)}
+    assert table == PENALTIES
+    assert f"(any reason not listed: {DEFAULT_PENALTY:g})" in section
 
 
 def test_missing_field():

@@ -16,12 +16,9 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-# Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. Forged or malformed input is
-# never an accident of an honest peer. A stale or superseded message is: gossip delivers an older
-# advert after a newer one by another path, a relayed message can expire in transit, and a peer
-# can answer with the older advert it holds, and a node running a newer version gossips message
-# types this one does not know. Those are counted but cost nothing, or a loaded or mixed-version
-# swarm would ban its honest members.
+# Penalty points by reason; anything unlisted costs DEFAULT_PENALTY. specs/wire.md section 5 is the
+# normative table and says why stale, superseded and newer-version input costs nothing;
+# tests/test_codec.py checks that the two agree.
 PENALTIES: dict[str, float] = {
     "bad_signature": 60.0,
     "signer_mismatch": 60.0,
@@ -33,6 +30,7 @@ PENALTIES: dict[str, float] = {
     "expired": 0.0,
     "replayed": 0.0,
     "unknown_type": 0.0,  # a newer version's message: forwarded by honest peers, not evidence
+    "newer_version": 0.0,  # a newer protocol version: an upgraded honest peer
     "from_future": 5.0,
     "timeout": 5.0,
 }
