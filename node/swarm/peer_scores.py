@@ -35,6 +35,12 @@ PENALTIES: dict[str, float] = {
     "unknown_type": 0.0,  # a newer version's message: forwarded by honest peers, not evidence
     "from_future": 5.0,
     "timeout": 5.0,
+    # An exception escaped a stream handler (node/swarm/guard.py): input the handler could not
+    # parse, as for malformed input; libp2p's own handlers raise it for garbage.
+    "handler_error": 25.0,
+    # A stream refused because the peer (or its IP) already holds all slots of that protocol:
+    # cheap for us, but a peer that keeps trying is flooding, so it costs a little.
+    "no_slot": 1.0,
 }
 DEFAULT_PENALTY = 10.0
 

@@ -19,6 +19,7 @@ from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
 from intellect_node.node.swarm.control import serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
+from intellect_node.node.swarm.guard import StreamGuard
 from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
@@ -107,6 +108,8 @@ class Node:
         self.view = MemberView(config.run_id)
         self.peer_cache = PeerCache(config.layout.peer_cache)
         self.host = build_host(identity)
+        self.guard = StreamGuard(self.scores)
+        self.guard.install(self.host)
         self.policy_step: int | None = None
         self.started_at = time.time()
         self.services = list(services)
@@ -124,7 +127,7 @@ class Node:
         """Join and serve until cancelled; reports the listen multiaddrs once ready."""
         defaulted = self.config.listen == DEFAULT_LISTEN
         listen = [multiaddr.Multiaddr(addr) for addr in claim_listen_addrs(self.config.listen, defaulted=defaulted)]
-        self.pubsub, router = build_pubsub(self.host)
+        self.pubsub, router = build_pubsub(self.host, guard=self.guard)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
         topic = members_topic(self.config.run_id)
@@ -546,5 +549,6 @@ class Node:
             "rollout_batches_announced": sum(self.rollouts_announced.values()),
             "banned": sorted(self.scores.banned),
             "services": {service.name: service.status() for service in self.services},
+            "handler_errors": dict(self.guard.errors),
         }
 
