@@ -217,3 +217,47 @@ def test_idle_streams_do_not_stall_an_honest_delivery_or_dht_get(target):
     assert get_s < 3.0
     assert_healthy(target)
 
+
+
+def control_client(target, payload: bytes, *, read_reply: bool) -> bytes:
+    """Send ``payload`` on the control socket; the reply, or b"" when leaving without reading it."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(target.home / "control.sock"))
+        try:
+            sock.sendall(payload)
+        except OSError:  # the node closed after reading its limit: the rest is ours to lose
+            pass
+        if not read_reply:
+            return b""
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:  # the node closed with our excess unread: the reply came first
+            pass
+        return b"".join(chunks)
+
+
+def test_control_socket_survives_oversize_idle_and_departing_clients(target):
+    import json
+    import socket
+
+    reply = json.loads(control_client(target, b"x" * 4096, read_reply=True))
+    assert reply["ok"] is False and "1024" in reply["error"]
+    for _ in range(20):  # leave before the reply is written
+        control_client(target, b"status\n", read_reply=False)
+    control_client(target, b"x" * (16 << 20), read_reply=False)
+    idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(30)]
+    try:
+        for sock in idle:
+            sock.connect(str(target.home / "control.sock"))
+        start = time.monotonic()
+        assert target.status()["peer_id"] == target.peer_id  # waits for a slot, at most the read timeout
+        assert time.monotonic() - start < 4.5
+    finally:
+        for sock in idle:
+            sock.close()
+    assert_healthy(target)
