@@ -46,7 +46,7 @@ def query(path: Path, command: str = "status", timeout_s: float = 5.0) -> dict[s
     return json.loads(b"".join(chunks))
 
 
-def _claim_socket_path(path: Path) -> None:
+def claim_socket_path(path: Path) -> None:
     """Remove a stale socket left by a killed node; refuse if a live node still answers on it."""
     if not path.exists():
         return
@@ -60,7 +60,7 @@ def _claim_socket_path(path: Path) -> None:
 
 async def serve_control(path: Path, snapshot: Callable[[], dict[str, Any]],
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    _claim_socket_path(path)
+    claim_socket_path(path)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await sock.bind(str(path))
     os.chmod(path, 0o600)
