@@ -41,6 +41,7 @@ PENALTIES: dict[str, float] = {
     # A stream refused because the peer (or its IP) already holds all slots of that protocol:
     # cheap for us, but a peer that keeps trying is flooding, so it costs a little.
     "no_slot": 1.0,
+    "member_table_full": 0.0,  # an honest relay forwards adverts our full table refuses
 }
 DEFAULT_PENALTY = 10.0
 

@@ -115,6 +115,7 @@ class Node:
         self.peer_id = identity.peer_id
         self.scores = PeerScores(on_ban=self._on_ban)
         self.view = MemberView(config.run_id)
+        self.view.vouch(self.peer_id)
         self.peer_cache = PeerCache(config.layout.peer_cache)
         self.host = build_host(identity)
         self.guard = StreamGuard(self.scores)
