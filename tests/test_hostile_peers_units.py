@@ -13,8 +13,13 @@ RUN = "guard-units"
 class FailsTwice:
     """A service that raises twice before it settles: the node must keep running meanwhile."""
 
+    name = "fails-twice"
+
     def __init__(self) -> None:
         self.starts = 0
+
+    def status(self) -> dict:
+        return {"starts": self.starts}
 
     async def run(self, node, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self.starts += 1
@@ -32,9 +37,9 @@ async def test_failing_service_is_restarted_and_shown_in_status(tmp_path, nurser
         while service.starts < 3:
             await trio.sleep(0.1)
     await trio.sleep(0.1)
-    state = node.snapshot()["services"]["FailsTwice"]
+    state = node.snapshot()["supervisor"]["fails-twice"]
     assert state == {"state": "running", "restarts": 2, "last_error": "RuntimeError: failure number 2"}
-    assert node.snapshot()["services"]["advertise_loop"]["state"] == "running"
+    assert node.snapshot()["supervisor"]["advertise_loop"]["state"] == "running"
 
 
 def advert_envelope(identity, ip: str, now: int, *, long_addrs: bool = False) -> bytes:

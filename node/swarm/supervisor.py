@@ -4,7 +4,7 @@ A service (a role's loop, the shard overlay, membership upkeep, the control sock
 node's nursery; before, an exception in any of them cancelled the nursery and ended the node. Now
 each runs under ``Supervisor.run``: a failure is logged with its traceback, the service is started
 again after a backoff that doubles up to ``MAX_BACKOFF_S`` (reset after ``STABLE_S`` of good
-running), and ``states`` tells ``status`` what happened. Only the host itself is allowed to end
+running), and ``states`` tells ``status`` (under ``supervisor``) what happened. Only the host itself is allowed to end
 the node (``HostFailed``).
 """
 
