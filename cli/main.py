@@ -53,6 +53,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.host import PortInUse
     from intellect_node.node.swarm.runtime import JoinError
+    from intellect_node.node.swarm.supervisor import HostFailed
 
     setup_logging(config.log_level)
 
@@ -61,7 +62,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
             for addr in addrs:
                 print(addr, flush=True)
 
-    expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError)
+    expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
     try:
         run_node(config, on_ready, shards, inference, validator, trusted, trainer)
     except expected as exc:

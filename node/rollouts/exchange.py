@@ -8,6 +8,7 @@ the envelope's hash (a retry of a stored batch is answered ``duplicate``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -68,9 +69,12 @@ class RolloutReceiver:
         if self.node.scores.is_banned(peer_id):
             await close_quietly(stream)
             return
-        async with self._slots:
+        # The slot is taken after the read: idle or slow senders (bounded per peer and IP by
+        # node/swarm/guard.py) must not hold the node's few decode-and-store slots.
+        async with contextlib.AsyncExitStack() as held:
             try:
                 envelope = await read_frame(stream, RolloutBatch.MAX_SIZE, READ_TIMEOUT_S)
+                await held.enter_async_context(self._slots)
                 status, reason = await self._accept(envelope, peer_id)
             except Rejected as exc:
                 self.node.scores.reject(peer_id, exc.reason, f"rollout batch: {exc}")
@@ -91,6 +95,7 @@ class RolloutReceiver:
         if not new:
             return "duplicate", ""
         log.info("stored rollout batch %s from %s (%d groups)", digest[:12], peer_id, len(signed.message.groups))
+        self.node.view.vouch(signed.signer_peer_id)  # accepted work: kept through sybil floods
         if self.on_stored is not None:
             self.on_stored(digest, signed)
         return "stored", ""

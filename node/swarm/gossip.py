@@ -17,6 +17,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 
+from intellect_node.node.swarm.guard import GuardedPubsub, StreamGuard
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected, SignerMismatch
@@ -27,14 +28,16 @@ MAX_GOSSIP_RPC = 1 << 20  # libp2p drops larger messages silently; we refuse the
 Handler = Callable[[codec.Signed[Any], bytes], bool]
 
 
-def build_pubsub(host: IHost, *, messages_per_topic_per_s: float = 100.0) -> tuple[Pubsub, GossipSub]:
+def build_pubsub(host: IHost, *, messages_per_topic_per_s: float = 100.0,
+                 guard: StreamGuard | None = None) -> tuple[Pubsub, GossipSub]:
+    """The run's gossipsub; ``guard`` hears of every exception its reader or message tasks raise."""
     router = GossipSub(
         protocols=[GOSSIPSUB_PROTOCOL],
         degree=6, degree_low=4, degree_high=12,
         heartbeat_interval=1, heartbeat_initial_delay=0.1,
         max_messages_per_topic_per_second=messages_per_topic_per_s,
     )
-    pubsub = Pubsub(host, router, max_inbound_rpc_size=MAX_GOSSIP_RPC)
+    pubsub = GuardedPubsub(host, router, max_inbound_rpc_size=MAX_GOSSIP_RPC, guard=guard)
     return pubsub, router
 
 

@@ -6,11 +6,18 @@ list has three sources, all checked the same way (``MemberView.accept``):
 - a node that connects asks the peer for the adverts it knows (``/ina/members/1.0.0``);
 - provider records on the run key, then a DHT get of each provider's advert.
 The signed advert is the source of truth in each case; its expiry removes nodes that vanish.
+
+Identities are free, so the table is bounded (issue 21: 500 sybil adverts pushed a node's members
+response past its own 1 MiB frame limit and blinded every peer that asked it). At most
+``MAX_PER_IP`` members per advertised IP, ``MAX_PER_SUBNET`` per IPv4 /24 and ``MAX_MEMBERS`` in
+all; when a bucket is full the least proven member goes first, and a newcomer never outranks a
+member with proven work (``vouch``) or one seen for longer, so a flood cannot push out the members
+already known. The members response is ranked the same way and cut to fit its frame.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from libp2p.records.validator import Validator
@@ -19,6 +26,7 @@ from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected, Replayed
+from intellect_node.protocol.framing import MAX_MEMBERS_PER_RESPONSE, MAX_MEMBERS_RESPONSE
 from intellect_node.protocol.keys import advert_key
 from intellect_node.protocol.messages import NodeAdvert
 
@@ -30,14 +38,66 @@ class Member:
     timestamp_ms: int
     expiry_ms: int
     received_ms: int
+    first_seen_ms: int  # when this view first held the peer: uptime as far as we can tell
+
+
+MAX_MEMBERS = 1024
+MAX_PER_IP = 64  # several honest nodes share an IP behind NAT or on one test machine
+MAX_PER_SUBNET = 128
+ENTRY_OVERHEAD = 5  # msgpack bin 32 header per envelope in the members response
+LIST_OVERHEAD = 5
+
+
+class TableFull(Rejected):
+    """A new member that does not outrank anyone in its full bucket; relayed honestly, so free."""
+
+    reason = "member_table_full"
+
+
+def advertised_ip(advert: NodeAdvert) -> str:
+    """The first IP an advert names ("" for none): a claim, but one a sybil flood must spread out."""
+    for addr in advert.addrs:
+        parts = addr.split("/")
+        if len(parts) > 2 and parts[1] in ("ip4", "ip6"):
+            return parts[2]
+    return ""
+
+
+def subnet(ip: str) -> str:
+    return ip.rsplit(".", 1)[0] if ip.count(".") == 3 else ip
 
 
 class MemberView:
-    """Verified, unexpired adverts of one run, newest per peer."""
+    """Verified, unexpired adverts of one run, newest per peer, bounded per IP, /24 and in all."""
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._members: dict[str, Member] = {}
+        self._proven: set[str] = set()
+
+    def vouch(self, peer_id: str) -> None:
+        """``peer_id`` did work this node accepted (a stored batch, a verified checkpoint): keep it."""
+        self._proven.add(peer_id)
+
+    def _rank(self, member: Member) -> tuple[bool, int]:
+        """Higher is kept longer and listed first: proven work, then the longest seen."""
+        return member.advert.peer_id in self._proven, -member.first_seen_ms
+
+    def _make_room(self, newcomer: Member) -> None:
+        """Evict the least proven member of each full bucket the newcomer falls in; TableFull when
+        the newcomer itself is the least proven of one."""
+        ip = advertised_ip(newcomer.advert)
+        buckets = [(lambda m: True, MAX_MEMBERS),
+                   (lambda m: advertised_ip(m.advert) == ip, MAX_PER_IP),
+                   (lambda m: subnet(advertised_ip(m.advert)) == subnet(ip), MAX_PER_SUBNET)]
+        for inside, cap in buckets:
+            held = [m for m in self._members.values() if inside(m)]
+            if len(held) < cap:
+                continue
+            weakest = min(held, key=self._rank)
+            if self._rank(weakest) >= self._rank(newcomer):
+                raise TableFull(f"member table full ({cap} in the bucket of {ip or 'no address'})")
+            del self._members[weakest.advert.peer_id]
 
     def accept(self, data: bytes, now: int | None = None) -> Member | None:
         """Verify an advert envelope and record it; None for a copy of what is already known.
@@ -56,7 +116,11 @@ class MemberView:
                 return None
             if signed.envelope.timestamp_ms <= held.timestamp_ms:
                 raise Replayed("advert is not newer than the one held for that peer")
-        member = Member(advert, data, signed.envelope.timestamp_ms, signed.envelope.expiry_ms, now)
+        member = Member(advert, data, signed.envelope.timestamp_ms, signed.envelope.expiry_ms, now, now)
+        if held is not None:
+            member = replace(member, first_seen_ms=held.first_seen_ms)
+        else:
+            self._make_room(member)
         self._members[advert.peer_id] = member
         return member
 
@@ -75,8 +139,16 @@ class MemberView:
     def get(self, peer_id: str) -> Member | None:
         return self._members.get(peer_id)
 
-    def envelopes(self) -> list[bytes]:
-        return [member.envelope for member in self.members()]
+    def envelopes(self, budget: int = MAX_MEMBERS_RESPONSE) -> list[bytes]:
+        """The members' envelopes, most proven and longest seen first, as many as fit ``budget``
+        bytes once msgpack-encoded (and at most MAX_MEMBERS_PER_RESPONSE)."""
+        chosen, size = [], LIST_OVERHEAD
+        for member in sorted(self.members(), key=self._rank, reverse=True)[:MAX_MEMBERS_PER_RESPONSE]:
+            size += len(member.envelope) + ENTRY_OVERHEAD
+            if size > budget:
+                break
+            chosen.append(member.envelope)
+        return chosen
 
 
 def member_summary(member: Member, now_s: float) -> dict[str, Any]:

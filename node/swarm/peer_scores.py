@@ -33,6 +33,13 @@ PENALTIES: dict[str, float] = {
     "newer_version": 0.0,  # a newer protocol version: an upgraded honest peer
     "from_future": 5.0,
     "timeout": 5.0,
+    # An exception escaped a stream handler (node/swarm/guard.py): input the handler could not
+    # parse, as for malformed input; libp2p's own handlers raise it for garbage.
+    "handler_error": 25.0,
+    # A stream refused because the peer (or its IP) already holds all slots of that protocol:
+    # cheap for us, but a peer that keeps trying is flooding, so it costs a little.
+    "no_slot": 1.0,
+    "member_table_full": 0.0,  # an honest relay forwards adverts our full table refuses
 }
 DEFAULT_PENALTY = 10.0
 

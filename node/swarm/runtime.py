@@ -9,16 +9,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
-from intellect_node.node.swarm.control import serve_control
+from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_path, serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
+from intellect_node.node.swarm.guard import StreamGuard
 from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
@@ -34,6 +36,7 @@ from intellect_node.node.swarm.membership import (
 )
 from intellect_node.node.swarm.peer_cache import PeerCache
 from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.swarm.supervisor import HostFailed, Supervisor, at_once
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected, SignerMismatch
@@ -76,6 +79,13 @@ class JoinError(Exception):
     """The node could not reach the swarm; the message says what to do about it."""
 
 
+def _only(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """True if ``exc`` is one of ``kinds``, or a group (trio's nurseries wrap) of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only(inner, kinds) for inner in exc.exceptions)
+    return isinstance(exc, kinds)
+
+
 class Service(Protocol):
     """A part of the node that runs beside membership: the shard overlay, a role's work loop.
 
@@ -105,8 +115,12 @@ class Node:
         self.peer_id = identity.peer_id
         self.scores = PeerScores(on_ban=self._on_ban)
         self.view = MemberView(config.run_id)
+        self.view.vouch(self.peer_id)
         self.peer_cache = PeerCache(config.layout.peer_cache)
         self.host = build_host(identity)
+        self.guard = StreamGuard(self.scores)
+        self.guard.install(self.host)
+        self.supervisor = Supervisor()
         self.policy_step: int | None = None
         self.started_at = time.time()
         self.services = list(services)
@@ -124,7 +138,7 @@ class Node:
         """Join and serve until cancelled; reports the listen multiaddrs once ready."""
         defaulted = self.config.listen == DEFAULT_LISTEN
         listen = [multiaddr.Multiaddr(addr) for addr in claim_listen_addrs(self.config.listen, defaulted=defaulted)]
-        self.pubsub, router = build_pubsub(self.host)
+        self.pubsub, router = build_pubsub(self.host, guard=self.guard)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
         topic = members_topic(self.config.run_id)
@@ -133,26 +147,34 @@ class Node:
             accepted = tuple(cls for cls, _ in self._announcement_handlers.values())
             install_validator(self.pubsub, announcements_topic(self.config.run_id), accepted,
                               self._on_announcement, self.scores)
+        claim_socket_path(self.config.layout.control_socket)  # before supervision: a second node must not retry
         try:
             async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
                 self._nursery = nursery
                 async with background_trio_service(self.pubsub), background_trio_service(router), \
                         background_trio_service(self.dht):
                     await self.pubsub.wait_until_ready()
-                    await nursery.start(serve_control, self.config.layout.control_socket, self.snapshot)
+                    await nursery.start(self.supervisor.run, "control", partial(serve_control, self.config.layout.control_socket,
+                                                                                 self.snapshot))
                     self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
-                    nursery.start_soon(self._drain, await self.pubsub.subscribe(topic))
+                    await self._supervise(nursery, "members-gossip", self._drain, await self.pubsub.subscribe(topic))
                     if self._announcement_handlers:
-                        nursery.start_soon(self._drain, await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
+                        await self._supervise(nursery, "announcements-gossip", self._drain,
+                                              await self.pubsub.subscribe(announcements_topic(self.config.run_id)))
                     self._refresh_own_advert()
                     await self._join()
-                    nursery.start_soon(self._catch_up_after_joining)
+                    await self._supervise(nursery, "catch-up", self._catch_up_after_joining)
                     for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
-                        nursery.start_soon(loop)
+                        await self._supervise(nursery, loop.__name__.strip("_"), loop)
                     for service in self.services:
-                        await nursery.start(service.run, self)
+                        await nursery.start(self.supervisor.run, service.name, partial(service.run, self))
                     task_status.started(self.addrs())
                     await trio.sleep_forever()
+        except Exception as exc:
+            if _only(exc, (JoinError, NodeAlreadyRunning)):
+                raise
+            raise HostFailed(f"the libp2p host, its pubsub or its DHT failed ({exc!r}); "
+                             "the node cannot run without them (traceback above)") from exc
         finally:
             self.peer_cache.save()
 
@@ -347,6 +369,9 @@ class Node:
             await self.pubsub.publish(members_topic(self.config.run_id), self._own_envelope)
         except Exception as exc:
             log.debug("advert publish failed: %s", exc)
+
+    async def _supervise(self, nursery: trio.Nursery, name: str, loop: Callable[..., Awaitable[None]], *args: Any) -> None:
+        await nursery.start(self.supervisor.run, name, at_once(partial(loop, *args)))
 
     async def _drain(self, subscription: Any) -> None:
         """Gossip adverts are handled in the validator; the subscription queue only needs emptying."""
@@ -546,5 +571,7 @@ class Node:
             "rollout_batches_announced": sum(self.rollouts_announced.values()),
             "banned": sorted(self.scores.banned),
             "services": {service.name: service.status() for service in self.services},
+            "handler_errors": dict(self.guard.errors),
+            "supervisor": self.supervisor.snapshot(),
         }
 

@@ -1,0 +1,236 @@
+"""The one guard around every inbound stream handler the host runs, ours and libp2p's own.
+
+py-libp2p 0.8.1 runs each inbound stream's handler in the connection's nursery, under the host's:
+an exception a handler lets escape ends the whole node (specs/guards.md lists the upstream defects,
+e.g. protobuf's DecodeError out of the pubsub reader). So every handler, including identify,
+identify push, ping, kad and meshsub, runs inside ``StreamGuard``: an exception resets that stream,
+is counted (``handler_error``), logged with its traceback once per protocol and type, and charged to
+the peer through ``PeerScores``, the one ban path. It never reaches the host.
+
+The guard also hands out stream slots per peer and per IP for each protocol, so idle streams of
+one peer cannot occupy a protocol for everybody (kad's own limit is 12 streams for the whole
+node), and resets a stream whose dialer has not sent its first byte within the protocol's
+deadline. Protocols whose dialer may rightly stay silent (identify: the listener speaks first;
+meshsub: a long-lived stream that carries RPCs when there are any) get no first-byte deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol.framing import MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
+
+log = logging.getLogger(__name__)
+Handler = Callable[[INetStream], Awaitable[None]]
+RESET_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class SlotPolicy:
+    """Concurrent inbound streams of one protocol allowed per peer and per IP, and how long the
+    dialer may take to send its first byte (None: no deadline, the protocol allows silence)."""
+
+    per_peer: int
+    per_ip: int
+    first_byte_s: float | None
+
+
+# Per IP is larger than per peer: several honest nodes share an IP behind NAT or on one machine.
+POLICIES: dict[str, SlotPolicy] = {
+    "/ipfs/id/1.0.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # the listener speaks first
+    "/ipfs/id/push/1.0.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=5.0),
+    "/ipfs/ping/1.0.0": SlotPolicy(per_peer=1, per_ip=16, first_byte_s=5.0),
+    # libp2p's kad handler takes at most 12 streams for the node; a peer's lookups rarely need more
+    # than a few at once, and per IP the cap leaves kad slots for the rest of the world.
+    "/ipfs/kad/1.0.0": SlotPolicy(per_peer=3, per_ip=6, first_byte_s=5.0),
+    "/meshsub/1.1.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # one long-lived reader per peer
+    MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
+    ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
+}
+DEFAULT_POLICY = SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0)
+
+
+class PrefetchedStream:
+    """A stream whose first bytes were already read (to meet the first-byte deadline); the handler
+    reads them again first. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: INetStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def read(self, n: int | None = None) -> bytes:
+        if not self._prefix:
+            return await self._stream.read(n)
+        count = len(self._prefix) if n is None or n < 0 else n
+        head, self._prefix = self._prefix[:count], self._prefix[count:]
+        return head
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def peer_of(stream: INetStream) -> str | None:
+    try:
+        return stream.muxed_conn.peer_id.to_base58()
+    except Exception:
+        return None
+
+
+def ip_of(stream: INetStream) -> str:
+    """The remote IP, or "" when the transport does not say (then only per-peer slots apply)."""
+    try:
+        address = stream.get_remote_address()
+    except Exception:
+        return ""
+    return str(address[0]) if address else ""
+
+
+async def reset_quietly(stream: INetStream) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(RESET_TIMEOUT_S):
+        try:
+            await stream.reset()
+        except Exception:
+            pass
+
+
+class StreamGuard:
+    """Wraps stream handlers: slots, first-byte deadline, and no exception past the stream."""
+
+    def __init__(self, scores: PeerScores) -> None:
+        self.scores = scores
+        self.errors: Counter[str] = Counter()  # "protocol: ExceptionType" -> count, for status
+        self._held: Counter[tuple[str, str]] = Counter()
+        self._logged: set[tuple[str, str]] = set()
+
+    def install(self, host: IHost) -> None:
+        """Guard the handlers registered so far, every handler registered later, and the host's
+        protocol negotiation (the network's one entry point for inbound streams)."""
+        handlers = host.get_mux().handlers
+        for protocol, handler in list(handlers.items()):
+            if protocol is not None and handler is not None:
+                handlers[protocol] = self.wrap(protocol, handler)
+        register = host.set_stream_handler
+
+        def set_stream_handler(protocol_id: TProtocol, stream_handler: Handler) -> None:
+            register(protocol_id, self.wrap(protocol_id, stream_handler))
+
+        host.set_stream_handler = set_stream_handler  # type: ignore[method-assign]
+        network = host.get_network()
+        negotiate = network.common_stream_handler  # the host's _swarm_stream_handler
+        network.set_stream_handler(self._contained("negotiation", negotiate))
+
+    def wrap(self, protocol: str, handler: Handler) -> Handler:
+        if getattr(handler, "guarded", False):
+            return handler
+        policy = POLICIES.get(protocol, DEFAULT_POLICY)
+
+        async def guarded(stream: INetStream) -> None:
+            peer, ip = peer_of(stream) or "", ip_of(stream)
+            if peer and self.scores.is_banned(peer):
+                await reset_quietly(stream)
+                return
+            limits = [(f"peer:{peer}", policy.per_peer)] + ([(f"ip:{ip}", policy.per_ip)] if ip else [])
+            taken = [(protocol, key) for key, _ in limits]
+            if any(self._held[(protocol, key)] >= cap for key, cap in limits):
+                self.scores.reject(peer or None, "no_slot", f"{protocol}: all stream slots of this peer or IP held")
+                await reset_quietly(stream)
+                return
+            self._held.update(taken)
+            try:
+                await self._contained(protocol, handler)(await self._first_byte(stream, protocol, policy)
+                                                         if policy.first_byte_s is not None else stream)
+            except _FirstByteMissing:
+                self.scores.reject(peer or None, "timeout", f"{protocol}: no first byte within {policy.first_byte_s:g} s")
+                await reset_quietly(stream)
+            finally:
+                self._held.subtract(taken)
+                for key in taken:
+                    if self._held[key] <= 0:
+                        del self._held[key]
+
+        guarded.guarded = True  # type: ignore[attr-defined]
+        return guarded
+
+    async def _first_byte(self, stream: INetStream, protocol: str, policy: SlotPolicy) -> INetStream:
+        assert policy.first_byte_s is not None
+        with trio.move_on_after(policy.first_byte_s):
+            try:
+                first = await stream.read(1)
+            except Exception:  # reset or closed before a byte: the handler sees the same end
+                first = b""
+            return PrefetchedStream(stream, first)  # type: ignore[return-value]
+        raise _FirstByteMissing(protocol)
+
+    def _contained(self, protocol: str, handler: Handler) -> Handler:
+        """``handler`` with every exception turned into a reset stream, a count and a charge."""
+
+        async def contained(stream: INetStream) -> None:
+            try:
+                await handler(stream)
+            except Exception as exc:
+                self.charge(peer_of(stream), protocol, exc)
+                await reset_quietly(stream)
+
+        return contained
+
+    def charge(self, peer: str | None, where: str, exc: Exception) -> None:
+        """Count, log (with traceback, once per place and type) and charge an escaped exception."""
+        kind = f"{where}: {type(exc).__name__}"
+        self.errors[kind] += 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("handler for %s raised (stream reset; later ones logged at debug)", where, exc_info=exc)
+        else:
+            log.debug("handler for %s raised %r", where, exc)
+        self.scores.reject(peer, "handler_error", f"{kind}: {exc}")
+
+
+class _FirstByteMissing(Exception):
+    pass
+
+
+class GuardedPubsub(Pubsub):
+    """libp2p's Pubsub with its per-peer reader and its per-message task guarded.
+
+    Upstream (0.8.1) catches only StreamError, ParseError and IncompleteReadError in the reader, so
+    protobuf's DecodeError (random bytes on /meshsub/1.1.0) escapes, and ``push_msg`` runs as a task
+    of the pubsub service, where a garbage ``key`` in a published message raises DecodeError out of
+    the signature check and ends the service. Here both end in a count and a charge instead.
+    """
+
+    def __init__(self, *args: Any, guard: StreamGuard | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+
+    async def stream_handler(self, stream: INetStream) -> None:
+        try:
+            await super().stream_handler(stream)
+        except Exception as exc:
+            peer = stream.muxed_conn.peer_id
+            self._charge(peer, "meshsub reader", exc)
+            await reset_quietly(stream)
+            self._handle_dead_peer(peer)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:
+            self._charge(msg_forwarder, "meshsub message", exc)
+
+    def _charge(self, peer: ID, where: str, exc: Exception) -> None:
+        if self.guard is not None:
+            self.guard.charge(peer.to_base58(), where, exc)
+        else:
+            log.debug("%s from %s raised %r", where, peer, exc)

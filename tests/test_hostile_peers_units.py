@@ -1,0 +1,87 @@
+"""In-process parts of issue 21's guards: the service supervisor, the bounded member table and
+its members response, and decoding limits. Real nodes on 127.0.0.1 where a node is involved."""
+
+from collections import Counter
+
+import trio
+
+from tests.inprocess_nodes import make_node
+
+RUN = "guard-units"
+
+
+class FailsTwice:
+    """A service that raises twice before it settles: the node must keep running meanwhile."""
+
+    name = "fails-twice"
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def status(self) -> dict:
+        return {"starts": self.starts}
+
+    async def run(self, node, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.starts += 1
+        task_status.started()
+        if self.starts <= 2:
+            raise RuntimeError(f"failure number {self.starts}")
+        await trio.sleep_forever()
+
+
+async def test_failing_service_is_restarted_and_shown_in_status(tmp_path, nursery):
+    service = FailsTwice()
+    node = make_node(tmp_path, "node", RUN, services=[service])
+    await nursery.start(node.run)
+    with trio.fail_after(10):  # backoff 1 s, then 2 s
+        while service.starts < 3:
+            await trio.sleep(0.1)
+    await trio.sleep(0.1)
+    state = node.snapshot()["supervisor"]["fails-twice"]
+    assert state == {"state": "running", "restarts": 2, "last_error": "RuntimeError: failure number 2"}
+    assert node.snapshot()["supervisor"]["advertise_loop"]["state"] == "running"
+
+
+def advert_envelope(identity, ip: str, now: int, *, long_addrs: bool = False) -> bytes:
+    from intellect_node.protocol import codec
+    from tests.protocol_samples import sample_advert
+
+    port_pad = "/p2p-circuit" * 12 if long_addrs else ""
+    addrs = tuple(f"/ip4/{ip}/tcp/{4000 + i}{port_pad}/p2p/{identity.peer_id}" for i in range(16 if long_addrs else 1))
+    return codec.encode(sample_advert(identity, run_id=RUN, addrs=addrs), identity, lifetime_s=600, timestamp_ms=now)
+
+
+def test_sybil_flood_keeps_known_and_proven_members_and_the_response_fits_its_frame():
+    from intellect_node.crypto.envelope import now_ms
+    from intellect_node.crypto.identity import Identity
+    from intellect_node.node.swarm.membership import (MAX_PER_IP, MAX_PER_SUBNET, MemberView, TableFull,
+                                                      advertised_ip, subnet)
+    from intellect_node.protocol.framing import MAX_MEMBERS_RESPONSE, decode_envelope_list, encode_envelope_list
+
+    view, now = MemberView(RUN), now_ms()
+    honest = [Identity.generate() for _ in range(3)]
+    for index, identity in enumerate(honest):
+        view.accept(advert_envelope(identity, "127.0.0.1", now - 1000), now=now - 1000 + index)
+    worker = Identity.generate()
+    refused = 0
+    for index in range(600):  # 600 sybils: one IP, then spread over many /24s, big adverts
+        sybil = Identity.generate()
+        ip = "127.0.0.1" if index < 100 else f"10.{index % 250}.{index // 250}.{index % 7}"
+        try:
+            view.accept(advert_envelope(sybil, ip, now, long_addrs=index >= 100), now=now + index)
+        except TableFull:
+            refused += 1
+        if index == 300:  # a worker whose batch was accepted joins mid-flood from the crowded IP
+            view.vouch(worker.peer_id)
+            view.accept(advert_envelope(worker, "127.0.0.1", now), now=now + index)
+    held = {m.advert.peer_id for m in view.members(now=now + 1000)}
+    assert {i.peer_id for i in honest} | {worker.peer_id} <= held
+    from_loopback = [m for m in view.members(now=now + 1000) if m.advert.addrs[0].startswith("/ip4/127.0.0.1/")]
+    assert len(from_loopback) <= MAX_PER_IP and refused >= 100 - MAX_PER_IP
+    subnets = Counter(subnet(advertised_ip(m.advert)) for m in view.members(now=now + 1000))
+    assert max(subnets.values()) <= MAX_PER_SUBNET
+    response = encode_envelope_list(view.envelopes())
+    assert len(response) <= MAX_MEMBERS_RESPONSE
+    listed = decode_envelope_list(response)
+    assert listed[0] == view.get(worker.peer_id).envelope  # proven first
+    assert {view.get(i.peer_id).envelope for i in honest} <= set(listed[:4])
