@@ -49,6 +49,7 @@ def _config(**flags: Any) -> NodeConfig:
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
          trainer: Any = None) -> None:
+    from intellect_node.node.app.roles import RoleOptions
     from intellect_node.node.app.run import run_node, setup_logging
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.host import PortInUse
@@ -64,7 +65,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
 
     expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
     try:
-        run_node(config, on_ready, shards, inference, validator, trusted, trainer)
+        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted))
     except expected as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

@@ -1,4 +1,5 @@
-"""Running a node as a process: identity, hardware, logging, and a clean stop on SIGINT/SIGTERM."""
+"""Running a node as a process: identity, hardware, the role services, logging, and a clean stop on
+SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,21 +7,15 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import trio
 from intellect_node.crypto.identity import load_or_create_identity
-from intellect_node.node.app.config import InferenceOptions, NodeConfig
-from intellect_node.node.shards.config import ShardConfig
+from intellect_node.node.app.config import NodeConfig
+from intellect_node.node.app.roles import RoleOptions, assemble
 from intellect_node.node.swarm.hardware import detect_hardware
 from intellect_node.node.swarm.host import quiet_libp2p_logs
 
-if TYPE_CHECKING:
-    from intellect_node.node.roles.trainer.service import TrainerOptions
-    from intellect_node.node.roles.validator.service import ValidatorOptions
-
 log = logging.getLogger(__name__)
-RECEIVER_ROLES = frozenset({"trainer", "validator"})
 
 
 def setup_logging(level: str) -> None:
@@ -40,18 +35,11 @@ async def _until_signal(cancel: Callable[[], None]) -> None:
             return
 
 
-def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: ShardConfig | None = None,
-             inference: InferenceOptions | None = None, validator: ValidatorOptions | None = None,
-             trusted_validators: tuple[str, ...] = (), trainer: TrainerOptions | None = None) -> None:
+def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], roles: RoleOptions) -> None:
     """Run a node until SIGINT or SIGTERM; ``on_ready`` receives its listen multiaddrs.
 
-    With ``shards`` the node also runs the weight broadcast overlay (node.shards); trainers and
-    validators receive rollout batches into ``<home>/inbox``; with ``inference`` it generates them;
-    with ``trainer`` it verifies them and trains (the trainer's checks replace a validator's).
+    Which services run for which roles is decided in one table (``node.app.roles``).
     """
-    from intellect_node.node.rollouts.exchange import RolloutReceiver
-    from intellect_node.node.rollouts.inbox import RolloutInbox
-    from intellect_node.node.shards.service import ShardService
     from intellect_node.node.swarm.runtime import (
         Node,  # libp2p is imported only by commands that run a node
     )
@@ -61,45 +49,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], shards: 
     if created:
         log.info("created a new identity %s at %s", identity.peer_id, config.layout.identity_key)
     node = Node(config, identity, detect_hardware(config.home))
-    shard_service = ShardService(node, shards) if shards is not None else None  # registers gossip handlers
-    if shard_service is not None:
-        node.services.append(shard_service)
-    if RECEIVER_ROLES & set(config.roles):
-        receiver = RolloutReceiver(RolloutInbox(config.layout.inbox))
-        node.services.append(receiver)
-    if trainer is not None:  # judges the inbox itself, then trains (node/roles/trainer/service.py)
-        from intellect_node.node.roles.trainer.service import TrainerService
-        from intellect_node.node.tasks.spec import load_task_spec
-
-        if shard_service is None:
-            raise ValueError("the trainer role needs the shard overlay to publish its checkpoints")
-        trainer_service = TrainerService(node, shard_service, trainer, load_task_spec(trainer.task_spec))
-        receiver.on_stored = trainer_service.validator.notify
-        node.services.append(trainer_service)
-    elif validator is not None:  # judges the receiver's inbox (node/roles/validator/service.py)
-        from intellect_node.node.roles.validator.service import ValidatorService
-        from intellect_node.node.tasks.spec import load_task_spec
-
-        if shard_service is None:
-            raise ValueError("the validator role needs the shard overlay for its checkpoints")
-        validator_service = ValidatorService(node, shard_service, validator, load_task_spec(validator.task_spec),
-                                             async_window=config.run.async_level)
-        receiver.on_stored = validator_service.notify
-        node.services.append(validator_service)
-    elif trusted_validators:  # bans the workers these validators prove to cheat
-        from intellect_node.node.roles.validator.verdict_trust import (
-            listen_for_verdicts,
-        )
-
-        listen_for_verdicts(node, trusted_validators)
-    if inference is not None:
-        from intellect_node.node.roles.inference.worker import InferenceWorker
-        from intellect_node.node.tasks.spec import load_task_spec
-
-        if shard_service is None:
-            raise ValueError("the inference role needs the shard overlay for its checkpoints")
-        node.services.append(InferenceWorker(shard_service, inference.model_dir, load_task_spec(inference.task_spec),
-                                             engine=inference.engine, async_window=config.run.async_level))
+    node.services.extend(assemble(node, config, roles))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,132 @@
+"""Role assembly: one table maps each role a node is asked to take to the services that do it.
+
+The CLI parses and checks the options; this module alone decides which services a node runs, so a
+combination of roles is handled in one place (a trainer also validates: its own verification is
+the validator, so asking for both adds nothing and says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from intellect_node.node.app.config import InferenceOptions, NodeConfig
+from intellect_node.node.shards.config import ShardConfig
+
+if TYPE_CHECKING:
+    from intellect_node.node.roles.trainer.service import TrainerOptions
+    from intellect_node.node.roles.validator.service import ValidatorOptions
+    from intellect_node.node.rollouts.exchange import RolloutReceiver
+    from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.swarm.runtime import Node, Service
+
+log = logging.getLogger(__name__)
+RECEIVER_ROLES = frozenset({"trainer", "validator"})
+
+
+@dataclass(frozen=True)
+class RoleOptions:
+    """What each role needs beyond the node; None where the role only relays (no ``--model``)."""
+
+    shards: ShardConfig | None = None
+    inference: InferenceOptions | None = None
+    validator: ValidatorOptions | None = None
+    trainer: TrainerOptions | None = None
+    trusted_validators: tuple[str, ...] = ()
+
+
+@dataclass
+class Assembly:
+    """What the role builders share: the node, its options, and the services others hand work to."""
+
+    node: Node
+    config: NodeConfig
+    options: RoleOptions
+    overlay: ShardService | None = None
+    receiver: RolloutReceiver | None = None
+    verifier: Any = None  # the ValidatorService judging this node's inbox, once one is built
+    services: list[Service] = field(default_factory=list)
+
+    def require_overlay(self, role: str) -> ShardService:
+        if self.overlay is None:
+            raise ValueError(f"the {role} role needs the shard overlay for its checkpoints")
+        return self.overlay
+
+
+def _trainer(a: Assembly) -> None:
+    """Verifies the inbox itself (the validator's checks, node/roles/trainer/service.py), then trains."""
+    if a.options.trainer is None:
+        return
+    from intellect_node.node.roles.trainer.service import TrainerService
+    from intellect_node.node.tasks.spec import load_task_spec
+
+    service = TrainerService(a.node, a.require_overlay("trainer"), a.options.trainer,
+                             load_task_spec(a.options.trainer.task_spec))
+    a.verifier = service.validator
+    a.services.append(service)
+
+
+def _validator(a: Assembly) -> None:
+    """Judges the receiver's inbox, signs and gossips verdicts (node/roles/validator/service.py)."""
+    if a.options.validator is None:
+        return
+    if a.verifier is not None:
+        log.info("the trainer's own verification is this node's validator: one verifier judges the inbox")
+        return
+    from intellect_node.node.roles.validator.service import ValidatorService
+    from intellect_node.node.tasks.spec import load_task_spec
+
+    service = ValidatorService(a.node, a.require_overlay("validator"), a.options.validator,
+                               load_task_spec(a.options.validator.task_spec), async_window=a.config.run.async_level)
+    a.verifier = service
+    a.services.append(service)
+
+
+def _inference(a: Assembly) -> None:
+    """Generates, proves and delivers rollouts on the newest verified checkpoint."""
+    if a.options.inference is None:
+        return
+    from intellect_node.node.roles.inference.worker import InferenceWorker
+    from intellect_node.node.tasks.spec import load_task_spec
+
+    options = a.options.inference
+    a.services.append(InferenceWorker(a.require_overlay("inference"), options.model_dir,
+                                      load_task_spec(options.task_spec), engine=options.engine,
+                                      async_window=a.config.run.async_level))
+
+
+# In this order: the trainer's verifier must exist before the validator role looks for one.
+ROLE_BUILDERS: dict[str, Callable[[Assembly], None]] = {
+    "trainer": _trainer,
+    "validator": _validator,
+    "inference": _inference,
+}
+
+
+def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Service]:
+    """The services ``node`` runs for ``config.roles``: overlay, rollout inbox, then each role's."""
+    from intellect_node.node.rollouts.exchange import RolloutReceiver
+    from intellect_node.node.rollouts.inbox import RolloutInbox
+    from intellect_node.node.shards.service import ShardService
+
+    a = Assembly(node, config, options)
+    if options.shards is not None:
+        a.overlay = ShardService(node, options.shards)  # registers its gossip handlers now
+        a.services.append(a.overlay)
+    if RECEIVER_ROLES & set(config.roles):
+        a.receiver = RolloutReceiver(RolloutInbox(config.layout.inbox))
+        a.services.append(a.receiver)
+    for role, build in ROLE_BUILDERS.items():
+        if role in config.roles:
+            build(a)
+    if a.receiver is not None and a.verifier is not None:
+        a.receiver.on_stored = a.verifier.notify
+    elif options.trusted_validators:  # no verifier here: ban the workers these validators prove to cheat
+        from intellect_node.node.roles.validator.verdict_trust import (
+            listen_for_verdicts,
+        )
+
+        listen_for_verdicts(node, options.trusted_validators)
+    return a.services
