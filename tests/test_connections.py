@@ -9,7 +9,7 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy, address_keys
 from intellect_node.node.swarm.host import build_host
-from tests.conn_peers import can_connect, fresh_peer, peer_info, serving
+from intellect_node.node.demo.churn import can_connect, fresh_peer, peer_info, serving
 
 # py-libp2p's inbound slots are max_connections - min_connections: 10 here instead of 250, so
 # the upstream defect shows after a dozen connections instead of hundreds.
