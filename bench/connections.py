@@ -13,8 +13,9 @@ from 8 source addresses 127.0.0.10-17.
     python bench/connections.py           # about 2 minutes on an idle 2-core machine
     python bench/connections.py --quick   # under a minute
 
-The last line reads ``inbound_accepts_per_s: ours=<n> peer=<n> ratio=<x> target=0.9 ok|short``:
-ok when ours accepts at least 0.9x plain's rate and every churn cycle got in.
+The last line reads ``connections: ours=<n> peer=<n> ratio=<x> target=0.9 ok|short`` (n: inbound
+connections accepted per second, median round): ok when ours accepts at least 0.9x plain's rate
+and every churn cycle got in.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def main() -> int:
     ours, peer = statistics.median(rates["ours"]), statistics.median(rates["plain"])
     ratio = ours / peer
     ok = ratio >= TARGET and churned["ours"]["accepted"] == cycles
-    print(f"inbound_accepts_per_s: ours={ours:.1f} peer={peer:.1f} ratio={ratio:.2f} target={TARGET} {'ok' if ok else 'short'}")
+    print(f"connections: ours={ours:.1f} peer={peer:.1f} ratio={ratio:.2f} target={TARGET} {'ok' if ok else 'short'}")
     return 0
 
 

@@ -4,6 +4,7 @@
 import pytest
 import trio
 from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
@@ -93,6 +94,8 @@ def test_protected_and_proven_peers_survive_a_trim_newest_unproven_go_first():
             connected = {p.to_base58() for p in server.get_connected_peers()}
             assert connected == set(peers[:4])
             assert manager.status()["trimmed"] == 4
+            swarm = server.get_network()  # py-libp2p's own pruner spares the same peers
+            assert swarm.is_protected(ID.from_base58(peers[0])) and not swarm.is_protected(ID.from_base58(peers[3]))
             release.set()
 
     trio.run(main)
@@ -150,3 +153,15 @@ def test_a_node_protects_the_bootstrap_peer_it_joined_through(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_node_protects_the_runs_trainer(tmp_path):
+    from intellect_node.node.shards.config import ShardConfig
+    from intellect_node.node.shards.service import ShardService
+    from tests.inprocess_nodes import make_node
+
+    trainer = Identity.generate().peer_id
+    node = make_node(tmp_path, "worker", "conn-run")
+    ShardService(node, ShardConfig(data_dir=tmp_path / "shards", trainer=trainer))
+    assert node.connections.is_protected(trainer)
+    assert node.host.get_network().is_protected(ID.from_base58(trainer))

@@ -21,6 +21,7 @@ Every refusal is counted by reason in ``status()``; nothing a remote sends can r
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import time
@@ -31,9 +32,11 @@ import trio
 from libp2p.abc import IHost, IMuxedConn, INetConn
 from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 log = logging.getLogger(__name__)
+MAX_PROVEN = 10_000  # peers remembered as proven, most recently proven kept
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class ConnectionManager:
         self._swarm = host.get_network()
         self._slots: set[_Slot] = set()
         self._protected: dict[str, set[str]] = {}  # peer id -> tags
-        self._proven: set[str] = set()
+        self._proven: dict[str, None] = {}  # insertion-ordered; the oldest go past MAX_PROVEN
         self.accepted = 0
         self.trimmed = 0
         self.refused: Counter[str] = Counter()
@@ -103,8 +106,13 @@ class ConnectionManager:
     # ---- who matters -----------------------------------------------------------------------
 
     def protect(self, peer_id: str, tag: str) -> None:
-        """Never trim ``peer_id`` while any tag holds (e.g. "trainer", "bootstrap", "relay")."""
+        """Never trim ``peer_id`` while any tag holds (e.g. "trainer", "bootstrap", "relay").
+
+        Mirrored into py-libp2p's own tag store, so its pruner (above its ``high_watermark``,
+        200 by default) spares the same peers."""
         self._protected.setdefault(peer_id, set()).add(tag)
+        with _ignored_bad_id():
+            self._swarm.protect(ID.from_base58(peer_id), tag)
 
     def unprotect(self, peer_id: str, tag: str) -> None:
         tags = self._protected.get(peer_id)
@@ -112,11 +120,16 @@ class ConnectionManager:
             tags.discard(tag)
             if not tags:
                 del self._protected[peer_id]
+        with _ignored_bad_id():
+            self._swarm.unprotect(ID.from_base58(peer_id), tag)
 
     def mark_proven(self, peer_id: str) -> None:
         """A peer that did useful work (accepted rollouts, a verified checkpoint): it no longer
         counts against the per-IP caps and is trimmed after unproven peers."""
-        self._proven.add(peer_id)
+        self._proven.pop(peer_id, None)
+        self._proven[peer_id] = None
+        while len(self._proven) > MAX_PROVEN:
+            del self._proven[next(iter(self._proven))]
 
     def is_protected(self, peer_id: str) -> bool:
         return peer_id in self._protected
@@ -139,6 +152,9 @@ class ConnectionManager:
 
     async def _handle_inbound(self, stream: ReadWriteCloser, listen_addr: Multiaddr) -> None:
         """Admit, upgrade under a deadline, then hold the slot exactly as long as the connection."""
+        if isinstance(stream, IMuxedConn):  # QUIC and the like, which this node does not listen on
+            await type(self._swarm)._handle_inbound_connection(self._swarm, stream, listen_addr)
+            return
         remote = _remote_ip(stream)
         reason = self._admission(*address_keys(remote))
         if reason is not None:
@@ -257,6 +273,11 @@ async def _closed(muxed: IMuxedConn) -> None:
         return
     while not muxed.is_closed:  # a muxer without the event (none we configure today)
         await trio.sleep(1.0)
+
+
+def _ignored_bad_id() -> contextlib.AbstractContextManager[None]:
+    """A peer id that is not base58 (a test's label) is kept in our table only."""
+    return contextlib.suppress(ValueError)
 
 
 async def _close_quietly(closer: ReadWriteCloser | RawConnection) -> None:
