@@ -242,6 +242,10 @@ def _print_status(data: dict[str, Any]) -> None:
         step = "-" if m["policy_step"] is None else str(m["policy_step"])
         table.add_row(m["peer_id"][-12:], ",".join(m["roles"]), _format_hardware(m["hardware"]), step, f"{m['age_s']:.0f}s")
     Console().print(table)
+    if "connections" in data:
+        c = data["connections"]
+        refused = ", ".join(f"{k}={v}" for k, v in sorted(c["refused"].items())) or "none"
+        err.print(f"connections: {c['inbound']} in, {c['outbound']} out, {c['trimmed']} trimmed, refused: {refused}")
     if data.get("rejections"):
         err.print("rejected inputs: " + ", ".join(f"{k}={v}" for k, v in sorted(data["rejections"].items())))
     for name, figures in data.get("services", {}).items():

@@ -6,4 +6,6 @@
 - ``dashboard``: the live terminal view.
 - ``plot``: reward.png from metrics.jsonl.
 - ``tinymodel``: the project's tiny CPU model, built on first use.
+- ``churn``: fresh identities that connect to one node from a chosen 127.0.0.x, advertise and
+  leave (the connection tests and bench/connections.py).
 """

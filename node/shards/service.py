@@ -65,6 +65,8 @@ class ShardService:
             raise ShardConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "
                                    f"{config.trainer}: its manifests would be refused everywhere, its own copy included")
         self.trainer = config.trainer or (node.peer_id if config.is_publisher else None)
+        if self.trainer not in (None, node.peer_id):
+            node.connections.protect(self.trainer, "trainer")  # never trimmed (specs/connections.md)
         self.store = ShardStore(config.data_dir, self.run_id)
         self.book = PeerBook()
         self.client = ShardClient(node.identity, config.stall_s)
@@ -233,6 +235,7 @@ class ShardService:
     def verified(self, checkpoint: Checkpoint, shard: int, peer_id: str, nbytes: int) -> None:
         self.counters["fetched_bytes"] += nbytes
         self.counters["fetched_shards"] += 1
+        self.node.connections.mark_proven(peer_id)  # served a verified shard
         self.progress.advance(checkpoint.step, nbytes, peer_id)
         self._dirty()
 

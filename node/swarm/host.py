@@ -20,6 +20,7 @@ from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.network.config import ConnectionConfig
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -30,7 +31,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 log = logging.getLogger(__name__)
 
 
-def build_host(identity: Identity) -> IHost:
+def build_host(identity: Identity, connection_config: ConnectionConfig | None = None) -> IHost:
+    """A plain py-libp2p host; ``connections.ConnectionManager`` takes over its inbound path."""
     private = Ed25519PrivateKey.new(identity.seed)
     key_pair = KeyPair(private, private.get_public_key())
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
@@ -38,6 +40,7 @@ def build_host(identity: Identity) -> IHost:
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+        connection_config=connection_config,
     )
 
 

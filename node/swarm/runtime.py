@@ -17,6 +17,7 @@ import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
+from intellect_node.node.swarm.connections import ConnectionManager
 from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_path, serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
@@ -121,6 +122,7 @@ class Node:
         self.guard = StreamGuard(self.scores)
         self.guard.install(self.host)
         self.supervisor = Supervisor()
+        self.connections = ConnectionManager(self.host)
         self.policy_step: int | None = None
         self.started_at = time.time()
         self.services = list(services)
@@ -154,6 +156,7 @@ class Node:
                 async with background_trio_service(self.pubsub), background_trio_service(router), \
                         background_trio_service(self.dht):
                     await self.pubsub.wait_until_ready()
+                    nursery.start_soon(self.connections.run)
                     await nursery.start(self.supervisor.run, "control", partial(serve_control, self.config.layout.control_socket,
                                                                                  self.snapshot))
                     self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
@@ -225,6 +228,8 @@ class Node:
             try:
                 self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
                 await self.host.connect(info)
+                if addr in self.config.bootstrap:
+                    self.connections.protect(info.peer_id.to_base58(), "bootstrap")
                 await self.dht.routing_table.add_peer(info.peer_id)
             except Exception as exc:  # unreachable peers fail in many transport-specific ways
                 log.info("cannot connect to %s: %s", addr, exc)
@@ -564,6 +569,7 @@ class Node:
             "uptime_s": round(now - self.started_at, 1),
             "addrs": self.addrs(),
             "connected_peers": len(self.host.get_connected_peers()),
+            "connections": self.connections.status(),
             "gossip_peers": len(self.pubsub.peers),
             "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,

@@ -228,6 +228,8 @@ class ValidatorService:
         verdict = codec.decode(envelope, Verdict).message
         if verdict.cheats:
             ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")
+        elif result.accepted:
+            self.node.connections.mark_proven(batch.worker)  # accepted work: trimmed last, off the per-IP caps
         rate = self.rows / self.seconds if self.seconds else 0.0
         log.info("verdict on %s from %s step %d: %d accepted, %d rejected %s; %.1f verified rows/s",
                  digest[:12], batch.worker, batch.policy_step, len(result.accepted), len(result.rejected),

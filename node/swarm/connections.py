@@ -1,0 +1,288 @@
+"""Inbound admission and a connection manager for the libp2p host (specs/connections.md).
+
+py-libp2p 0.8.1 takes an inbound slot per connection and returns it only when the swarm ends (its
+inbound handler waits for the whole swarm after the upgrade), so a node goes deaf after about 250
+connections in its life. ``ConnectionManager`` takes over the swarm's inbound path: it does the
+same gate check and upgrade, then waits for *that connection* to close and frees its slot. Around
+that it adds what a node open to the internet needs:
+
+- admission caps on unproven peers per IP and per /24 (IPv6: /64 and /48), and on inbound
+  connections in total, so one host or subnet cannot take every slot;
+- a deadline on the inbound handshake (security and muxer), so a half-open connection cannot
+  sit on a slot;
+- go-libp2p connmgr-style trimming: above ``high_water`` connections, close unprotected ones
+  past their grace period down to ``low_water``, unproven before proven, idle before busy,
+  newest first;
+- protection for the peers that matter (the run's trainer, peers with accepted work or verified
+  checkpoints, bootstrap and relay peers this node chose), given by tag through ``protect``.
+
+Every refusal is counted by reason in ``status()``; nothing a remote sends can raise out of here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import trio
+from libp2p.abc import IHost, IMuxedConn, INetConn
+from libp2p.io.abc import ReadWriteCloser
+from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+log = logging.getLogger(__name__)
+MAX_PROVEN = 10_000  # peers remembered as proven, most recently proven kept
+
+
+@dataclass(frozen=True)
+class ConnectionPolicy:
+    """Limits of one node. The defaults suit a public bootstrap node; py-libp2p's own
+    ``max_connections`` (300, both directions) stays above ``max_inbound`` so outbound dials
+    this node chooses always have room."""
+
+    max_inbound: int = 200
+    high_water: int = 160
+    low_water: int = 120
+    unproven_per_ip: int = 32
+    unproven_per_subnet: int = 128
+    handshake_deadline_s: float = 5.0
+    grace_s: float = 20.0
+    trim_every_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.low_water <= self.high_water:
+            raise ValueError(f"need 0 <= low_water ({self.low_water}) <= high_water ({self.high_water})")
+        if min(self.max_inbound, self.unproven_per_ip, self.unproven_per_subnet) < 1:
+            raise ValueError("max_inbound and the per-IP and per-subnet caps must be at least 1")
+
+
+def address_keys(ip: str) -> tuple[str, str]:
+    """(host key, subnet key) of a remote address: /32 and /24 for IPv4, /64 and /48 for IPv6.
+
+    Each 127.0.0.x is its own host, so loopback tests can stand in for distinct machines.
+    An unparsable address gets its own text as both keys: it still counts, it never raises.
+    """
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip, ip
+    host_bits, subnet_bits = (32, 24) if addr.version == 4 else (64, 48)
+    return (str(ipaddress.ip_network(f"{ip}/{host_bits}", strict=False)),
+            str(ipaddress.ip_network(f"{ip}/{subnet_bits}", strict=False)))
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One inbound connection from accept to close; ``peer_id`` is known once the handshake ends."""
+
+    host_key: str
+    subnet_key: str
+    peer_id: str | None = None
+    opened: float = field(default_factory=time.monotonic)
+
+
+class ConnectionManager:
+    """Owns the host's inbound path and trims its connections; ``run`` is its background task."""
+
+    def __init__(self, host: IHost, policy: ConnectionPolicy | None = None) -> None:
+        self.policy = policy or ConnectionPolicy()
+        self._swarm = host.get_network()
+        self._slots: set[_Slot] = set()
+        self._protected: dict[str, set[str]] = {}  # peer id -> tags
+        self._proven: dict[str, None] = {}  # insertion-ordered; the oldest go past MAX_PROVEN
+        self.accepted = 0
+        self.trimmed = 0
+        self.refused: Counter[str] = Counter()
+        self._trim_wanted = trio.Event()
+        # The listener's handler looks this attribute up per connection, so an instance attribute
+        # replaces the upstream inbound path without touching the installed package.
+        self._swarm._handle_inbound_connection = self._handle_inbound  # type: ignore[attr-defined]
+
+    # ---- who matters -----------------------------------------------------------------------
+
+    def protect(self, peer_id: str, tag: str) -> None:
+        """Never trim ``peer_id`` while any tag holds (e.g. "trainer", "bootstrap", "relay").
+
+        Mirrored into py-libp2p's own tag store, so its pruner (above its ``high_watermark``,
+        200 by default) spares the same peers."""
+        self._protected.setdefault(peer_id, set()).add(tag)
+        with _ignored_bad_id():
+            self._swarm.protect(ID.from_base58(peer_id), tag)
+
+    def unprotect(self, peer_id: str, tag: str) -> None:
+        tags = self._protected.get(peer_id)
+        if tags is not None:
+            tags.discard(tag)
+            if not tags:
+                del self._protected[peer_id]
+        with _ignored_bad_id():
+            self._swarm.unprotect(ID.from_base58(peer_id), tag)
+
+    def mark_proven(self, peer_id: str) -> None:
+        """A peer that did useful work (accepted rollouts, a verified checkpoint): it no longer
+        counts against the per-IP caps and is trimmed after unproven peers."""
+        self._proven.pop(peer_id, None)
+        self._proven[peer_id] = None
+        while len(self._proven) > MAX_PROVEN:
+            del self._proven[next(iter(self._proven))]
+
+    def is_protected(self, peer_id: str) -> bool:
+        return peer_id in self._protected
+
+    def _is_proven(self, peer_id: str | None) -> bool:
+        return peer_id is not None and (peer_id in self._proven or peer_id in self._protected)
+
+    # ---- the inbound path ------------------------------------------------------------------
+
+    def _admission(self, host_key: str, subnet_key: str) -> str | None:
+        """The reason to refuse a new inbound connection from this address, or None."""
+        if len(self._slots) >= self.policy.max_inbound:
+            return "inbound_full"
+        unproven = [slot for slot in self._slots if not self._is_proven(slot.peer_id)]
+        if sum(slot.host_key == host_key for slot in unproven) >= self.policy.unproven_per_ip:
+            return "per_ip"
+        if sum(slot.subnet_key == subnet_key for slot in unproven) >= self.policy.unproven_per_subnet:
+            return "per_subnet"
+        return None
+
+    async def _handle_inbound(self, stream: ReadWriteCloser, listen_addr: Multiaddr) -> None:
+        """Admit, upgrade under a deadline, then hold the slot exactly as long as the connection."""
+        if isinstance(stream, IMuxedConn):  # QUIC and the like, which this node does not listen on
+            await type(self._swarm)._handle_inbound_connection(self._swarm, stream, listen_addr)
+            return
+        remote = _remote_ip(stream)
+        reason = self._admission(*address_keys(remote))
+        if reason is not None:
+            self.refused[reason] += 1
+            await _close_quietly(stream)
+            return
+        slot = _Slot(*address_keys(remote))
+        self._slots.add(slot)
+        try:
+            muxed = await self._upgrade(stream, listen_addr)
+            if muxed is None:
+                return
+            slot.peer_id = muxed.peer_id.to_base58()
+            self.accepted += 1
+            if len(self._swarm.get_connections()) > self.policy.high_water:
+                self._trim_wanted.set()
+            await _closed(muxed)
+        finally:
+            self._slots.discard(slot)
+
+    async def _upgrade(self, stream: ReadWriteCloser, listen_addr: Multiaddr) -> IMuxedConn | None:
+        """The upstream gate and upgrade (which registers the connection), or None, counted."""
+        swarm = self._swarm
+        remote_maddr = swarm._build_remote_multiaddr(stream)
+        if remote_maddr is not None and not await swarm.connection_gate.is_allowed(remote_maddr):
+            self.refused["gate"] += 1
+            await _close_quietly(stream)
+            return None
+        raw = RawConnection(stream, False)
+        with trio.move_on_after(self.policy.handshake_deadline_s) as deadline:
+            try:
+                return await swarm.upgrade_inbound_raw_conn(raw, listen_addr)
+            except Exception as exc:  # a hostile or broken dialer fails the upgrade in many ways
+                log.debug("inbound upgrade from %s failed: %s", remote_maddr, exc)
+                self.refused["handshake_failed"] += 1
+        if deadline.cancelled_caught:
+            self.refused["handshake_timeout"] += 1
+        await _close_quietly(raw)
+        return None
+
+    # ---- trimming --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Trim when an accept pushed the count over the high mark, and every ``trim_every_s``
+        (connections still in their grace period at one trim may be trimmable at the next)."""
+        while True:
+            with trio.move_on_after(self.policy.trim_every_s):
+                await self._trim_wanted.wait()
+            self._trim_wanted = trio.Event()
+            await self.trim()
+
+    def trim_candidates(self) -> list[INetConn]:
+        """The connections to close now, in order: unproven before proven, idle before busy,
+        newest first; protected peers and connections younger than the grace period never."""
+        conns = self._swarm.get_connections()
+        excess = len(conns) - self.policy.low_water
+        if len(conns) <= self.policy.high_water or excess <= 0:
+            return []
+        now = time.time()
+        eligible = [conn for conn in conns
+                    if not self.is_protected(_peer(conn)) and now - _opened(conn) >= self.policy.grace_s]
+        eligible.sort(key=lambda conn: (self._is_proven(_peer(conn)), bool(conn.get_streams()), -_opened(conn)))
+        return eligible[:excess]
+
+    async def trim(self) -> int:
+        """Close ``trim_candidates()``; returns how many were closed."""
+        victims = self.trim_candidates()
+        for conn in victims:
+            try:
+                await conn.close()
+            except Exception as exc:  # closing a connection the peer already dropped
+                log.debug("trim close of %s failed: %s", _peer(conn), exc)
+        self.trimmed += len(victims)
+        if victims:
+            log.info("trimmed %d connections (now %d)", len(victims), len(self._swarm.get_connections()))
+        return len(victims)
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        conns = self._swarm.get_connections()
+        inbound = sum(getattr(conn, "direction", "") == "inbound" for conn in conns)
+        return {
+            "inbound": inbound,
+            "outbound": len(conns) - inbound,
+            "handshaking": sum(slot.peer_id is None for slot in self._slots),
+            "accepted": self.accepted,
+            "trimmed": self.trimmed,
+            "refused": dict(self.refused),
+            "protected": len(self._protected),
+        }
+
+
+def _remote_ip(stream: ReadWriteCloser) -> str:
+    try:
+        remote = stream.get_remote_address()
+    except Exception:  # a socket already reset by the peer
+        remote = None
+    return remote[0] if remote else "unknown"
+
+
+def _peer(conn: INetConn) -> str:
+    return conn.muxed_conn.peer_id.to_base58()
+
+
+def _opened(conn: INetConn) -> float:
+    """Wall time the connection was registered (py-libp2p's own pruner reads the same field)."""
+    return float(getattr(conn, "_created_at", 0.0))
+
+
+async def _closed(muxed: IMuxedConn) -> None:
+    """Return once the connection is closed, by either side, for any reason."""
+    event = getattr(muxed, "event_closed", None)
+    if isinstance(event, trio.Event):
+        await event.wait()
+        return
+    while not muxed.is_closed:  # a muxer without the event (none we configure today)
+        await trio.sleep(1.0)
+
+
+def _ignored_bad_id() -> contextlib.AbstractContextManager[None]:
+    """A peer id that is not base58 (a test's label) is kept in our table only."""
+    return contextlib.suppress(ValueError)
+
+
+async def _close_quietly(closer: ReadWriteCloser | RawConnection) -> None:
+    with trio.move_on_after(1.0):
+        try:
+            await closer.close()
+        except Exception:  # already reset by the peer
+            pass
