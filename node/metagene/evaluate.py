@@ -22,7 +22,6 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from intellect_node.node.metagene.dataset import tokenize_reads
-from intellect_node.node.metagene.loss import lm_loss
 from intellect_node.node.metagene.probe import fit_probe, matthews_corrcoef, predict
 from intellect_node.node.metagene.reads import Read
 from intellect_node.node.metagene.sequences import IGNORE, build_rows
