@@ -1,0 +1,22 @@
+"""The METAGENE-1 workload: metagenomic reads in, a genomic foundation model out. One job per module:
+
+- ``reads``: streamed FASTQ/FASTA (plain or gzip; a file, a directory or a glob) through dnaio,
+  with hostile-input checks whose errors name the file and line (or record); per-read source.
+- ``filtering``: quality-aware filtering (length, N fraction, mean Phred) and bounded exact dedup.
+- ``synthetic``: a seeded generated metagenome (organisms of distinct composition, reads with
+  errors) for tests, the bench and ``metagene synth``.
+- ``tokenizer``: the BPE tokenizer (vocabulary 1024, METAGENE-1's specials), HF layout, bp/token.
+- ``dataset``: tokenized reads in flat arrays, addressable by index, saved memory-mapped;
+  content-keyed held-out split.
+- ``sequences``: read -> training item (<= 512 tokens + EOS), packing, the document mask.
+- ``sharding``: which reads a peer trains on in a round: a keyed permutation of (seed, round, peer).
+- ``feed``: a peer's batches for a round (what the DiLoCo role calls).
+- ``presets``: Llama-shaped model presets, tiny to the METAGENE-1 7B configuration.
+- ``loss``: cross entropy plus z-loss 2e-4.
+- ``recipe``: AdamW, warm-up, cosine to a floor, clipping (METAGENE-1's numbers).
+- ``pretrain``: the inner training step and a one-machine loop; HF-layout saving.
+- ``probe``: linear probe and multi-class MCC.
+- ``evaluate``: per-organism perplexity, probe MCC on embeddings vs a 4-mer baseline.
+
+specs/metagene.md states the tokenizer layout, sequence format, mask and sharding function.
+"""
