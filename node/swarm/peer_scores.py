@@ -70,10 +70,16 @@ class PeerScores:
         points = self.penalty(peer_id, now) + cost
         self._penalty[peer_id] = (points, now)
         if points >= self.ban_threshold:
-            self.banned.add(peer_id)
-            log.warning("banned peer %s (penalty %.0f, last reason %s)", peer_id, points, reason)
-            if self.on_ban is not None:
-                self.on_ban(peer_id)
+            self.ban(peer_id, f"penalty {points:.0f}, last reason {reason}")
+
+    def ban(self, peer_id: str, why: str) -> None:
+        """The one ban path: by points past the threshold, or at once for a proven cheat."""
+        if peer_id in self.banned:
+            return
+        self.banned.add(peer_id)
+        log.warning("banned peer %s: %s", peer_id, why)
+        if self.on_ban is not None:
+            self.on_ban(peer_id)
 
     def is_banned(self, peer_id: str) -> bool:
         return peer_id in self.banned

@@ -32,12 +32,8 @@ OwnAccepted = Callable[[str], set[int] | None]  # batch digest -> counters this 
 
 def ban_worker(node: Node, peer_id: str, why: str) -> None:
     """Ban ``peer_id`` for the run: the receiver ignores its streams, its gossip is dropped."""
-    if node.scores.is_banned(peer_id) or peer_id == node.peer_id:
-        return
-    node.scores.banned.add(peer_id)
-    log.warning("banned worker %s: %s", peer_id, why)
-    if node.scores.on_ban is not None:
-        node.scores.on_ban(peer_id)
+    if peer_id != node.peer_id:
+        node.scores.ban(peer_id, f"worker proven to cheat: {why}")
 
 
 def _opinion(verdict: Verdict) -> tuple:
