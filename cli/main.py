@@ -53,6 +53,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          trainer: Any = None) -> None:
     from intellect_node.node.app.roles import RoleOptions
     from intellect_node.node.app.run import run_node, setup_logging
+    from intellect_node.node.swarm.bootstrap import config_line
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.host import PortInUse
     from intellect_node.node.swarm.runtime import JoinError
@@ -64,6 +65,9 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
         if announce:
             for addr in addrs:
                 print(addr, flush=True)
+            # stderr, unstyled: stdout stays one address per line for scripts; this is for people.
+            print(f"add this line to the [node] section of each joining node's config.toml:\n{config_line(addrs)}",
+                  file=sys.stderr, flush=True)
 
     expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
     try:

@@ -17,6 +17,7 @@ import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
+from intellect_node.node.swarm.bootstrap import Attempt, dial, join_failure_message, join_tiers
 from intellect_node.node.swarm.connections import ConnectionManager
 from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_path, serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
@@ -26,7 +27,6 @@ from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
     dialable_addrs,
-    parse_peer_addr,
 )
 from intellect_node.node.swarm.membership import (
     AdvertRecordValidator,
@@ -188,9 +188,14 @@ class Node:
     # ---- joining ---------------------------------------------------------------------------
 
     async def _join(self) -> None:
-        own = set(self.addrs())
-        candidates = list(dict.fromkeys(a for a in [*self.config.bootstrap, *self.peer_cache.addresses()] if a not in own))
-        if not candidates:
+        """Reach the swarm through the peer cache, else the bootstrap peers (``bootstrap.join_tiers``).
+
+        Each tier is dialed at once (bounded per address); a later tier is tried only when no
+        address of the earlier ones answered, so a node that ran before does not need the bootstrap
+        hosts. When nothing answers, JoinError lists every address tried and why it failed.
+        """
+        tiers = join_tiers(self.peer_cache.addresses(), self.config.bootstrap, self.addrs())
+        if not tiers:
             if self.config.new_swarm:
                 log.info("starting a new swarm for run %s (no bootstrap peers given)", self.config.run_id)
                 return
@@ -199,45 +204,35 @@ class Node:
                 "--bootstrap /ip4/.../tcp/.../p2p/<peer id> (the address `intellect-node bootstrap` prints), "
                 "or --new-swarm to start a new swarm"
             )
-        async with trio.open_nursery() as nursery:
-            results: list[bool] = []
+        attempts: list[Attempt] = []
+        for source, addrs in tiers:
+            async with trio.open_nursery() as nursery:
+                for addr in addrs:
+                    nursery.start_soon(self._attempt_join, addr, source, attempts)
+            reached = sum(attempt.ok for attempt in attempts)
+            if reached:
+                log.info("joined run %s through %d of %d peers (%s)", self.config.run_id, reached, len(attempts), source)
+                return
+        if not self.config.new_swarm:
+            raise JoinError(join_failure_message(attempts))
+        log.warning("%s; starting a new swarm as --new-swarm asks", join_failure_message(attempts))
 
-            async def attempt(addr: str) -> None:
-                results.append(await self._connect_and_exchange(addr))
+    async def _attempt_join(self, addr: str, source: str, attempts: list[Attempt]) -> None:
+        attempt = await self._connect_and_exchange(addr, source)
+        if not attempt.ok:
+            log.info("cannot join through %s", attempt.line())
+        attempts.append(attempt)
 
-            for addr in candidates:
-                nursery.start_soon(attempt, addr)
-        reached = sum(results)
-        if reached == 0 and not self.config.new_swarm:
-            raise JoinError(
-                f"could not reach any of {len(candidates)} bootstrap or cached peers "
-                f"({', '.join(candidates[:3])}{', ...' if len(candidates) > 3 else ''}); check the addresses "
-                "and that those nodes run, or pass --new-swarm to start a new swarm"
-            )
-        log.info("joined run %s through %d of %d peers", self.config.run_id, reached, len(candidates))
-
-    async def _connect_and_exchange(self, addr: str) -> bool:
-        try:
-            info = parse_peer_addr(addr)
-        except ValueError as exc:
-            log.warning("%s", exc)
-            return False
-        if info.peer_id == self.host.get_id():
-            return False
-        with trio.move_on_after(self.config.connect_timeout_s):
-            try:
-                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
-                await self.host.connect(info)
-                if addr in self.config.bootstrap:
-                    self.connections.protect(info.peer_id.to_base58(), "bootstrap")
-                await self.dht.routing_table.add_peer(info.peer_id)
-            except Exception as exc:  # unreachable peers fail in many transport-specific ways
-                log.info("cannot connect to %s: %s", addr, exc)
-                return False
-            await self._exchange_members(info.peer_id)
-            return True
-        log.info("connecting to %s timed out", addr)
-        return False
+    async def _connect_and_exchange(self, addr: str, source: str = "member") -> Attempt:
+        attempt = await dial(self.host, addr, source, self.config.connect_timeout_s)
+        if attempt.ok and attempt.peer is not None:
+            peer = attempt.peer.peer_id
+            if source == "bootstrap":
+                self.connections.protect(peer.to_base58(), "bootstrap")
+            with trio.move_on_after(self.config.connect_timeout_s):
+                await self.dht.routing_table.add_peer(peer)
+                await self._exchange_members(peer)
+        return attempt
 
     # ---- the members protocol --------------------------------------------------------------
 
@@ -522,7 +517,7 @@ class Node:
             if peer_id == self.peer_id or peer_id in connected or self.scores.is_banned(peer_id):
                 continue
             for addr in member.advert.addrs:
-                if "/p2p/" in addr and await self._connect_and_exchange(addr):
+                if "/p2p/" in addr and (await self._connect_and_exchange(addr)).ok:
                     connected.add(peer_id)
                     break
 
