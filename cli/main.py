@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.node.app.config import (
     ConfigError,
@@ -29,6 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
 err = Console(stderr=True)
 app.add_typer(metagene_app, name="metagene")
+app.command()(doctor)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Node home: key, peer cache, data. [default: ~/.intellect-node]")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file [default: <home>/config.toml]")]

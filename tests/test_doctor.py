@@ -1,0 +1,100 @@
+"""`intellect-node doctor`: each check's OK and FAIL path, on real files, sockets and nodes."""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from intellect_node.crypto.identity import Identity, save_identity
+from intellect_node.node.app.doctor import (
+    FAIL, OK, WARN, check_config, check_disk, check_gpu, check_identity, check_listen, check_peers,
+    check_reachability, skew_check,
+)
+from tests.inprocess_nodes import make_node
+
+
+def test_config_parses_or_fails_naming_the_key(tmp_path):
+    assert check_config({"home": tmp_path}, None)[0].level == OK
+    (tmp_path / "config.toml").write_text("[node]\nno_such_key = 1\n")
+    check, config = check_config({"home": tmp_path}, None)
+    assert check.level == FAIL and "no_such_key" in check.detail
+    assert config.home == tmp_path  # the other checks still look at the right home
+
+
+def test_identity_missing_is_fine_readable_by_others_fails(tmp_path):
+    key = tmp_path / "identity.key"
+    assert check_identity(key).level == OK and "created" in check_identity(key).detail
+    identity = Identity.generate()
+    save_identity(identity, key)
+    assert check_identity(key).level == OK and identity.peer_id in check_identity(key).detail
+    key.chmod(0o644)
+    check = check_identity(key)
+    assert check.level == FAIL and "chmod 600" in check.fix
+
+
+def test_listen_port_free_or_held():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        assert check_listen([f"/ip4/127.0.0.1/tcp/{port}"]).level == FAIL
+    assert check_listen([f"/ip4/127.0.0.1/tcp/{port}"]).level == OK
+
+
+def test_reachability_from_the_addresses_a_node_would_advertise():
+    assert check_reachability(["/ip4/9.9.9.9/tcp/4001"]).level == OK
+    loopback = check_reachability(["/ip4/127.0.0.1/tcp/4001"])
+    assert loopback.level == WARN and "loopback" in loopback.detail
+    private = check_reachability(["/ip4/10.1.2.3/tcp/4001"])
+    assert private.level == WARN and "NAT" in private.detail and "forward" in private.fix
+
+
+def test_disk_thresholds(tmp_path):
+    assert check_disk(tmp_path / "not" / "yet", fail_below=1, warn_below=1).level == OK
+    assert check_disk(tmp_path, fail_below=2**62).level == FAIL
+
+
+def test_gpu_and_engine_are_reported_never_fatal_without_a_gpu():
+    import torch
+
+    gpu, engine = check_gpu()
+    assert gpu.level == (OK if torch.cuda.is_available() else WARN)
+    assert engine.name == "engine" and engine.level in (OK, WARN)
+
+
+def test_clock_skew_levels():
+    assert skew_check("p", 1.0).level == OK
+    assert skew_check("p", 10.0).level == WARN
+    assert skew_check("p", 60.0).level == FAIL  # its adverts would be refused as from the future
+    assert skew_check("p", -200.0, lifetime_s=120.0).level == FAIL  # every advert looks expired to us
+
+
+async def test_a_live_bootstrap_peer_answers_and_gives_the_clock(tmp_path, nursery):
+    node = make_node(tmp_path, "boot", "doctor-test")
+    addrs = await nursery.start(node.run)
+    checks = await check_peers(addrs[:1], timeout_s=5.0)
+    assert [c.level for c in checks if c.name == "bootstrap"] == [OK]
+    clock = next(c for c in checks if c.name == "clock")
+    assert clock.level == OK and node.peer_id in clock.detail
+
+
+async def test_an_unreachable_bootstrap_peer_fails_with_the_reason():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    checks = await check_peers([f"/ip4/127.0.0.1/tcp/{port}/p2p/{Identity.generate().peer_id}"], timeout_s=2.0)
+    bootstrap = [c for c in checks if c.name == "bootstrap"]
+    assert len(bootstrap) == 1 and bootstrap[0].level == FAIL and "refused" in bootstrap[0].detail
+    assert (await check_peers([]))[0].level == WARN
+
+
+def test_cli_json_and_exit_status(tmp_path):
+    (tmp_path / "config.toml").write_text("bootstrap = 3\n")  # not a list: a config FAIL
+    result = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "doctor", "--home", str(tmp_path),
+                             "--listen", "/ip4/127.0.0.1/tcp/0", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    checks = {c["name"]: c for c in json.loads(result.stdout)}
+    assert checks["config"]["level"] == FAIL and "bootstrap" in checks["config"]["detail"]
+    assert {"identity", "listen port", "reachability", "disk", "gpu", "engine", "bootstrap"} <= set(checks)
