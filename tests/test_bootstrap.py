@@ -7,11 +7,16 @@ import tomllib
 
 import pytest
 import trio
-
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import load_config
-from intellect_node.node.swarm.bootstrap import DnsFailure, config_line, join_tiers, resolve
+from intellect_node.node.swarm.bootstrap import (
+    DnsFailure,
+    config_line,
+    join_tiers,
+    resolve,
+)
 from intellect_node.node.swarm.runtime import JoinError
+
 from tests.inprocess_nodes import make_node
 
 RUN = "bootstrap-test"

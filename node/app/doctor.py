@@ -18,17 +18,30 @@ from typing import Any
 
 import multiaddr
 import trio
-from libp2p.custom_types import TProtocol
-
 from intellect_node.crypto.envelope import MAX_CLOCK_SKEW_S, open_envelope
 from intellect_node.crypto.identity import Identity, IdentityError, load_identity
-from intellect_node.node.app.config import DEFAULT_LISTEN, ConfigError, NodeConfig, load_config
+from intellect_node.node.app.config import (
+    DEFAULT_LISTEN,
+    ConfigError,
+    NodeConfig,
+    load_config,
+)
 from intellect_node.node.swarm.bootstrap import Attempt, config_line, dial
-from intellect_node.node.swarm.host import PortInUse, build_host, claim_listen_addrs, dialable_hosts
+from intellect_node.node.swarm.host import (
+    PortInUse,
+    build_host,
+    claim_listen_addrs,
+    dialable_hosts,
+)
 from intellect_node.node.swarm.streams import read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.framing import MAX_MEMBERS_RESPONSE, MEMBERS_PROTOCOL, decode_envelope_list
+from intellect_node.protocol.framing import (
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+)
 from intellect_node.protocol.messages import NodeAdvert
+from libp2p.custom_types import TProtocol
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 DIAL_TIMEOUT_S = 5.0

@@ -15,10 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import trio
+from intellect_node.node.swarm.host import parse_peer_addr
 from libp2p.abc import IHost
 from libp2p.peer.peerinfo import PeerInfo
-
-from intellect_node.node.swarm.host import parse_peer_addr
 
 DNS_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 2.0
@@ -123,7 +122,7 @@ async def dial(host: IHost, addr: str, source: str, timeout_s: float) -> Attempt
             host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
             await host.connect(info)
             return Attempt(addr, source, OK, peer=info)
-        except Exception as exc:  # unreachable peers fail in many transport-specific ways
+        except Exception as exc:  # noqa: BLE001 - unreachable peers fail in many transport-specific ways
             failure = exc
     outcome, detail = await _classify(info, failure, timeout_s)
     return Attempt(addr, source, outcome, detail, peer=info)
@@ -151,7 +150,7 @@ def _tcp_target(info: PeerInfo) -> tuple[str, int] | None:
         for proto in ("ip4", "ip6"):
             try:
                 return maddr.value_for_protocol(proto), int(maddr.value_for_protocol("tcp"))
-            except Exception:  # multiaddr raises its own types for a missing protocol
+            except LookupError:  # multiaddr's ProtocolLookupError: this address has no such part
                 continue
     return None
 
