@@ -1,0 +1,162 @@
+"""A small internet in network namespaces, for tests of nodes behind NAT.
+
+Topology (every address in 198.18.0.0/15, the benchmarking range no real network routes):
+
+    wan:    a bridge, the "public internet" segment 198.18.0.0/24 (no address of its own)
+    public hosts (``public``): 198.18.0.2, 198.18.0.3, ... on the bridge
+    NAT routers (``natN``): 198.18.0.(10+N) uplink on the bridge, 198.19.N.1 downlink,
+            MASQUERADE out of the uplink; nothing is forwarded inward except replies
+    homes (``homeN``): 198.19.N.2, default route via its router
+
+No namespace gets a link to the host's own namespace, so nothing can leave the machine. Names carry
+a prefix with the creating process id; ``cleanup_stale`` removes namespaces of dead creators, and
+``SmallInternet.close`` removes this run's, also after a failure (use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+PREFIX = "innt"
+COMMAND_TIMEOUT_S = 10.0
+MAX_HOSTS = 8  # each kind; a bound on what one test may build
+
+
+class NetnsUnavailable(Exception):
+    """This machine cannot build namespaces (not root, no ``ip`` or ``iptables``); the reason says which."""
+
+
+def unavailable_reason() -> str | None:
+    """Why the small internet cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CI runs as root)"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (apt-get install -y {'iproute2' if tool == 'ip' else tool})"
+    return None
+
+
+def _run(*args: str) -> str:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+def _namespaces() -> list[str]:
+    return [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale() -> list[str]:
+    """Delete namespaces left by an earlier run whose process is gone; returns their names."""
+    removed = []
+    for name in _namespaces():
+        match = re.fullmatch(rf"{PREFIX}(\d+)-\w+", name)
+        if match and not _alive(int(match[1])):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
+            removed.append(name)
+    return removed
+
+
+@dataclass
+class SmallInternet:
+    """Public hosts on one bridge and homes each behind its own MASQUERADE router."""
+
+    publics: int = 1
+    homes: int = 1
+    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
+    created: list[str] = field(default_factory=list)
+    public_ips: dict[str, str] = field(default_factory=dict)  # namespace -> address
+    home_ips: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.publics <= MAX_HOSTS and 0 <= self.homes <= MAX_HOSTS):
+            raise ValueError(f"between 1 and {MAX_HOSTS} public hosts and at most {MAX_HOSTS} homes")
+
+    def name(self, short: str) -> str:
+        return f"{self.tag}-{short}"
+
+    def __enter__(self) -> SmallInternet:
+        reason = unavailable_reason()
+        if reason:
+            raise NetnsUnavailable(reason)
+        cleanup_stale()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Delete every namespace this run made (their veths and rules go with them)."""
+        for name in reversed(self.created):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT_S, check=False)
+        self.created.clear()
+
+    def exec_prefix(self, namespace: str) -> list[str]:
+        """Prepend to a command to run it inside ``namespace``."""
+        return ["ip", "netns", "exec", namespace]
+
+    def sh(self, namespace: str, *args: str) -> str:
+        return _run(*self.exec_prefix(namespace), *args)
+
+    def _add(self, short: str) -> str:
+        name = self.name(short)
+        _run("ip", "netns", "add", name)
+        self.created.append(name)
+        self.sh(name, "ip", "link", "set", "lo", "up")
+        return name
+
+    def _veth(self, a: str, a_if: str, b: str, b_if: str) -> None:
+        """A veth pair made directly between two namespaces: it never appears in the host's."""
+        _run("ip", "link", "add", a_if, "netns", a, "type", "veth", "peer", "name", b_if, "netns", b)
+        self.sh(a, "ip", "link", "set", a_if, "up")
+        self.sh(b, "ip", "link", "set", b_if, "up")
+
+    def _on_wan(self, wan: str, index: int, namespace: str, ip: str) -> None:
+        self._veth(wan, f"p{index}", namespace, "up0")
+        self.sh(wan, "ip", "link", "set", f"p{index}", "master", "br0")
+        self.sh(namespace, "ip", "addr", "add", f"{ip}/24", "dev", "up0")
+
+    def _build(self) -> None:
+        wan = self._add("wan")
+        self.sh(wan, "ip", "link", "add", "br0", "type", "bridge")
+        self.sh(wan, "ip", "link", "set", "br0", "up")
+        for i in range(self.publics):
+            namespace = self._add(f"pub{i}")
+            ip = f"198.18.0.{2 + i}"
+            self._on_wan(wan, i, namespace, ip)
+            self.public_ips[namespace] = ip
+        for n in range(1, self.homes + 1):
+            router, home = self._add(f"nat{n}"), self._add(f"home{n}")
+            self._on_wan(wan, 100 + n, router, f"198.18.0.{10 + n}")
+            self._veth(router, "down0", home, "eth0")
+            self.sh(router, "ip", "addr", "add", f"198.19.{n}.1/24", "dev", "down0")
+            self.sh(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            self.sh(router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "up0", "-j", "MASQUERADE")
+            # a home router: replies come in, new connections from outside do not
+            self.sh(router, "iptables", "-A", "FORWARD", "-i", "up0", "-m", "conntrack",
+                    "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+            self.sh(router, "iptables", "-A", "FORWARD", "-i", "up0", "-j", "DROP")
+            ip = f"198.19.{n}.2"
+            self.sh(home, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+            self.sh(home, "ip", "route", "add", "default", "via", f"198.19.{n}.1")
+            self.home_ips[home] = ip
