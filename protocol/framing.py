@@ -53,6 +53,7 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
     return value
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
+DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/reachability.py
 DELIVERY_STATUSES = frozenset({"stored", "duplicate", "rejected"})
 MAX_DELIVERY_REPLY = 1024
 

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -67,14 +67,16 @@ class LocalSwarm:
     })
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
 
-    def start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> NodeProcess:
-        """Start one node and wait for the multiaddr it prints; RuntimeError with its log if it fails."""
+    def start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None, *,
+              prefix: Sequence[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0") -> NodeProcess:
+        """Start one node and wait for the multiaddr it prints; RuntimeError with its log if it fails.
+
+        ``prefix`` wraps the command (``ip netns exec NAME`` in tests/netns.py's namespaces)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         log_file = open(home / "node.log", "a")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, **self.timing, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
-        command = _node_command([*args, "--home", str(home), "--run-id", self.run_id,
-                                 "--listen", "/ip4/127.0.0.1/tcp/0"])
+        command = [*prefix, *_node_command([*args, "--home", str(home), "--run-id", self.run_id, "--listen", listen])]
         # a session of its own: Ctrl-C in the launcher's terminal is the launcher's to handle
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
                                    cwd=Path(__file__).resolve().parent.parent, start_new_session=True)

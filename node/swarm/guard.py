@@ -30,7 +30,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.protocol.framing import MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
+from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
 
 log = logging.getLogger(__name__)
 Handler = Callable[[INetStream], Awaitable[None]]
@@ -58,6 +58,7 @@ POLICIES: dict[str, SlotPolicy] = {
     "/meshsub/1.1.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # one long-lived reader per peer
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
     ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
+    DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
 }
 DEFAULT_POLICY = SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0)
 

@@ -37,6 +37,7 @@ from intellect_node.node.swarm.membership import (
 )
 from intellect_node.node.swarm.peer_cache import PeerCache
 from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.swarm.reachability import DialBackServer, Reachability, check, tcp_port
 from intellect_node.node.swarm.supervisor import HostFailed, Supervisor, at_once
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
@@ -70,6 +71,8 @@ DHT_TIMEOUT_S = 10.0
 TARGET_CONNECTIONS = 8
 MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
 EARLY_PULLS_AT_S = (1.0, 2.0, 4.0, 8.0)  # seconds after joining: pull the adverts a random peer holds
+REACHABILITY_RETRY_S = (1.0, 5.0, 10.0)  # after joining, while no peer has answered
+REACHABILITY_RECHECK_S = 300.0  # addresses and NATs change; a decided node asks again this often
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total (libp2p rate-limits each forwarding peer per topic).
@@ -123,6 +126,8 @@ class Node:
         self.guard.install(self.host)
         self.supervisor = Supervisor()
         self.connections = ConnectionManager(self.host)
+        self.reachability = Reachability()
+        self.dialback = DialBackServer(self.host)
         self.policy_step: int | None = None
         self.started_at = time.time()
         self.services = list(services)
@@ -160,6 +165,7 @@ class Node:
                     await nursery.start(self.supervisor.run, "control", partial(serve_control, self.config.layout.control_socket,
                                                                                  self.snapshot))
                     self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self._serve_members)
+                    self.dialback.install()
                     await self._supervise(nursery, "members-gossip", self._drain, await self.pubsub.subscribe(topic))
                     if self._announcement_handlers:
                         await self._supervise(nursery, "announcements-gossip", self._drain,
@@ -167,7 +173,7 @@ class Node:
                     self._refresh_own_advert()
                     await self._join()
                     await self._supervise(nursery, "catch-up", self._catch_up_after_joining)
-                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop):
+                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop, self._reachability_loop):
                         await self._supervise(nursery, loop.__name__.strip("_"), loop)
                     for service in self.services:
                         await nursery.start(self.supervisor.run, service.name, partial(service.run, self))
@@ -285,7 +291,7 @@ class Node:
             peer_id=self.peer_id,
             run_id=self.config.run_id,
             roles=tuple(dict.fromkeys(self.config.roles)),
-            addrs=tuple(dict.fromkeys([*self.addrs(), *self.extra_addrs]))[:16],
+            addrs=tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()), *self.extra_addrs]))[:16],
             hardware=self.hardware,
             throughput_tokens_per_s=None,
             software_version=SOFTWARE_VERSION,
@@ -421,6 +427,27 @@ class Node:
             except Exception as exc:
                 log.debug("find_providers %s failed: %s", key, exc)
         return []
+
+    # ---- reachability ----------------------------------------------------------------------
+
+    async def _reachability_loop(self) -> None:
+        """Ask connected peers to dial this node back (node/swarm/reachability.py): soon after
+        joining, again while nobody has answered, then every REACHABILITY_RECHECK_S. A change
+        re-signs the advert at once, so peers stop dialing a private address quickly."""
+        delays = iter(REACHABILITY_RETRY_S)
+        while True:
+            decided = self.reachability.state != "unknown"
+            await trio.sleep(REACHABILITY_RECHECK_S if decided else next(delays, REACHABILITY_RETRY_S[-1]))
+            port = tcp_port(self.addrs())
+            peers = self.host.get_connected_peers()
+            if port is None or not peers:
+                continue
+            random.shuffle(peers)
+            before = self.reachability.advertised(self.addrs())
+            self.reachability = await check(self.host, peers, port, self.reachability)
+            if self.reachability.advertised(self.addrs()) != before:
+                log.info("reachability: %s (observed IP %s)", self.reachability.state, self.reachability.observed_ip)
+                self._advert_changed.set()
 
     # ---- discovery and upkeep --------------------------------------------------------------
 
@@ -565,6 +592,7 @@ class Node:
             "addrs": self.addrs(),
             "connected_peers": len(self.host.get_connected_peers()),
             "connections": self.connections.status(),
+            "reachability": {**self.reachability.summary(), "dialbacks_served": dict(self.dialback.outcomes)},
             "gossip_peers": len(self.pubsub.peers),
             "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,

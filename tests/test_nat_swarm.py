@@ -1,0 +1,66 @@
+"""Nodes behind NAT in the namespace internet (tests/netns.py): they join through a public
+bootstrap, everyone sees everyone, each node learns from dial-backs whether it is publicly
+dialable, and a NATed node advertises no address while still serving streams a public peer opens
+on its outbound connection."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
+from tests.netns import SmallInternet, unavailable_reason
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+BOUND_S = 60.0
+
+
+def _state(node) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return node.status()["reachability"]["state"]
+    except OSError:
+        return "no answer"
+
+
+def test_nated_nodes_join_see_everyone_and_know_they_are_not_dialable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with SmallInternet(publics=2, homes=2) as net:
+        swarm = LocalSwarm(tmp_path, run_id="nat-test")
+        try:
+            started = {}
+            boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
+                               listen="/ip4/198.18.0.2/tcp/4001")
+            for name, namespace, ip in (("pub", "pub1", "198.18.0.3"), ("home1", "home1", "198.19.1.2"),
+                                        ("home2", "home2", "198.19.2.2")):
+                started[name] = time.monotonic()
+                swarm.start(name, ["join", "--role", "validator", "--bootstrap", boot.addr],
+                            prefix=net.exec_prefix(net.name(namespace)), listen=f"/ip4/{ip}/tcp/4001")
+            converged = {}
+            everyone = {node.peer_id for node in swarm.nodes.values()}
+            deadline = time.monotonic() + BOUND_S
+            while len(converged) < len(started) and time.monotonic() < deadline:
+                for name in started:
+                    if name not in converged and everyone <= swarm.nodes[name].member_ids():
+                        converged[name] = time.monotonic() - started[name]
+                time.sleep(0.1)
+            assert set(converged) == set(started), f"not converged within {BOUND_S:g} s: {set(started) - set(converged)}"
+
+            decided_in = wait_until(lambda: all(_state(n) != "unknown" for n in swarm.nodes.values()), BOUND_S)
+            status = {name: node.status() for name, node in swarm.nodes.items()}
+            print(f"\nconverged after start (s): {converged}; all reachability decided {decided_in:.1f} s after that")
+            assert status["boot"]["reachability"]["state"] == "public"
+            assert status["pub"]["reachability"]["state"] == "public"
+            for n in (1, 2):
+                mine = status[f"home{n}"]["reachability"]
+                assert mine["state"] == "private", mine
+                assert mine["observed_ip"] == f"198.18.0.{10 + n}"  # its router's address, as the NAT rewrote it
+            # What a public node knows of a NATed one: no address to dial; of a public one: the proven address.
+            seen = {m["peer_id"]: m for m in status["pub"]["members"]}
+            for n in (1, 2):
+                assert not [a for a in seen[swarm.nodes[f"home{n}"].peer_id]["addrs"] if "/p2p/" in a]
+            assert any(a.startswith("/ip4/198.18.0.2/tcp/4001/p2p/") for a in seen[boot.peer_id]["addrs"])
+            served = [status[name]["reachability"]["dialbacks_served"] for name in ("boot", "pub")]
+            assert sum(s.get("unreachable", 0) for s in served) >= 2  # both homes were dialed and not reached
+        finally:
+            swarm.stop_all()
