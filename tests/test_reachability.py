@@ -1,0 +1,56 @@
+"""The dial-back protocol between real in-process nodes on 127.0.0.1 (node/swarm/reachability.py):
+a dial-back proves the requester's peer id on the port it named, a port held by another peer or by
+nobody is unreachable, a second request from the same IP is refused, and garbage is refused."""
+
+from __future__ import annotations
+
+import trio
+from libp2p.custom_types import TProtocol
+
+from intellect_node.node.swarm.reachability import REFUSED, UNREACHABLE, Reachability, ask, check, tcp_port
+from intellect_node.node.swarm.streams import write_frame
+from intellect_node.protocol.framing import DIALBACK_PROTOCOL
+from tests.inprocess_nodes import make_node
+
+RUN = "reach-test"
+
+
+async def test_dial_back_proves_the_requester_and_refuses_what_it_should(tmp_path, nursery) -> None:
+    server = make_node(tmp_path, "server", RUN)
+    addrs = await nursery.start(server.run)
+    requester = make_node(tmp_path, "requester", RUN, bootstrap=addrs)
+    other = make_node(tmp_path, "other", RUN, bootstrap=addrs)
+    await nursery.start(requester.run)
+    await nursery.start(other.run)
+    peer = server.host.get_id()
+    own_port, other_port = tcp_port(requester.addrs()), tcp_port(other.addrs())
+    assert own_port and other_port
+
+    server.dialback._last_by_ip.clear()  # the nodes' own loops may have asked already
+    result = await check(requester.host, [peer], own_port, Reachability())
+    assert (result.state, result.observed_ip) == ("public", "127.0.0.1")
+    assert result.advertised(requester.addrs()) == requester.addrs()  # the proven address is the one it has
+    assert (await ask(requester.host, peer, own_port)) == (REFUSED, "127.0.0.1")  # once per IP per interval
+
+    server.dialback._last_by_ip.clear()
+    assert (await ask(requester.host, peer, other_port)) == (UNREACHABLE, "127.0.0.1")  # another key answers there
+    server.dialback._last_by_ip.clear()
+    with trio.socket.socket() as unused:
+        await unused.bind(("127.0.0.1", 0))
+        free_port = unused.getsockname()[1]
+    assert (await ask(requester.host, peer, free_port)) == (UNREACHABLE, "127.0.0.1")
+    assert server.dialback.outcomes["reachable"] >= 1 and server.dialback.outcomes["unreachable"] == 2
+
+    stream = await requester.host.new_stream(peer, [TProtocol(DIALBACK_PROTOCOL)])
+    await write_frame(stream, b"x" * 100)  # over the 2-byte limit: refused before it is read
+    with trio.move_on_after(5):
+        while not server.guard.errors and not server.scores.rejections:
+            await trio.sleep(0.05)
+    assert server.guard.errors or server.scores.rejections
+
+
+def test_a_private_node_advertises_no_address_and_a_public_one_its_proven_address() -> None:
+    addrs = ["/ip4/10.0.0.5/tcp/4001/p2p/12D3KooWabc"]
+    assert Reachability("private", "203.0.113.9").advertised(addrs) == []
+    assert Reachability("unknown").advertised(addrs) == addrs
+    assert Reachability("public", "203.0.113.9").advertised(addrs) == ["/ip4/203.0.113.9/tcp/4001/p2p/12D3KooWabc"]
