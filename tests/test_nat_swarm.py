@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
+
 from tests.netns import SmallInternet, unavailable_reason
 
 pytestmark = [pytest.mark.slow,
