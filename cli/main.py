@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
+from intellect_node.cli.model import model_app
 from intellect_node.node.app.config import (
     ConfigError,
     InferenceOptions,
@@ -31,6 +32,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 err = Console(stderr=True)
 app.add_typer(metagene_app, name="metagene")
 app.command()(doctor)
+app.add_typer(model_app, name="model")
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Node home: key, peer cache, data. [default: ~/.intellect-node]")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file [default: <home>/config.toml]")]

