@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from intellect_node.cli.main import app
-from intellect_node.node.engine.base import SamplingParams
+from intellect_node.node.engine.base import SamplingParams, encode_prompt
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.models.gguf_file import GGUFError, read_gguf_info
 from intellect_node.node.models.importer import ModelImportError, import_gguf
@@ -136,9 +136,7 @@ def test_import_real_smollm2(tmp_path: Path) -> None:
 
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(report.out)
-    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    prompt = list(prompt["input_ids"]) if hasattr(prompt, "keys") else list(prompt)
+    prompt = encode_prompt(tokenizer, "What is the capital of France? Answer in one word.")
     [[completion]] = engine.generate([prompt], 1, SamplingParams(temperature=0, max_tokens=16))
     text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
     assert "Paris" in text, text
