@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
-
 from intellect_node.node.engine.base import SamplingParams, encode_prompt
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.models.importer import import_gguf
 from intellect_node.node.models.sources import resolve_source
 from intellect_node.node.tasks.math_words import generate_math_tasks
+from transformers import AutoTokenizer
 
 
 def main() -> None:

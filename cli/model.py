@@ -11,10 +11,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 model_app = typer.Typer(no_args_is_help=True, add_completion=False,
                         help="Pretrained models: import a GGUF file (or a package carrying one) for --model.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # paths in messages must not be broken across lines
 
 
 @model_app.command("import")
@@ -29,13 +30,13 @@ def import_command(
 
     try:
         path = resolve_source(source)
-        report = import_gguf(path, out, progress=lambda message: err.print(f"[dim]{message}[/dim]"))
+        report = import_gguf(path, out, progress=lambda message: err.print(f"[dim]{escape(message)}[/dim]"))
     except (SourceError, GGUFError, ModelImportError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     template = "with its chat template" if report.chat_template else "[yellow]no chat template in the file[/yellow]"
     err.print(
-        f"imported {report.source.name}: {report.parameters / 1e6:.1f}M parameters, {template}, "
+        f"imported {escape(report.source.name)}: {report.parameters / 1e6:.1f}M parameters, {template}, "
         f"in {report.seconds:.1f} s"
     )
     print(report.out)

@@ -12,7 +12,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-
 from intellect_node.node.tasks.humaneval import (
     HUMANEVAL_PROBLEMS,
     canonical_answer,

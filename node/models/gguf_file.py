@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from gguf import GGUFReader
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -51,8 +52,6 @@ def _field_str(reader: object, key: str) -> str | None:
 
 def read_gguf_info(path: Path, check_memory: bool = True) -> GGUFInfo:
     """Read and check ``path``'s header; raise :class:`GGUFError` naming the file on any fault."""
-    from gguf import GGUFReader  # the optional-looking import stays out of module import time
-
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -67,7 +66,7 @@ def read_gguf_info(path: Path, check_memory: bool = True) -> GGUFInfo:
         raise GGUFError(f"{path}: GGUF version {version} not supported {SUPPORTED_VERSIONS}")
     try:
         reader = GGUFReader(path, "r")
-    except Exception as exc:  # the reader raises ValueError, IndexError, struct errors on bad bytes
+    except Exception as exc:  # noqa: BLE001 - the reader raises ValueError, IndexError, struct errors on bad bytes
         raise GGUFError(f"{path}: unreadable or truncated GGUF header ({type(exc).__name__}: {exc})") from None
     architecture = _field_str(reader, "general.architecture")
     if architecture is None:

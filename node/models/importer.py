@@ -57,7 +57,7 @@ def import_gguf(path: Path, out: Path, progress: Progress = lambda _message: Non
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
     try:
         progress("dequantizing weights (transformers)")
-        source = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name, local_files_only=True)
+        source = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name, "local_files_only": True}
         try:
             model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(**source)

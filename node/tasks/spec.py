@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from intellect_node.node.tasks.humaneval import HUMANEVAL_PROBLEMS, HumanEvalUnavailable, humaneval_tasks
+from intellect_node.node.tasks.humaneval import (
+    HUMANEVAL_PROBLEMS,
+    HumanEvalUnavailable,
+    humaneval_tasks,
+)
 from intellect_node.node.tasks.math_words import generate_math_tasks
 from intellect_node.node.tasks.schema import Task, load_tasks
 from intellect_node.node.tasks.toy import TOY_KINDS, generate_toy_tasks
