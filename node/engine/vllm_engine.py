@@ -38,6 +38,7 @@ from intellect_node.node.engine.base import (
     check_prompts,
     derive_seed,
 )
+from intellect_node.protocol.sampling import Replay
 
 
 class _Capture:
@@ -208,8 +209,14 @@ class VllmEngine(Engine):
         return results
 
     def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        replays: Sequence[Replay] | None = None,
     ) -> list[PrefillResult]:
+        if replays is not None:
+            # vLLM returns prompt logprobs, not the full logits a replay reads; not built yet
+            raise NotImplementedError("sampling replay needs the torch engine (specs/sampling.md)")
         if len(prompts) != len(completions):
             raise ValueError("need one completion per prompt")
         check_prompts(prompts, self.vocab_size)
