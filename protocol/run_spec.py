@@ -35,7 +35,7 @@ class EnginePair(Record):
     toploc_max_mant_err_mean: float = wire(Float(0.0, 1e6))
     toploc_max_mant_err_median: float = wire(Float(0.0, 1e6))
     logprob_atol: float = wire(Float(0.0, 10.0))
-    sampling_slack: float = wire(Float(0.0, 0.25))  # CDF units (specs/sampling.md)
+    sampling_slack: float = wire(Float(0.0, 0.5))  # logit units (specs/sampling.md)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,12 @@ not that the checkpoint chose them. Making the choice itself a deterministic fun
 top-p) lets any validator replay every token from its own prefill logits: a greedy, best-of-N,
 edited or cheap-model completion fails the replay at its first forged token.
 
-The design is inverse-CDF over the canonical (token id) order with one keyed uniform per
-position (specs/sampling.md, including why it beat an exponential race by measurement). The
-uniform comes from SHA-256 of the seed and the position, never from a device random generator,
-so torch, vLLM, CPU and GPU draw the same number. Computation is in float64; the validator
-accepts a token when the uniform falls inside the token's CDF interval widened by a slack that
-absorbs honest numeric noise between engines (``margins``).
+The design is a Gumbel-max (exponential) race whose noise comes from a counter-based generator
+keyed by SHA-256 of the seed and position and hashed per token id with splitmix64, in integer
+arithmetic, so torch, vLLM, CPU and GPU draw the same noise bit for bit. specs/sampling.md defines
+it and records the measurement that chose it over inverse-CDF (bench/sampling.py): the race keeps
+the exact token under logit noise that makes an inverse-CDF sampler change a third of its tokens.
+The validator accepts a token whose score is within a slack (logit units) of the best score.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-UNIFORM_DOMAIN = b"intellect-node/sampling/uniform/v1"
-MAX_TOP_P_ALTERNATIVES = 16  # kept-set sizes tried at one position when the top-p cut is within slack
+KEY_DOMAIN = b"intellect-node/sampling/race-key/v1"
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_CHUNK_ELEMENTS = 1 << 22  # scores computed at once by a verifier: 32 MiB of float64
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Replay:
     seed: int
     temperature: float
     top_p: float
-    slack: float  # CDF units: how far outside its interval an honest uniform may fall
+    slack: float  # logit units: how far below the best score an honest token may fall
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < 2**64:
@@ -45,101 +48,94 @@ class Replay:
             raise ValueError("verifiable sampling needs a temperature > 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if not 0 <= self.slack < 0.5:
-            raise ValueError("slack must be in [0, 0.5)")
+        if not 0 <= self.slack < 1:
+            raise ValueError("slack must be in [0, 1)")
 
 
-def uniform(seed: int, position: int) -> float:
-    """The uniform in [0, 1) of ``position`` (0 = first completion token) of completion ``seed``:
-    the first 8 bytes of SHA-256(domain || u64be(seed) || u64be(position)), read big-endian,
-    shifted right by 11, times 2**-53 (exactly representable in float64)."""
-    digest = hashlib.sha256(UNIFORM_DOMAIN + struct.pack(">QQ", seed, position)).digest()
-    return (int.from_bytes(digest[:8], "big") >> 11) * 2.0**-53
+def position_key(seed: int, position: int) -> int:
+    """The 64-bit key of ``position`` (0 = first completion token) of completion ``seed``: the
+    first 8 bytes, big-endian, of SHA-256(domain || u64be(seed) || u64be(position))."""
+    digest = hashlib.sha256(KEY_DOMAIN + struct.pack(">QQ", seed, position)).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
-def uniforms(seed: int, count: int) -> np.ndarray:
-    """``uniform(seed, i)`` for positions 0 .. count-1, as float64."""
-    return np.array([uniform(seed, i) for i in range(count)], dtype=np.float64)
+def _signed(value: int) -> int:
+    """A u64 as the int64 with the same bits (torch has no general uint64 arithmetic)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def distribution(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The sampling distribution [rows, vocab] in float64: softmax(logits / T), restricted to the
-    top-p set and renormalized. The top-p set is the smallest prefix of the tokens sorted by
-    probability (descending, ties by lower id first) whose mass reaches ``top_p``: a token is in
-    it when the mass of the tokens before it is below ``top_p``."""
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    if top_p < 1:
-        probs = _restrict(probs, _kept_counts(probs, top_p)[1], _sorted(probs))
-    return probs / probs.sum(dim=-1, keepdim=True)
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def gumbel(keys: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gumbel noise [len(keys), vocab] in float64. For key k and token id t:
+    z = splitmix64(k XOR t) (the finalizer with its golden-ratio increment, all mod 2**64),
+    u = ((z >> 11) + 0.5) * 2**-53 in (0, 1), noise = -log(-log(u))."""
+    k = torch.tensor([_signed(key) for key in keys], dtype=torch.int64, device=device)[:, None]
+    z = k ^ torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
+    z = z + _signed(_GOLDEN)  # int64 addition and multiplication wrap like uint64
+    z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
+    z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
+    z = z ^ _shift_right(z, 31)
+    u = (_shift_right(z, 11).double() + 0.5) * 2.0**-53
+    return -torch.log(-torch.log(u))
+
+
+def _race(logits: torch.Tensor, keys: Sequence[int], temperature: float, top_p: float,
+          mass_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Race scores logits / T + Gumbel [rows, vocab], and the top-p sets (bool, same shape) with
+    the cut at ``top_p - mass_slack`` and at ``top_p + mass_slack`` (the narrowest and the widest
+    sets honest numeric noise can produce; both the exact set when the slack is 0)."""
+    scaled = logits.double() / temperature
+    scores = scaled + gumbel(keys, logits.shape[-1], logits.device)
+    if top_p >= 1:
+        everything = torch.ones_like(scores, dtype=torch.bool)
+        return scores, everything, everything
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+
+    def kept(cut: float) -> torch.Tensor:
+        inside = before < cut
+        inside[:, 0] = True  # the most likely token is always kept
+        return torch.zeros_like(inside).scatter_(-1, order, inside)
+
+    return scores, kept(top_p - mass_slack), kept(top_p + mass_slack)
 
 
 def sample(logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int], temperature: float,
            top_p: float) -> torch.Tensor:
-    """One token per row: the token whose interval of the cumulative distribution (token id
-    order) holds ``uniform(seed, position)``. Tokens outside the top-p set have empty intervals."""
-    cdf = torch.cumsum(distribution(logits, temperature, top_p), dim=-1)
-    u = torch.tensor([uniform(s, p) for s, p in zip(seeds, positions)], dtype=torch.float64,
-                     device=logits.device)
-    chosen = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    return chosen.clamp(max=logits.shape[-1] - 1)
+    """One token per row: the argmax of logits / T + Gumbel(position_key(seed, position)) over
+    the top-p set (the smallest prefix of the tokens sorted by probability, descending, ties by
+    lower id, whose mass reaches ``top_p``: a token is in it when the mass before it is below
+    ``top_p``). Picks token i with probability q_i, the top-p-renormalized softmax(logits / T)."""
+    keys = [position_key(s, p) for s, p in zip(seeds, positions)]
+    scores, kept, _ = _race(logits, keys, temperature, top_p)
+    return scores.masked_fill(~kept, -math.inf).argmax(dim=-1)
 
 
 def margins(logits: torch.Tensor, tokens: torch.Tensor, replay: Replay) -> np.ndarray:
-    """How far inside its own CDF interval each claimed token's uniform fell (negative: outside),
-    computed from a verifier's logits [positions, vocab] for the completion's ``tokens``.
-
-    A token is honest when its margin is >= -slack. Where the top-p cut lies within ``slack`` of a
-    token's cumulative mass, honest engines may disagree on the set; every kept-set size in that
-    band is tried and the best margin counts, so the ambiguity costs no honest row.
-    """
-    probs = torch.softmax(logits.double() / replay.temperature, dim=-1)
-    u = torch.from_numpy(uniforms(replay.seed, len(tokens))).to(logits.device)
-    if replay.top_p >= 1:
-        return _interval_margins(probs, tokens, u).cpu().numpy()
-    order = _sorted(probs)
-    low, strict, high = _kept_counts(probs, replay.top_p, replay.slack, order)
-    result = _interval_margins(_restrict(probs, strict, order), tokens, u)
-    for row in torch.nonzero((low != high) & (result < replay.slack)).flatten().tolist():
-        lo, hi = int(low[row]), min(int(high[row]), int(low[row]) + MAX_TOP_P_ALTERNATIVES)
-        for k in range(lo, hi + 1):
-            alternative = _restrict(probs[row:row + 1], torch.tensor([k], device=probs.device),
-                                    (order[0][row:row + 1], order[1][row:row + 1]))
-            result[row] = torch.maximum(result[row],
-                                        _interval_margins(alternative, tokens[row:row + 1], u[row:row + 1])[0])
-    return result.cpu().numpy()
+    """Per position, the claimed token's race score minus the best other score (>= 0: it is the
+    sampler's choice; the verifier accepts >= -slack), from a verifier's logits [positions,
+    vocab]. Competitors are the tokens kept with the top-p cut lowered by ``slack`` (mass units:
+    logit noise of size d moves cumulative mass by at most about d); a claimed token outside the
+    set with the cut raised by ``slack`` gets -inf. Computed in row chunks to bound memory."""
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    out = []
+    for start in range(0, len(tokens), rows):
+        part = logits[start:start + rows]
+        index = tokens[start:start + rows].to(device=logits.device, dtype=torch.long)[:, None]
+        keys = [position_key(replay.seed, p) for p in range(start, start + len(part))]
+        scores, narrowest, widest = _race(part, keys, replay.temperature, replay.top_p, replay.slack)
+        own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
+        best_other = scores.masked_fill(~narrowest, -math.inf).scatter(-1, index, -math.inf).max(dim=-1).values
+        out.append((own - best_other).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def first_failure(margin: np.ndarray, slack: float) -> int | None:
     """The first position whose margin is below -slack, or None when every token replays."""
-    bad = np.nonzero(margin < -slack)[0]
+    bad = np.nonzero(~(margin >= -slack))[0]
     return int(bad[0]) if bad.size else None
-
-
-def _sorted(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities sorted descending, ties by lower token id (a stable sort keeps id order)."""
-    return torch.sort(probs, dim=-1, descending=True, stable=True)
-
-
-def _kept_counts(probs: torch.Tensor, top_p: float, slack: float = 0.0,
-                 order: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-    """Top-p set sizes per row with the cut at top_p - slack, top_p, top_p + slack."""
-    sorted_probs, _ = order if order is not None else _sorted(probs)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    return tuple((before < cut).sum(dim=-1).clamp(min=1) for cut in (top_p - slack, top_p, top_p + slack))
-
-
-def _restrict(probs: torch.Tensor, kept: torch.Tensor, order: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``probs`` with every token outside the first ``kept`` of the sorted order zeroed."""
-    sorted_probs, index = order
-    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    return torch.zeros_like(probs).scatter_(-1, index, sorted_probs.masked_fill(ranks >= kept[:, None], 0.0))
-
-
-def _interval_margins(probs: torch.Tensor, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """min(u - lower edge, upper edge - u) of each token's normalized CDF interval."""
-    cdf = torch.cumsum(probs, dim=-1)
-    total = cdf[:, -1]
-    index = tokens.to(torch.long)[:, None]
-    high = cdf.gather(-1, index)[:, 0] / total
-    low = high - probs.gather(-1, index)[:, 0] / total
-    return torch.minimum(u - low, high - u)

@@ -30,7 +30,7 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
 from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
-from tests.test_rollout_builder import wide_tiny_model
+from tests.test_rollout_builder import untrained_wide_tiny_model, wide_tiny_model
 
 RUN = "validation-test"
 STEP = 4  # the newest checkpoint; step 3 is the previous one
@@ -48,9 +48,9 @@ def noisy(weights: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str
 class World:
     """Two checkpoints (steps 3 and 4), a validator engine, a worker engine, the task list."""
 
-    def __init__(self) -> None:
+    def __init__(self, untrained: bool = False) -> None:
         torch.set_num_threads(2)
-        model = wide_tiny_model()
+        model = untrained_wide_tiny_model() if untrained else wide_tiny_model()
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.tasks = generate_toy_tasks(seed=11, count=200)
         self.validator = TorchEngine.from_checkpoint(model, max_batch_rows=64)
@@ -63,9 +63,9 @@ class World:
         self.seen = JudgeState()
         self.run = RunContext(self.spec(SETTINGS), self.tasks)
 
-    def spec(self, settings: RolloutSettings, pair=TORCH_TORCH):
+    def spec(self, settings: RolloutSettings, pair=TORCH_TORCH, tasks=None):
         """The run spec the validator judges by (the validator's, never the batch's, settings)."""
-        return build_run_spec(run_id=RUN, authority=VALIDATOR.peer_id, tasks=self.tasks, settings=settings,
+        return build_run_spec(run_id=RUN, authority=VALIDATOR.peer_id, tasks=tasks or self.tasks, settings=settings,
                               async_window=WINDOW, engines=(pair,))
 
     def step_of(self, manifest_hash: bytes) -> int | None:
