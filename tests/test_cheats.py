@@ -117,7 +117,8 @@ def test_early_eos_appended_is_rejected(world: World) -> None:
 def test_skipped_and_far_counters_are_refused(world: World) -> None:
     expected = world.seen.expected(CHEATER.peer_id, STEP)
     skipped = world.build(first_counter=expected + 1)  # counter `expected` looked hard
-    assert set(reasons(world.verify(skipped))) == {"counter_gap"}
+    verdict = world.verify(skipped)
+    assert set(reasons(verdict)) == {"counter_gap"} and verdict.credited == ()  # a restart rebuilds the same
     far = world.build(first_counter=world.run.spec.max_groups_per_step + 3)
     assert set(reasons(world.verify(far))) == {"counter_cap"}
     assert reasons(world.verify(world.build())) == [None] * 4  # the gap filled: credited in order

@@ -230,7 +230,7 @@ class ValidatorService:
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
-        self._record(digest, batch, envelope, (g.counter for g in result.accepted))
+        self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited)
         await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
         verdict = codec.decode(envelope, Verdict).message
         if verdict.cheats:
@@ -277,9 +277,12 @@ class ValidatorService:
                        rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
                                       for g in result.rejected))
 
-    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = ()) -> None:
-        """Durably note the batch (and its verdict), then drop it from the inbox."""
-        record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
+    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = (),
+                credited: Iterable[int] | None = None) -> None:
+        """Durably note the batch (and its verdict), then drop it from the inbox. ``counters`` are
+        those credited (all of an unjudged batch), so a restart rebuilds the same ledger."""
+        counters = [g.counter for g in batch.groups] if credited is None else list(credited)
+        record = {"worker": batch.worker, "step": batch.policy_step, "counters": counters,
                   "verdict": envelope.hex() if envelope is not None else None,
                   "accepted": list(accepted)}
         write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())

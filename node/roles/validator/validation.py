@@ -30,6 +30,11 @@ from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, unpack_
 from intellect_node.protocol.sampling import Replay, first_failure
 
 
+# reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
+_NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
+                           "replayed_counter", "counter_cap", "counter_gap"})
+
+
 @dataclass(frozen=True)
 class RunContext:
     """The signed run spec and the task list it names (checked against its digest once, here)."""
@@ -75,6 +80,12 @@ class BatchVerdict:
     @property
     def rejected(self) -> tuple[GroupResult, ...]:
         return tuple(g for g in self.groups if g.reason is not None)
+
+    @property
+    def credited(self) -> tuple[int, ...]:
+        """Counters the judge credited: every judged group's, none refused by a batch-wide or a
+        counter check."""
+        return tuple(g.counter for g in self.groups if g.reason not in _NOT_CREDITED)
 
 
 @dataclass
