@@ -4,7 +4,10 @@
 (token-by-token sampling with hidden-state capture, TOPLOC proofs, rewards), counted in
 completions ("rows") per second. "ours" is what a validator does for the same batch:
 ``intellect_node.node.roles.validator.validation.verify_batch`` (assignment and prompt checks, one batched prefill, TOPLOC
-verification, logprob and termination checks, rewards). Target: verification at least 10x faster
+verification, logprob and termination checks, the sampling replay of every token, rewards), judged
+by a run spec with the batch's settings. The replay's share is measured apart:
+``protocol.sampling.margins`` alone on logits of the model's vocabulary for the batch's positions, and on random logits of a 150k
+vocabulary (what a real model's head costs the replay per position). Target: verification at least 10x faster
 than generation, so a validator keeps up with ten workers.
 
 The model is the tiny model's shape, untrained (unless ``--model``): an untrained model almost
@@ -35,13 +38,27 @@ from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
-from intellect_node.node.roles.validator.validation import verify_batch  # noqa: E402
+from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
+from intellect_node.node.roles.validator.validation import RunContext, verify_batch  # noqa: E402
+from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch  # noqa: E402
+from intellect_node.protocol.sampling import Replay, margins  # noqa: E402
 
 TARGET = 10.0
 RUN = "bench"
 MANIFEST = bytes(range(32))
+BIG_VOCAB = 150_000
+
+
+def replay_cost(vocab: int, positions: int = 128) -> float:
+    """Seconds per position of ``margins`` on [positions, vocab] float32 logits (random: the cost
+    depends on the shape, not the values)."""
+    logits = torch.randn(positions, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    tokens = logits.argmax(dim=-1)
+    started = time.perf_counter()
+    margins(logits, tokens, Replay(7, 1.0, 1.0, TORCH_TORCH.sampling_slack))
+    return (time.perf_counter() - started) / positions
 
 
 def main() -> None:
@@ -60,6 +77,10 @@ def main() -> None:
         generator = TorchEngine.from_checkpoint(model_dir, max_batch_rows=64)
         validator = TorchEngine.from_checkpoint(model_dir, max_batch_rows=64)
         tasks = generate_toy_tasks(seed=2024, count=500)
+        run_context = RunContext(build_run_spec(run_id=RUN, authority=worker.peer_id, tasks=tasks, settings=settings,
+                                                async_window=2), tasks)
+        state = JudgeState()
+        replay_shares: list[float] = []
         print(f"model: {args.model or 'tiny model shape, untrained'}, hidden {generator.hidden_size}; "
               f"{groups} groups x 8 completions x <= 128 tokens; threads {args.threads}")
         verified_rates: list[float] = []
@@ -69,18 +90,24 @@ def main() -> None:
                                 manifest_hash=MANIFEST, first_counter=run * groups, settings=settings)
             signed = codec.decode(codec.encode(built.batch, worker, lifetime_s=600), RolloutBatch)
             started = time.perf_counter()
-            verdict = verify_batch(signed, engine=validator, tokenizer=tokenizer, tasks=tasks, run_id=RUN,
+            verdict = verify_batch(signed, engine=validator, tokenizer=tokenizer, run=run_context,
                                    checkpoint_step_of=lambda h: 0 if h == MANIFEST else None, newest_step=0,
-                                   async_window=2, seen_counters={})
+                                   state=state)
             seconds = time.perf_counter() - started
+            replay = replay_cost(validator.vocab_size) * built.generated_tokens
             if verdict.rejected:
                 raise SystemExit(f"honest batch rejected: {[(g.reason, g.detail) for g in verdict.rejected]}")
             rows = sum(len(g.completions) for g in built.batch.groups)
             if run:
                 generated_rates.append(rows / built.seconds)
                 verified_rates.append(rows / seconds)
+                replay_shares.append(replay / seconds)
             print(f"run {run}: {rows} rows, {built.generated_tokens} tokens; generated in {built.seconds:.2f} s, "
-                  f"verified in {seconds:.2f} s")
+                  f"verified in {seconds:.2f} s (replay about {replay:.3f} s)")
+        per_position = replay_cost(BIG_VOCAB)
+    print(f"replay share of validation time: {statistics.median(replay_shares):.1%}; at a {BIG_VOCAB} vocabulary "
+          f"the replay costs {per_position * 1e3:.2f} ms per position ({per_position * 128 * 8 * groups:.1f} s for "
+          f"this batch's {128 * 8 * groups} positions)")
     ours, peer = statistics.median(verified_rates), statistics.median(generated_rates)
     ratio = ours / peer
     print(f"validate: ours={ours:.1f} peer={peer:.1f} ratio={ratio:.1f} target={TARGET:g} "

@@ -12,6 +12,7 @@ import typer
 from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
+from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import (
     ConfigError,
     InferenceOptions,
@@ -335,6 +336,9 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json", soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
+
+
+app.command(name="verify")(verify_command)
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ The digest is reduced modulo the number of choices. Its bias is at most ``n / 2*
 negligible for any task set that fits in memory.
 
 What this module cannot stop alone: a worker trying many counters and keeping the easy ones.
-Validators must therefore require counters to be used densely (0, 1, 2, ... within a step, no
-gaps), so skipping a hard task is visible as a missing counter.
+Validators therefore credit counters densely and in order (0, 1, 2, ... within a step, below the
+run spec's cap; ``node/roles/validator/ledger.py``): a skipped counter stalls every later one.
 """
 
 from __future__ import annotations

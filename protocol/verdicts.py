@@ -27,14 +27,16 @@ from intellect_node.protocol.schema import (
 
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (
-    "wrong_run", "stale_step", "unknown_checkpoint", "wrong_task", "wrong_length_target",
-    "replayed_counter", "wrong_prompt", "bad_tokens", "toploc", "logprobs", "termination",
+    "wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
+    "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
+    "wrong_group_size", "wrong_prompt", "duplicate_group", "bad_tokens", "toploc", "logprobs",
+    "termination", "sampling",
 )
 # Reasons any node can re-check from the signed batch (plus, for a replay, the earlier batch):
 # no honest worker produces them, so one is enough to ban the worker for the run.
 PROVEN_CHEATS = frozenset({
-    "wrong_task", "wrong_length_target", "replayed_counter", "wrong_prompt", "bad_tokens",
-    "toploc", "logprobs", "termination",
+    "wrong_task", "wrong_length_target", "replayed_counter", "wrong_group_size", "wrong_prompt",
+    "duplicate_group", "bad_tokens", "toploc", "logprobs", "termination", "sampling",
 })
 MAX_GROUPS = 1024
 MAX_COMPLETIONS = 64

@@ -29,6 +29,12 @@ def wide_tiny_model() -> Path:
     """TOPLOC needs at least top-k (128) values in a one-token chunk: hidden size 128."""
     recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2)
     return ensure_tiny_model(Path(tempfile.mkdtemp(prefix="ina-wide-tiny-")) / "tiny", recipe)
+
+
+def untrained_wide_tiny_model() -> Path:
+    """The same shape with random weights: it almost never samples EOS, so completions run long."""
+    recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2, train_steps=0)
+    return ensure_tiny_model(Path(tempfile.mkdtemp(prefix="ina-untrained-tiny-")) / "tiny", recipe)
 SETTINGS = RolloutSettings(group_size=3, groups_per_batch=2, max_tokens=40)
 
 

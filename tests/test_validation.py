@@ -23,12 +23,14 @@ from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.tasks.schema import with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks
-from intellect_node.node.roles.validator.validation import Tolerances, termination_problem, verify_batch
+from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
+from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
 from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
-from tests.test_rollout_builder import wide_tiny_model
+from tests.test_rollout_builder import untrained_wide_tiny_model, wide_tiny_model
 
 RUN = "validation-test"
 STEP = 4  # the newest checkpoint; step 3 is the previous one
@@ -46,9 +48,9 @@ def noisy(weights: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str
 class World:
     """Two checkpoints (steps 3 and 4), a validator engine, a worker engine, the task list."""
 
-    def __init__(self) -> None:
+    def __init__(self, untrained: bool = False) -> None:
         torch.set_num_threads(2)
-        model = wide_tiny_model()
+        model = untrained_wide_tiny_model() if untrained else wide_tiny_model()
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.tasks = generate_toy_tasks(seed=11, count=200)
         self.validator = TorchEngine.from_checkpoint(model, max_batch_rows=64)
@@ -58,26 +60,30 @@ class World:
         self.hashes = {step: hashlib.sha256(f"manifest-{step}".encode()).digest() for step in self.weights}
         self.validator.load_state_dict(self.weights[STEP])
         self.worker.load_state_dict(self.weights[STEP])
-        self.seen: dict[tuple[str, int], set[int]] = {}
-        self.next_counter = 0
+        self.seen = JudgeState()
+        self.run = RunContext(self.spec(SETTINGS), self.tasks)
+
+    def spec(self, settings: RolloutSettings, pair=TORCH_TORCH, tasks=None):
+        """The run spec the validator judges by (the validator's, never the batch's, settings)."""
+        return build_run_spec(run_id=RUN, authority=VALIDATOR.peer_id, tasks=tasks or self.tasks, settings=settings,
+                              async_window=WINDOW, engines=(pair,))
 
     def step_of(self, manifest_hash: bytes) -> int | None:
         return next((s for s, h in self.hashes.items() if h == manifest_hash), None)
 
     def build(self, *, worker: Identity = CHEATER, step: int = STEP, tasks=None, settings=SETTINGS,
               first_counter: int | None = None, claim_step: int | None = None) -> RolloutBatch:
-        if first_counter is None:
-            first_counter, self.next_counter = self.next_counter, self.next_counter + settings.groups_per_batch
+        if first_counter is None:  # the next dense counter of (worker, step)
+            first_counter = self.seen.expected(worker.peer_id, step)
         claim = STEP if claim_step is None else claim_step
         return build_batch(self.worker, self.tokenizer, tasks or self.tasks, run_id=RUN, worker=worker.peer_id,
                            step=step, manifest_hash=self.hashes.get(claim, bytes(32)), first_counter=first_counter,
                            settings=settings).batch
 
-    def verify(self, batch: RolloutBatch, *, worker: Identity = CHEATER, tolerances: Tolerances = Tolerances()):
+    def verify(self, batch: RolloutBatch, *, worker: Identity = CHEATER, run: RunContext | None = None):
         signed = codec.decode(codec.encode(batch, worker, lifetime_s=600), RolloutBatch)
-        return verify_batch(signed, engine=self.validator, tokenizer=self.tokenizer, tasks=self.tasks, run_id=RUN,
-                            checkpoint_step_of=self.step_of, newest_step=STEP, async_window=WINDOW,
-                            seen_counters=self.seen, tolerances=tolerances)
+        return verify_batch(signed, engine=self.validator, tokenizer=self.tokenizer, run=run or self.run,
+                            checkpoint_step_of=self.step_of, newest_step=STEP, state=self.seen)
 
     def remake(self, batch: RolloutBatch, group_index: int, *, prompt: list[int] | None = None,
                tokens: list[list[int]] | None = None, proof_prompt: list[int] | None = None,
@@ -122,7 +128,7 @@ def test_honest_batches_are_all_accepted(world: World) -> None:
         signed_by = Identity.generate()  # a fresh worker each time: counters start at 0
         batch = world.build(worker=signed_by, settings=settings, first_counter=0)
         torch.set_num_threads(2)
-        verdict = world.verify(batch, worker=signed_by)
+        verdict = world.verify(batch, worker=signed_by, run=RunContext(world.spec(settings), world.tasks))
         assert reasons(verdict) == [None] * len(batch.groups), [g.detail for g in verdict.rejected]
         for group, result in zip(batch.groups, verdict.groups):
             assert len(result.rewards) == len(group.completions)
@@ -164,9 +170,14 @@ def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: Wo
     # (a rare chunk crosses the tight TOPLOC limits before the logprob check runs)
     assert None not in verdicts and set(verdicts) <= {"logprobs", "toploc"}
     assert "logprobs" in verdicts
-    world.seen.clear()
-    loose = Tolerances(same_engine_toploc=Thresholds(), same_engine_logprob_atol=0.1)
-    assert reasons(world.verify(batch, tolerances=loose)) == [None] * 4
+    world.seen = JudgeState()  # judged afresh: the same counters and contents again
+    world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
+    defaults = Thresholds()
+    loose = dataclasses.replace(TORCH_TORCH, toploc_max_exp_mismatches=defaults.max_exp_mismatches,
+                                toploc_max_mant_err_mean=defaults.max_mant_err_mean,
+                                toploc_max_mant_err_median=defaults.max_mant_err_median, logprob_atol=0.1,
+                                sampling_slack=0.25)
+    assert reasons(world.verify(batch, run=RunContext(world.spec(SETTINGS, loose), world.tasks))) == [None] * 4
 
 
 def test_unassigned_task_is_rejected(world: World) -> None:

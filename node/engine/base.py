@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
+
+from intellect_node.protocol.sampling import Replay
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -41,8 +44,9 @@ class SamplingParams:
     ``stop_token_ids``: None means the model's end-of-sequence ids; an empty tuple means never
     stop early (benchmarks use that to generate a fixed length). The stop token that ends a
     completion is part of it (validators must see the termination).
-    ``seed``: completion ``j`` of prompt ``p`` samples from its own generator seeded with
-    ``derive_seed(seed, p * n + j)``, so its tokens do not depend on how the engine batches.
+    ``seed``: completion ``j`` of prompt ``p`` samples with seed ``derive_seed(seed, p * n + j)``
+    through ``intellect_node.protocol.sampling`` (specs/sampling.md), so its tokens do not depend
+    on how the engine batches and any verifier can replay them.
     """
 
     temperature: float = 1.0
@@ -80,6 +84,8 @@ class PrefillResult:
 
     hidden_states: torch.Tensor  # [len(completion), hidden_size]
     logprobs: torch.Tensor  # [len(completion)], float32
+    # per token, when a replay was asked: protocol.sampling.margins of the claimed tokens
+    sampling_margins: np.ndarray | None = None
 
 
 def derive_seed(seed: int, index: int) -> int:
@@ -171,6 +177,11 @@ class Engine(ABC):
 
     @abstractmethod
     def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        replays: Sequence[Replay] | None = None,
     ) -> list[PrefillResult]:
-        """Hidden states and log-probabilities of each completion given its prompt, batched."""
+        """Hidden states and log-probabilities of each completion given its prompt, batched;
+        with ``replays`` (one per completion) also the sampling margins of every token, computed
+        from the full logits where they exist (a verifier never holds a whole batch's logits)."""

@@ -9,9 +9,9 @@ exact control over them:
 - prompts are left-padded in one batch and prefilled once, then the cache is repeated for the
   ``n`` samples; finished rows are dropped from the cache so that long stragglers do not drag a
   full batch along;
-- each completion samples from its own seeded generator (``base.derive_seed``) with the
-  exponential-race form of multinomial sampling, so its tokens depend only on its seed and the
-  model's logits, not on batch composition.
+- each completion samples with the verifiable sampler of ``intellect_node.protocol.sampling``
+  from its own seed (``base.derive_seed``), so its tokens depend only on its seed and the model's
+  logits, not on batch composition, and any validator can replay them.
 
 Verification prefill right-pads ``prompt + completion[:-1]`` without a cache and reads the same
 positions the generation captured (see ``intellect_node.node.engine.base``).
@@ -35,39 +35,9 @@ from intellect_node.node.engine.base import (
     check_prompts,
     derive_seed,
 )
+from intellect_node.protocol.sampling import Replay, margins, sample
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-
-
-def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero every token outside the smallest set whose probability reaches ``top_p``."""
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
-    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-
-class _RaceNoise:
-    """Exp(1) noise for the sampling race, from each completion's own generator, in blocks.
-
-    Drawing ``block`` steps of noise per call instead of one cuts the Python-level calls (one
-    per completion) by that factor. A completion's noise stream depends only on its generator:
-    rows only ever leave the active set, so every active row was refilled at each block start.
-    """
-
-    _BLOCK_ELEMENTS = 65536  # per completion: at most 256 KiB of fp32 noise
-
-    def __init__(self, generators: list[torch.Generator], vocab: int, device: torch.device):
-        self.generators = generators
-        self.block = max(1, min(32, self._BLOCK_ELEMENTS // vocab))
-        self.buffer = torch.empty((len(generators), self.block, vocab), device=device)
-
-    def at(self, step: int, active: torch.Tensor, active_rows: list[int]) -> torch.Tensor:
-        slot = step % self.block
-        if slot == 0:
-            for row in active_rows:
-                self.buffer[row].exponential_(generator=self.generators[row])
-        return self.buffer[active, slot]
 
 
 class TorchEngine(Engine):
@@ -207,15 +177,7 @@ class TorchEngine(Engine):
             if capture
             else None
         )
-        noise = None
-        if params.temperature > 0:
-            generators = [
-                torch.Generator(device=self.device).manual_seed(
-                    derive_seed(params.seed, chunk.start * n + row)
-                )
-                for row in range(rows)
-            ]
-            noise = _RaceNoise(generators, self.vocab_size, self.device)
+        seeds = [derive_seed(params.seed, chunk.start * n + row) for row in range(rows)]
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         active = torch.arange(rows, device=self.device)  # original row of each cache row
         active_rows = list(range(rows))
@@ -226,8 +188,7 @@ class TorchEngine(Engine):
             if captured is not None:
                 captured[active, step] = hidden
             logits = self._head(hidden)
-            race = noise.at(step, active, active_rows) if noise is not None else None
-            chosen = self._sample(logits, params, race)
+            chosen = self._sample(logits, params, [seeds[r] for r in active_rows], step)
             tokens[active, step] = chosen
             logprobs[active, step] = torch.log_softmax(logits, dim=-1).gather(
                 -1, chosen[:, None]
@@ -276,25 +237,24 @@ class TorchEngine(Engine):
         return grouped
 
     @staticmethod
-    def _sample(
-        logits: torch.Tensor, params: SamplingParams, race: torch.Tensor | None
-    ) -> torch.Tensor:
-        """One token per row: greedy at temperature 0, else argmax(p / E) with E ~ Exp(1),
-        which picks token i with probability p_i (the exponential race)."""
-        if race is None:
+    def _sample(logits: torch.Tensor, params: SamplingParams, seeds: list[int], step: int) -> torch.Tensor:
+        """One token per row: greedy at temperature 0, else the verifiable sampler."""
+        if params.temperature == 0:
             return logits.argmax(dim=-1)
-        probs = torch.softmax(logits / params.temperature, dim=-1)
-        if params.top_p < 1:
-            probs = _top_p_filter(probs, params.top_p)
-        return (probs / race).argmax(dim=-1)
+        return sample(logits, seeds, [step] * len(seeds), params.temperature, params.top_p)
 
     # --- verification -------------------------------------------------------------------------
 
     def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        replays: Sequence[Replay] | None = None,
     ) -> list[PrefillResult]:
         if len(prompts) != len(completions):
             raise ValueError("need one completion per prompt")
+        if replays is not None and len(replays) != len(completions):
+            raise ValueError("need one replay per completion")
         check_prompts(prompts, self.vocab_size)
         for i, c in enumerate(completions):
             if c and (min(c) < 0 or max(c) >= self.vocab_size):
@@ -307,7 +267,7 @@ class TorchEngine(Engine):
         with torch.inference_mode():
             for start in range(0, len(order), self.max_batch_rows):
                 batch = order[start : start + self.max_batch_rows]
-                for i, result in zip(batch, self._prefill_batch(prompts, completions, batch)):
+                for i, result in zip(batch, self._prefill_batch(prompts, completions, batch, replays)):
                     results[i] = result
         return [r for r in results if r is not None]
 
@@ -316,6 +276,7 @@ class TorchEngine(Engine):
         prompts: Sequence[Sequence[int]],
         completions: Sequence[Sequence[int]],
         batch: list[int],
+        replays: Sequence[Replay] | None,
     ) -> list[PrefillResult]:
         seqs = [list(prompts[i]) + list(completions[i])[:-1] for i in batch]
         width = max(len(s) for s in seqs)
@@ -333,5 +294,6 @@ class TorchEngine(Engine):
             targets = torch.tensor(list(completions[i]), dtype=torch.long, device=self.device)
             logits = self._head(rows)
             lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-            results.append(PrefillResult(hidden_states=rows.clone(), logprobs=lp))
+            margin = margins(logits, targets, replays[i]) if replays is not None else None
+            results.append(PrefillResult(hidden_states=rows.clone(), logprobs=lp, sampling_margins=margin))
         return results

@@ -15,6 +15,18 @@ all ``prefill`` needs. Its cost is one prefill per completion, small next to dec
 and its buffer live with the model; ``LLM.apply_model`` runs small functions there and brings
 captured rows back as CPU tensors.
 
+Sampling. vLLM's own samplers draw from device generators that no verifier can replay, so the
+engine installs ``_ProtocolSampler``, a logits processor (vLLM's v1 ``LogitsProcessor`` interface)
+that runs ``intellect_node.protocol.sampling.sample`` on each request's raw logits with the
+request's seed (``SamplingParams.extra_args``) and the position (tokens generated so far), and
+masks every other token to -inf: vLLM's sampler then has one finite token left, whatever its own
+temperature. Non-argmax-invariant processors run before temperature and top-p, and
+``logprobs_mode="raw_logprobs"`` reports the unprocessed model's logprobs, as the protocol wants.
+Replay (``prefill`` with ``replays``) computes the logits from the captured final-norm rows with
+the model's output head on the GPU, in the model's dtype, then ``protocol.sampling.margins``.
+Written against vLLM's documented interfaces and not run here (no GPU in the session that wrote
+it); the run spec admits no vLLM engine pair until its tolerances are measured on one.
+
 Weight reload: ``model.load_weights`` (vLLM's own HF-name-aware loader, which fuses q/k/v and
 gate/up) through ``apply_model``; no restart, no rebuilt KV cache.
 """
@@ -38,6 +50,53 @@ from intellect_node.node.engine.base import (
     check_prompts,
     derive_seed,
 )
+from intellect_node.protocol.sampling import Replay, margins, sample
+
+SEED_ARG = "ina_seed"  # SamplingParams.extra_args key: the completion's protocol seed
+SAMPLING_ARGS = ("ina_temperature", "ina_top_p")
+
+
+def _protocol_sampler_class() -> type:
+    """``_ProtocolSampler`` (vLLM imported only here, so the module loads without it)."""
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+    class _ProtocolSampler(LogitsProcessor):
+        """Per batch row: (seed, temperature, top-p, the request's live output token list)."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+            self.rows: dict[int, tuple[int, float, float, list[int]]] = {}
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it picks the token: it must run before temperature and top-p
+
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            if batch_update is None:
+                return
+            for index, params, _prompt, output in batch_update.added:
+                extra = (params.extra_args or {}) if params is not None else {}
+                if SEED_ARG in extra:
+                    self.rows[index] = (int(extra[SEED_ARG]), float(extra["ina_temperature"]),
+                                        float(extra["ina_top_p"]), output)
+                else:
+                    self.rows.pop(index, None)
+            for index in batch_update.removed:
+                self.rows.pop(index, None)
+            for a, b, direction in batch_update.moved:
+                first, second = self.rows.pop(a, None), self.rows.pop(b, None)
+                if first is not None:
+                    self.rows[b] = first
+                if second is not None and direction == MoveDirectionality.SWAP:
+                    self.rows[a] = second
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            for index, (seed, temperature, top_p, output) in self.rows.items():
+                chosen = sample(logits[index:index + 1], [seed], [len(output)], temperature, top_p)
+                keep = logits[index, chosen].clone()
+                logits[index].fill_(-torch.inf)
+                logits[index, chosen] = keep
+            return logits
+
+    return _ProtocolSampler
 
 
 class _Capture:
@@ -72,6 +131,15 @@ def _collect(model: torch.nn.Module) -> torch.Tensor:
 
 def _load_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     model.load_weights(weights=tensors.items())
+
+
+def _logits(hidden: torch.Tensor, vocab: int, model: torch.nn.Module) -> torch.Tensor:
+    """Logits [rows, vocab] (float32, CPU) of final-norm rows through the model's output head,
+    computed on the model's device and in its dtype, as generation computes them."""
+    weight = model.lm_head.weight
+    with torch.inference_mode():
+        out = torch.nn.functional.linear(hidden.to(weight.device, weight.dtype), weight)
+    return out[:, :vocab].float().cpu()
 
 
 class VllmEngine(Engine):
@@ -112,6 +180,7 @@ class VllmEngine(Engine):
             enforce_eager=True,  # hooks do not run inside captured CUDA graphs
             enable_prefix_caching=False,  # a cached prefix would skip the hooked forward
             logprobs_mode="raw_logprobs",  # the convention of node.engine.base
+            logits_processors=[_protocol_sampler_class()],  # the replayable sampler
             **options,
         )
         return cls(llm)
@@ -172,10 +241,15 @@ class VllmEngine(Engine):
                 request_params.append(
                     VllmSamplingParams(
                         n=1,
-                        temperature=params.temperature,
-                        top_p=params.top_p,
+                        # the protocol sampler leaves one finite token; vLLM's own settings
+                        # then change nothing (greedy stays vLLM's argmax)
+                        temperature=0.0 if params.temperature == 0 else 1.0,
+                        top_p=1.0,
                         max_tokens=params.max_tokens,
                         seed=derive_seed(params.seed, p * n + j),
+                        extra_args=None if params.temperature == 0 else {
+                            SEED_ARG: derive_seed(params.seed, p * n + j),
+                            "ina_temperature": params.temperature, "ina_top_p": params.top_p},
                         stop_token_ids=list(
                             self._eos if params.stop_token_ids is None else params.stop_token_ids
                         ),
@@ -208,23 +282,34 @@ class VllmEngine(Engine):
         return results
 
     def prefill(
-        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        replays: Sequence[Replay] | None = None,
     ) -> list[PrefillResult]:
         if len(prompts) != len(completions):
             raise ValueError("need one completion per prompt")
+        if replays is not None and len(replays) != len(completions):
+            raise ValueError("need one replay per completion")
         check_prompts(prompts, self.vocab_size)
         results = []
-        for prompt, completion in zip(prompts, completions):
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             start, count = len(prompt) - 1, len(completion)
             if count == 0:
                 empty = torch.empty((0, self._hidden))
                 results.append(PrefillResult(hidden_states=empty, logprobs=torch.empty(0)))
                 continue
             rows, logprobs = self._capture_pass(list(prompt) + list(completion))
+            hidden = rows[start : start + count]
+            margin = None
+            if replays is not None:
+                logits = self.llm.apply_model(partial(_logits, hidden, self.vocab_size))[0]
+                margin = margins(logits, torch.tensor(list(completion)), replays[i])
             results.append(
                 PrefillResult(
-                    hidden_states=rows[start : start + count],
+                    hidden_states=hidden,
                     logprobs=torch.tensor(logprobs[start + 1 :], dtype=torch.float32),
+                    sampling_margins=margin,
                 )
             )
         return results

@@ -21,14 +21,16 @@ class TrainingGroup:
     prompt: tuple[int, ...]
     completions: tuple[tuple[int, ...], ...]
     task_rewards: tuple[float, ...]  # recomputed by the trainer's checks, one per completion
-    logprobs: tuple[tuple[float, ...], ...]  # the sampling policy's, per token (verified against a prefill)
+    # the sampling policy's, per token, from the trainer's own verification prefill; empty for an
+    # adopted verdict (the learner then recomputes them)
+    logprobs: tuple[tuple[float, ...], ...]
 
     def __post_init__(self) -> None:
         if len(self.completions) != len(self.task_rewards) or not self.completions:
             raise ValueError(f"group {self.key}: {len(self.completions)} completions, {len(self.task_rewards)} rewards")
         if any(not c for c in self.completions):
             raise ValueError(f"group {self.key}: an empty completion (the wire format has at least one token)")
-        if [len(c) for c in self.completions] != [len(lp) for lp in self.logprobs]:
+        if self.logprobs and [len(c) for c in self.completions] != [len(lp) for lp in self.logprobs]:
             raise ValueError(f"group {self.key}: logprobs do not match the completions' lengths")
 
     @property

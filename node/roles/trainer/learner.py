@@ -2,9 +2,9 @@
 
 The "old" policy of the ratio is selectable (``OptimConfig.old_policy``):
 
-- ``behavior`` (default): the logprobs of the policy that sampled the tokens, as the worker
-  claimed them and the trainer's own prefill of that checkpoint confirmed (within the validation
-  tolerance). With rollouts up to ``async_level`` steps old, the clip then bounds how far the
+- ``behavior`` (default): the logprobs of the policy that sampled the tokens, as the trainer's
+  own verification prefill of that checkpoint recomputed them (never the worker's claims; a group
+  adopted from a trusted verdict, verified elsewhere, falls back to ``recompute``). With rollouts up to ``async_level`` steps old, the clip then bounds how far the
   trained policy may drift from the one that produced the data, which keeps a fast-moving policy
   stable: measured on the tiny model at lr 5e-4, two steps of lag with ``recompute`` took
   held-out accuracy from 0.24 to 0.03 in 10 steps, while without lag it rose to 0.34.
@@ -80,6 +80,7 @@ class _Tensors:
     completion_ids: torch.Tensor  # [rows, width], right-padded
     mask: torch.Tensor  # [rows, width]: 1.0 on completion tokens
     behavior: torch.Tensor  # [rows, width]: the sampling policy's logprobs there, 0 elsewhere
+    has_behavior: torch.Tensor  # [rows] bool: whether the row came with them
 
 
 def _pack(rows: Sequence[_Row], pad_id: int) -> _Tensors:
@@ -100,7 +101,8 @@ def _pack(rows: Sequence[_Row], pad_id: int) -> _Tensors:
         mask[i, : len(row.completion)] = 1.0
         if row.logprobs:
             behavior[i, : len(row.completion)] = torch.tensor(row.logprobs)
-    return _Tensors(prompt_ids, prompt_mask, torch.tensor(prompt_of_row), completion_ids, mask, behavior)
+    has_behavior = torch.tensor([bool(row.logprobs) for row in rows])
+    return _Tensors(prompt_ids, prompt_mask, torch.tensor(prompt_of_row), completion_ids, mask, behavior, has_behavior)
 
 
 def token_logprobs(model: nn.Module, tensors: _Tensors, with_entropy: bool,
@@ -191,6 +193,14 @@ class GRPOLearner:
         size = self.optim_config.micro_batch_rows
         return [(rows[i: i + size], _pack(rows[i: i + size], self.pad_id)) for i in range(0, len(rows), size)]
 
+    def _behavior(self, tensors: _Tensors) -> torch.Tensor:
+        """The sampling policy's logprobs; rows without them (adopted verdicts) get the current
+        weights' (recomputed here, never taken from the worker)."""
+        if bool(tensors.has_behavior.all()):
+            return tensors.behavior
+        recomputed = token_logprobs(self.model, tensors, with_entropy=False)[0]
+        return torch.where(tensors.has_behavior[:, None], tensors.behavior, recomputed)
+
     def step(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
         """Train on ``groups`` (already filtered); returns the step's metrics (the service adds
         staleness, timing and counts)."""
@@ -205,7 +215,7 @@ class GRPOLearner:
             if self.optim_config.old_policy == "recompute":
                 old = [token_logprobs(self.model, tensors, with_entropy=False)[0] for _, tensors in chunks]
             else:
-                old = [tensors.behavior for _, tensors in chunks]
+                old = [self._behavior(tensors) for _, tensors in chunks]
             ref = ([token_logprobs(self.reference, tensors, with_entropy=False)[0] for _, tensors in chunks]
                    if self.reference is not None and self.loss_config.kl_coef else None)
         tokens = sum(float(tensors.mask.sum()) for _, tensors in chunks)

@@ -56,7 +56,6 @@ from intellect_node.node.shards.checkpoint import write_safetensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol.rollouts import (
     RolloutBatch,
-    unpack_logprobs,
     unpack_tokens,
 )
 
@@ -143,6 +142,9 @@ class TrainerService:
 
     async def _on_judged(self, digest: str, batch: RolloutBatch, result: BatchVerdict) -> None:
         rewards = {g.counter: g.rewards for g in result.accepted}
+        # logprobs from this trainer's own verification prefill; none for an adopted verdict (the
+        # learner then recomputes the old policy itself): never the worker's claims
+        logprobs = {g.counter: g.logprobs for g in result.accepted}
         recent = {key for keys in self.consumed.values() for key in keys}
         fresh = []
         for group in batch.groups:
@@ -159,7 +161,7 @@ class TrainerService:
                 length_target=group.length_target, prompt=tuple(unpack_tokens(group.prompt_ids).tolist()),
                 completions=tuple(tuple(unpack_tokens(c.token_ids).tolist()) for c in group.completions),
                 task_rewards=tuple(rewards[group.counter]),
-                logprobs=tuple(tuple(unpack_logprobs(c.logprobs).tolist()) for c in group.completions)))
+                logprobs=logprobs[group.counter]))
         if fresh:
             await trio.to_thread.run_sync(self.pool.persist, fresh)
             self.pool.admit(fresh)

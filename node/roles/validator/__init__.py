@@ -4,6 +4,8 @@
   ban proven cheats. The trainer runs the same service to verify what it trains on.
 - ``validation``: ``verify_batch``, the checks themselves (assignment, prefill, TOPLOC, logprobs,
   termination, rewards); compute only, no network.
+- ``ledger``: ``JudgeState``, dense counters and the content index a validator keeps between batches.
+- ``offline``: one stored batch judged by ``verify_batch`` without a network (``intellect-node verify``).
 - ``verdict_trust``: verdicts from validators this node trusts: bans, and verification a trainer
   may skip.
 """

@@ -25,10 +25,12 @@ import trio
 from intellect_node.node.engine import select_engine
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
+from intellect_node.node.roles.inference.builder import RolloutSettings
+from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
     GroupResult,
-    Tolerances,
+    RunContext,
     batch_precheck,
     verify_batch,
 )
@@ -37,12 +39,14 @@ from intellect_node.node.roles.validator.verdict_trust import (
     ban_worker,
 )
 from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.rollouts.run_spec import build_run_spec
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.keys import announcements_topic
 from intellect_node.protocol.rollouts import RolloutBatch
+from intellect_node.protocol.run_spec import RunSpec
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
 if TYPE_CHECKING:
@@ -92,20 +96,22 @@ class ValidatorService:
     inbox: the trainer keeps the accepted groups there (durably), so the two steps cannot drift."""
 
     def __init__(self, node: Node, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
-                 async_window: int = 2, tolerances: Tolerances = Tolerances(),
+                 async_window: int = 2, run_spec: RunSpec | None = None,
                  on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
             raise ValueError("verify fraction must be in [0, 1]")
         self.shards = shards
         self.options = options
         self.tasks = tasks
-        self.async_window = async_window
-        self.tolerances = tolerances
+        # until the overlay distributes the authority's signed spec, the run's shared defaults
+        spec = run_spec or build_run_spec(run_id=node.config.run_id, authority=node.peer_id, tasks=tasks,
+                                          settings=RolloutSettings(), async_window=async_window)
+        self.run_context = RunContext(spec, tasks)
         self.inbox = RolloutInbox(node.config.layout.inbox)
         self.verdict_dir = node.config.layout.verdicts
         self.verdict_dir.mkdir(parents=True, exist_ok=True)
         self.secret = load_or_create_secret(node.config.layout.validator_secret)
-        self.seen: dict[tuple[str, int], set[int]] = {}
+        self.seen = JudgeState()
         self.on_judged = on_judged
         self.name = "validator"
         self.rows = 0
@@ -132,7 +138,7 @@ class ValidatorService:
     def _load_records(self) -> None:
         for path in self.verdict_dir.glob("*.json"):
             record = json.loads(path.read_text())
-            self.seen.setdefault((record["worker"], record["step"]), set()).update(record["counters"])
+            self.seen.credit(record["worker"], record["step"], record["counters"])
 
     def _load_engine(self) -> tuple[Engine, Any]:
         from transformers import AutoTokenizer
@@ -184,18 +190,20 @@ class ValidatorService:
             return
         batch = signed.message
         newest = self._newest_step()
-        reason = batch_precheck(batch, run_id=self.node.config.run_id, newest_step=newest,
-                                async_window=self.async_window, checkpoint_step_of=self._step_of)
+        reason = batch_precheck(batch, spec=self.run_context.spec, validator_engine=engine.name,
+                                newest_step=newest, checkpoint_step_of=self._step_of)
         if reason == "unknown_checkpoint" or (reason == "stale_step" and batch.policy_step > newest):
             return  # the overlay has not brought that checkpoint yet: the batch waits in the inbox
         counters = [g.counter for g in batch.groups]
+        if reason is None and min(counters) > self.seen.expected(batch.worker, batch.policy_step):
+            return  # a counter gap: waits for the earlier counters until its step leaves the window
         if reason is None and not sampled(self.secret, digest, self.options.verify_fraction):
             if self.on_judged is not None and self.options.trusted:
                 adopted = self._trusted_result(digest, batch)
                 if adopted is None:
                     return  # waits in the inbox for a trusted verdict
                 if adopted is not False:
-                    self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                    self.seen.credit(batch.worker, batch.policy_step, counters)
                     self.accepted_groups += len(adopted.accepted)
                     self.adopted_batches += 1
                     await self.on_judged(digest, batch, adopted)
@@ -203,7 +211,7 @@ class ValidatorService:
                     return
                 # conflicting verdicts, or none in time: verify it here
             else:
-                self.seen.setdefault((batch.worker, batch.policy_step), set()).update(counters)
+                self.seen.credit(batch.worker, batch.policy_step, counters)
                 self._record(digest, batch, None)
                 return
         checkpoint = self._checkpoint(batch.manifest_hash)
@@ -213,9 +221,8 @@ class ValidatorService:
             loaded[0] = checkpoint.step
         started = time.perf_counter()
         result = await trio.to_thread.run_sync(lambda: verify_batch(
-            signed, engine=engine, tokenizer=tokenizer, tasks=self.tasks, run_id=self.node.config.run_id,
-            checkpoint_step_of=self._step_of, newest_step=newest, async_window=self.async_window,
-            seen_counters=self.seen, tolerances=self.tolerances))
+            signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=self._step_of,
+            newest_step=newest, state=self.seen))
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
         self.accepted_groups += len(result.accepted)
@@ -223,7 +230,7 @@ class ValidatorService:
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
-        self._record(digest, batch, envelope, (g.counter for g in result.accepted))
+        self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited)
         await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
         verdict = codec.decode(envelope, Verdict).message
         if verdict.cheats:
@@ -270,9 +277,12 @@ class ValidatorService:
                        rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
                                       for g in result.rejected))
 
-    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = ()) -> None:
-        """Durably note the batch (and its verdict), then drop it from the inbox."""
-        record = {"worker": batch.worker, "step": batch.policy_step, "counters": [g.counter for g in batch.groups],
+    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = (),
+                credited: Iterable[int] | None = None) -> None:
+        """Durably note the batch (and its verdict), then drop it from the inbox. ``counters`` are
+        those credited (all of an unjudged batch), so a restart rebuilds the same ledger."""
+        counters = [g.counter for g in batch.groups] if credited is None else list(credited)
+        record = {"worker": batch.worker, "step": batch.policy_step, "counters": counters,
                   "verdict": envelope.hex() if envelope is not None else None,
                   "accepted": list(accepted)}
         write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())

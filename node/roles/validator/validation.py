@@ -1,53 +1,57 @@
 """Verifying an untrusted rollout batch: compute only, no network (runs in a worker thread).
 
-A validator re-does exactly what ``intellect_node.node.roles.inference.builder`` did, except the sampling: it recomputes
-the assignment (task, length target), the prompt tokens, and with one batched prefill of prompt +
-completion on the claimed checkpoint the hidden states (TOPLOC) and the raw-model logprobs, then
-checks termination and recomputes rewards. One prefill costs a fraction of the token-by-token
-generation it checks, which is what makes validation cheap. The trainer reuses ``verify_batch``.
+A validator re-does what ``intellect_node.node.roles.inference.builder`` did, judged by the run's
+signed spec and never by the batch's declarations: it recomputes the assignment (task, length
+target), the prompt tokens, and with one batched prefill of prompt + completion on the claimed
+checkpoint the hidden states (TOPLOC), the raw-model logprobs and the sampling replay of every
+token (``intellect_node.protocol.sampling``), then checks termination and recomputes rewards.
+One prefill costs a fraction of the token-by-token generation it checks, which is what makes validation cheap. The trainer reuses ``verify_batch``.
 specs/validation.md is normative; the checks run in its order and the first failure names a
 group's reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from intellect_node.crypto.toploc import Thresholds, verify_proofs
-from intellect_node.node.engine.base import Engine, encode_prompt
-from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
+from intellect_node.node.engine.base import Engine, PrefillResult, derive_seed, encode_prompt
+from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol import codec
-from intellect_node.protocol.assignment import length_target, task_index
-from intellect_node.protocol.rollouts import (
-    RolloutBatch,
-    RolloutGroup,
-    unpack_logprobs,
-    unpack_tokens,
-)
+from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
+from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
+from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, unpack_logprobs, unpack_tokens
+from intellect_node.protocol.sampling import Replay, first_failure
 
-SeenCounters = MutableMapping[tuple[str, int], set[int]]
+
+# reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
+_NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
+                           "replayed_counter", "counter_cap", "counter_gap"})
 
 
 @dataclass(frozen=True)
-class Tolerances:
-    """How far a recomputation may differ from the worker's claims.
+class RunContext:
+    """The signed run spec and the task list it names (checked against its digest once, here)."""
 
-    Same engine: the validator runs the worker's kernels (modulo batch shape), so TOPLOC mantissa
-    errors stay near 0 and logprobs agree to float32 noise; tight limits catch 1% weight noise.
-    Other engine (vLLM worker, torch validator): the INTELLECT-2 TOPLOC defaults and a looser
-    logprob bound absorb bf16 kernel differences.
-    """
+    spec: RunSpec
+    tasks: Sequence[Task]
 
-    same_engine_toploc: Thresholds = Thresholds(max_exp_mismatches=38, max_mant_err_mean=2.0,
-                                                max_mant_err_median=2.0)
-    cross_engine_toploc: Thresholds = Thresholds()
-    same_engine_logprob_atol: float = 1e-3
-    cross_engine_logprob_atol: float = 0.1
+    def __post_init__(self) -> None:
+        if tasks_digest(self.tasks) != self.spec.task_set_digest:
+            raise ValueError("the task list does not match the run spec's task-set digest")
+
+
+def tasks_digest(tasks: Sequence[Task]) -> bytes:
+    """``task_set_digest`` of a task list (verification info as canonical JSON)."""
+    return task_set_digest((t.problem_id, t.prompt, json.dumps(t.verification_info, sort_keys=True,
+                                                                 separators=(",", ":")))
+                           for t in tasks)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,10 @@ class GroupResult:
     reason: str | None  # None: accepted
     rewards: tuple[float, ...] = ()  # recomputed task rewards, one per completion, when accepted
     detail: str = ""
+    # recomputed by this validator's prefill, when accepted: what the trainer trains on
+    logprobs: tuple[tuple[float, ...], ...] = ()
+    min_sampling_margin: float | None = None  # figures for the verify command and calibration
+    max_logprob_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,12 @@ class BatchVerdict:
     def rejected(self) -> tuple[GroupResult, ...]:
         return tuple(g for g in self.groups if g.reason is not None)
 
+    @property
+    def credited(self) -> tuple[int, ...]:
+        """Counters the judge credited: every judged group's, none refused by a batch-wide or a
+        counter check."""
+        return tuple(g.counter for g in self.groups if g.reason not in _NOT_CREDITED)
+
 
 @dataclass
 class _Pending:
@@ -81,15 +95,21 @@ class _Pending:
     group: RolloutGroup
     task: Task
     prompt: list[int]
-    completions: list[list[int]] = field(default_factory=list)
+    completions: list[list[int]]
+    replays: list[Replay]
 
 
-def batch_precheck(batch: RolloutBatch, *, run_id: str, newest_step: int, async_window: int,
+def batch_precheck(batch: RolloutBatch, *, spec: RunSpec, validator_engine: str, newest_step: int,
                    checkpoint_step_of: Callable[[bytes], int | None]) -> str | None:
-    """The batch-wide reason (checks 1-3) or None; the service uses it to defer unknown checkpoints."""
-    if batch.run_id != run_id:
+    """The batch-wide reason (checks 1-5) or None; the service uses it to defer unknown checkpoints."""
+    if batch.run_id != spec.run_id:
         return "wrong_run"
-    if not newest_step - async_window <= batch.policy_step <= newest_step:
+    if (batch.sampling.temperature, batch.sampling.top_p, batch.sampling.max_tokens) != (
+            spec.temperature, spec.top_p, spec.max_tokens):
+        return "wrong_sampling"
+    if spec.pair(batch.engine, validator_engine) is None:
+        return "engine_not_allowed"
+    if not newest_step - spec.async_window <= batch.policy_step <= newest_step:
         return "stale_step"
     if checkpoint_step_of(batch.manifest_hash) != batch.policy_step:
         return "unknown_checkpoint"
@@ -97,36 +117,36 @@ def batch_precheck(batch: RolloutBatch, *, run_id: str, newest_step: int, async_
 
 
 def verify_batch(
-    signed_batch: codec.Signed[RolloutBatch], *, engine: Engine, tokenizer: object, tasks: Sequence[Task],
-    run_id: str, checkpoint_step_of: Callable[[bytes], int | None], newest_step: int, async_window: int,
-    seen_counters: SeenCounters, tolerances: Tolerances = Tolerances(),
-    length_targets: Sequence[int] = DEFAULT_LENGTH_TARGETS,
+    signed_batch: codec.Signed[RolloutBatch], *, engine: Engine, tokenizer: object, run: RunContext,
+    checkpoint_step_of: Callable[[bytes], int | None], newest_step: int, state: JudgeState,
 ) -> BatchVerdict:
     """Judge every group of ``signed_batch``; the caller has loaded its checkpoint into ``engine``.
 
-    ``seen_counters`` is updated: every counter of a batch past the batch-wide checks becomes seen
-    for (worker, step), accepted or not, so the same counter never passes twice.
+    ``state`` is updated: a counter is credited when its group is judged (accepted or not), and
+    every group that reaches the content check enters the content index.
     """
     batch = signed_batch.message
-    reason = batch_precheck(batch, run_id=run_id, newest_step=newest_step, async_window=async_window,
+    spec = run.spec
+    reason = batch_precheck(batch, spec=spec, validator_engine=engine.name, newest_step=newest_step,
                             checkpoint_step_of=checkpoint_step_of)
     if reason is not None:
         return BatchVerdict(batch.worker, batch.policy_step,
                             tuple(GroupResult(g.counter, reason) for g in batch.groups), 0)
+    state.forget_before(newest_step - spec.async_window)
+    pair = spec.pair(batch.engine, engine.name)
+    assert pair is not None  # batch_precheck
     results: dict[int, GroupResult] = {}
     pending: list[_Pending] = []
-    seen = seen_counters.setdefault((batch.worker, batch.policy_step), set())
     for group in batch.groups:
-        failure, task, prompt = _cheap_checks(batch, group, tasks, tokenizer, seen, length_targets)
-        seen.add(group.counter)
+        failure, task, prompt = _cheap_checks(batch, group, run, tokenizer, state)
         if failure is not None:
             results[group.counter] = GroupResult(group.counter, failure)
-        else:
-            pending.append(_Pending(group, task, prompt,
-                                    [unpack_tokens(c.token_ids).tolist() for c in group.completions]))
-    same = batch.engine == engine.name
-    thresholds = tolerances.same_engine_toploc if same else tolerances.cross_engine_toploc
-    atol = tolerances.same_engine_logprob_atol if same else tolerances.cross_engine_logprob_atol
+            continue
+        seed = sampling_seed(batch.run_id, batch.worker, batch.policy_step, group.counter)
+        pending.append(_Pending(
+            group, task, prompt, [unpack_tokens(c.token_ids).tolist() for c in group.completions],
+            [Replay(derive_seed(seed, j), spec.temperature, spec.top_p, pair.sampling_slack)
+             for j in range(len(group.completions))]))
     prefilled = _prefill(engine, pending)
     rows = 0
     for item, recomputed in zip(pending, prefilled):
@@ -134,42 +154,51 @@ def verify_batch(
             results[item.group.counter] = GroupResult(item.group.counter, "bad_tokens")
             continue
         rows += len(recomputed)
-        results[item.group.counter] = _judge_group(batch, item, recomputed, engine, tokenizer, thresholds, atol)
+        results[item.group.counter] = _judge_group(item, recomputed, engine, tokenizer, spec, pair)
     return BatchVerdict(batch.worker, batch.policy_step,
                         tuple(results[g.counter] for g in batch.groups), rows)
 
 
-def _cheap_checks(batch: RolloutBatch, group: RolloutGroup, tasks: Sequence[Task], tokenizer: object,
-                  seen: set[int], length_targets: Sequence[int]) -> tuple[str | None, Task, list[int]]:
-    """Checks 4-7: assignment, replay, prompt; no model needed."""
+def _cheap_checks(batch: RolloutBatch, group: RolloutGroup, run: RunContext, tokenizer: object,
+                  state: JudgeState) -> tuple[str | None, Task, list[int]]:
+    """Group checks 6-11: counters, assignment, shape, prompt, content; no model needed."""
+    spec, tasks = run.spec, run.tasks
     task = tasks[task_index(batch.run_id, batch.worker, batch.policy_step, group.counter, len(tasks))]
+    counter_problem = state.counter_problem(batch.worker, batch.policy_step, group.counter,
+                                            spec.max_groups_per_step)
+    if counter_problem is not None:
+        return counter_problem, task, []
     if group.task_id != task.problem_id:
         return "wrong_task", task, []
-    target = length_target(batch.run_id, batch.worker, batch.policy_step, group.counter, length_targets)
+    target = length_target(batch.run_id, batch.worker, batch.policy_step, group.counter, spec.length_targets)
     if group.length_target != target:
         return "wrong_length_target", task, []
-    if group.counter in seen:
-        return "replayed_counter", task, []
+    if len(group.completions) != spec.group_size:
+        return "wrong_group_size", task, []
     prompt = encode_prompt(tokenizer, with_length_target(task, target).prompt)
     if unpack_tokens(group.prompt_ids).tolist() != prompt:
         return "wrong_prompt", task, []
+    digest = group_digest(group.prompt_ids, [c.token_ids for c in group.completions])
+    if state.content_seen(digest, batch.policy_step):
+        return "duplicate_group", task, []
     return None, task, prompt
 
 
 def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
-    """One batched prefill of every pending completion; None for a group the engine refuses
-    (token ids outside the vocabulary, too long), found by retrying group by group."""
+    """One batched prefill (with the sampling replay) of every pending completion; None for a
+    group the engine refuses (token ids outside the vocabulary, too long), found group by group."""
     prompts = [item.prompt for item in pending for _ in item.completions]
     completions = [c for item in pending for c in item.completions]
+    replays = [r for item in pending for r in item.replays]
     if not completions:
         return []
     try:
-        flat = engine.prefill(prompts, completions)
+        flat = engine.prefill(prompts, completions, replays)
     except ValueError:
         out: list[list | None] = []
         for item in pending:
             try:
-                out.append(engine.prefill([item.prompt] * len(item.completions), item.completions))
+                out.append(engine.prefill([item.prompt] * len(item.completions), item.completions, item.replays))
             except ValueError:
                 out.append(None)
         return out
@@ -180,25 +209,38 @@ def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
     return out
 
 
-def _judge_group(batch: RolloutBatch, item: _Pending, recomputed: list, engine: Engine, tokenizer: object,
-                 thresholds: Thresholds, atol: float) -> GroupResult:
-    """Checks 9-11 for each completion, then the recomputed rewards."""
+def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine, tokenizer: object,
+                 spec: RunSpec, pair: EnginePair) -> GroupResult:
+    """Completion checks 13-16 (TOPLOC, logprobs, termination, sampling) for each completion, then the recomputed rewards."""
     counter = item.group.counter
     eos = set(engine.eos_token_ids)
-    rewards = []
+    thresholds = Thresholds(max_exp_mismatches=pair.toploc_max_exp_mismatches,
+                            max_mant_err_mean=pair.toploc_max_mant_err_mean,
+                            max_mant_err_median=pair.toploc_max_mant_err_median)
+    rewards, logprobs, margin, worst = [], [], float("inf"), 0.0
     for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed)):
         verdicts = verify_proofs(again.hidden_states, list(record.proofs), thresholds=thresholds)
         bad = [v for v in verdicts if not v.ok]
         if bad:
             return GroupResult(counter, "toploc", detail=f"completion {j}: {bad[0]}")
-        error = float(np.max(np.abs(unpack_logprobs(record.logprobs) - again.logprobs.to(torch.float32).numpy())))
-        if not error <= atol:
-            return GroupResult(counter, "logprobs", detail=f"completion {j}: error {error:.3g} > {atol}")
-        problem = termination_problem(tokens, record.finish_reason, eos, batch.sampling.max_tokens)
+        ours = again.logprobs.to(torch.float32).numpy()
+        error = float(np.max(np.abs(unpack_logprobs(record.logprobs) - ours)))
+        if not error <= pair.logprob_atol:
+            return GroupResult(counter, "logprobs", detail=f"completion {j}: error {error:.3g} > {pair.logprob_atol}")
+        problem = termination_problem(tokens, record.finish_reason, eos, spec.max_tokens)
         if problem:
             return GroupResult(counter, "termination", detail=f"completion {j}: {problem}")
+        assert again.sampling_margins is not None  # asked for by _prefill
+        position = first_failure(again.sampling_margins, pair.sampling_slack)
+        if position is not None:
+            return GroupResult(counter, "sampling", detail=(
+                f"completion {j}: token {position} (id {tokens[position]}) is not the sampler's choice: "
+                f"margin {again.sampling_margins[position]:.3g} < -{pair.sampling_slack}"))
         rewards.append(float(task_reward(item.task, tokenizer.decode(tokens, skip_special_tokens=True))))
-    return GroupResult(counter, None, tuple(rewards))
+        logprobs.append(tuple(float(x) for x in ours))
+        margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
+    return GroupResult(counter, None, tuple(rewards), logprobs=tuple(logprobs),
+                       min_sampling_margin=margin, max_logprob_error=worst)
 
 
 def termination_problem(tokens: Sequence[int], finish_reason: str, eos: set[int], max_tokens: int) -> str:

@@ -1,0 +1,70 @@
+"""What a validator remembers between batches: dense counters and the content index.
+
+Counters. A worker's task at (step, counter) is assigned, but it could still skip the counters
+whose task a cheap pre-check calls hard, or farm far-away counters. Counters are therefore
+credited only in order: counter k of (worker, step) is judged once 0 .. k-1 have been, and never
+at or beyond the run's per-step cap. A gap stalls the worker's later counters (the service keeps
+such a batch waiting in its inbox until its step leaves the async window) instead of paying it.
+Only the next expected counter is kept per (worker, step): dense counters need no set.
+
+Content. A group already seen (same prompt and completion tokens), from any worker and under any
+counter, is refused: resubmitting one's own or someone else's accepted work costs no decoding.
+Both maps forget steps that left the async window, which bounds their size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+CONTENT_DOMAIN = b"intellect-node/content/group/v1"
+
+
+def group_digest(prompt_ids: bytes, completion_token_ids: Sequence[bytes]) -> bytes:
+    """sha256 of a group's prompt and completion tokens (packed u32), each length-prefixed."""
+    h = hashlib.sha256(CONTENT_DOMAIN)
+    for part in (prompt_ids, *completion_token_ids):
+        h.update(struct.pack(">I", len(part)) + part)
+    return h.digest()
+
+
+@dataclass
+class JudgeState:
+    """Counters and content seen by one validator (rebuilt from its records at start)."""
+
+    next_counter: dict[tuple[str, int], int] = field(default_factory=dict)
+    contents: dict[bytes, int] = field(default_factory=dict)  # group digest -> policy step
+
+    def expected(self, worker: str, step: int) -> int:
+        return self.next_counter.get((worker, step), 0)
+
+    def counter_problem(self, worker: str, step: int, counter: int, cap: int) -> str | None:
+        """Why ``counter`` cannot be credited now, or None when it is the next one (then credited)."""
+        expected = self.expected(worker, step)
+        if counter < expected:
+            return "replayed_counter"
+        if counter >= cap:
+            return "counter_cap"
+        if counter > expected:
+            return "counter_gap"
+        self.next_counter[(worker, step)] = counter + 1
+        return None
+
+    def credit(self, worker: str, step: int, counters: Iterable[int]) -> None:
+        """Mark counters used without judging them (unsampled or adopted batches, records)."""
+        top = max(counters, default=-1)
+        self.next_counter[(worker, step)] = max(self.expected(worker, step), top + 1)
+
+    def content_seen(self, digest: bytes, step: int) -> bool:
+        """Whether ``digest`` was seen; if not, it is now (for ``step``)."""
+        if digest in self.contents:
+            return True
+        self.contents[digest] = step
+        return False
+
+    def forget_before(self, step: int) -> None:
+        """Drop what belongs to steps below ``step`` (out of the async window: refused as stale)."""
+        self.next_counter = {k: v for k, v in self.next_counter.items() if k[1] >= step}
+        self.contents = {k: v for k, v in self.contents.items() if v >= step}

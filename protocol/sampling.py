@@ -1,0 +1,141 @@
+"""Verifiable sampling: the token at each position is a public function of the seed and the model.
+
+TOPLOC and the logprob check prove that a checkpoint's activations match the submitted tokens,
+not that the checkpoint chose them. Making the choice itself a deterministic function of
+(public per-completion seed, position, the model's distribution under the run's temperature and
+top-p) lets any validator replay every token from its own prefill logits: a greedy, best-of-N,
+edited or cheap-model completion fails the replay at its first forged token.
+
+The design is a Gumbel-max (exponential) race whose noise comes from a counter-based generator
+keyed by SHA-256 of the seed and position and hashed per token id with splitmix64, in integer
+arithmetic, so torch, vLLM, CPU and GPU draw the same noise bit for bit. specs/sampling.md defines
+it and records the measurement that chose it over inverse-CDF (bench/sampling.py): the race keeps
+the exact token under logit noise that makes an inverse-CDF sampler change a third of its tokens.
+The validator accepts a token whose score is within a slack (logit units) of the best score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KEY_DOMAIN = b"intellect-node/sampling/race-key/v1"
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_CHUNK_ELEMENTS = 1 << 22  # scores computed at once by a verifier: 32 MiB of float64
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a verifier needs to replay one completion: its seed and the run's sampling settings."""
+
+    seed: int
+    temperature: float
+    top_p: float
+    slack: float  # logit units: how far below the best score an honest token may fall
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seed < 2**64:
+            raise ValueError("seed must be in [0, 2**64)")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError("verifiable sampling needs a temperature > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if not 0 <= self.slack < 1:
+            raise ValueError("slack must be in [0, 1)")
+
+
+def position_key(seed: int, position: int) -> int:
+    """The 64-bit key of ``position`` (0 = first completion token) of completion ``seed``: the
+    first 8 bytes, big-endian, of SHA-256(domain || u64be(seed) || u64be(position))."""
+    digest = hashlib.sha256(KEY_DOMAIN + struct.pack(">QQ", seed, position)).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def _signed(value: int) -> int:
+    """A u64 as the int64 with the same bits (torch has no general uint64 arithmetic)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def gumbel(keys: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Gumbel noise [len(keys), vocab] in float64. For key k and token id t:
+    z = splitmix64(k XOR t) (the finalizer with its golden-ratio increment, all mod 2**64),
+    u = ((z >> 11) + 0.5) * 2**-53 in (0, 1), noise = -log(-log(u))."""
+    k = torch.tensor([_signed(key) for key in keys], dtype=torch.int64, device=device)[:, None]
+    z = k ^ torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
+    z = z + _signed(_GOLDEN)  # int64 addition and multiplication wrap like uint64
+    z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
+    z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
+    z = z ^ _shift_right(z, 31)
+    u = (_shift_right(z, 11).double() + 0.5) * 2.0**-53
+    return -torch.log(-torch.log(u))
+
+
+def _race(logits: torch.Tensor, keys: Sequence[int], temperature: float, top_p: float,
+          mass_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Race scores logits / T + Gumbel [rows, vocab], and the top-p sets (bool, same shape) with
+    the cut at ``top_p - mass_slack`` and at ``top_p + mass_slack`` (the narrowest and the widest
+    sets honest numeric noise can produce; both the exact set when the slack is 0)."""
+    scaled = logits.double() / temperature
+    scores = scaled + gumbel(keys, logits.shape[-1], logits.device)
+    if top_p >= 1:
+        everything = torch.ones_like(scores, dtype=torch.bool)
+        return scores, everything, everything
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+
+    def kept(cut: float) -> torch.Tensor:
+        inside = before < cut
+        inside[:, 0] = True  # the most likely token is always kept
+        return torch.zeros_like(inside).scatter_(-1, order, inside)
+
+    return scores, kept(top_p - mass_slack), kept(top_p + mass_slack)
+
+
+def sample(logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int], temperature: float,
+           top_p: float) -> torch.Tensor:
+    """One token per row: the argmax of logits / T + Gumbel(position_key(seed, position)) over
+    the top-p set (the smallest prefix of the tokens sorted by probability, descending, ties by
+    lower id, whose mass reaches ``top_p``: a token is in it when the mass before it is below
+    ``top_p``). Picks token i with probability q_i, the top-p-renormalized softmax(logits / T)."""
+    keys = [position_key(s, p) for s, p in zip(seeds, positions)]
+    scores, kept, _ = _race(logits, keys, temperature, top_p)
+    return scores.masked_fill(~kept, -math.inf).argmax(dim=-1)
+
+
+def margins(logits: torch.Tensor, tokens: torch.Tensor, replay: Replay) -> np.ndarray:
+    """Per position, the claimed token's race score minus the best other score (>= 0: it is the
+    sampler's choice; the verifier accepts >= -slack), from a verifier's logits [positions,
+    vocab]. Competitors are the tokens kept with the top-p cut lowered by ``slack`` (mass units:
+    logit noise of size d moves cumulative mass by at most about d); a claimed token outside the
+    set with the cut raised by ``slack`` gets -inf. Computed in row chunks to bound memory."""
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    out = []
+    for start in range(0, len(tokens), rows):
+        part = logits[start:start + rows]
+        index = tokens[start:start + rows].to(device=logits.device, dtype=torch.long)[:, None]
+        keys = [position_key(replay.seed, p) for p in range(start, start + len(part))]
+        scores, narrowest, widest = _race(part, keys, replay.temperature, replay.top_p, replay.slack)
+        own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
+        best_other = scores.masked_fill(~narrowest, -math.inf).scatter(-1, index, -math.inf).max(dim=-1).values
+        out.append((own - best_other).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def first_failure(margin: np.ndarray, slack: float) -> int | None:
+    """The first position whose margin is below -slack, or None when every token replays."""
+    bad = np.nonzero(~(margin >= -slack))[0]
+    return int(bad[0]) if bad.size else None

@@ -1,0 +1,90 @@
+"""The verifiable sampler (specs/sampling.md): pinned bits, the right distribution, replay of
+honest tokens with a positive margin, and the same tokens whatever the threads and batch shape."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from intellect_node.node.engine.base import SamplingParams, derive_seed
+from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.protocol.sampling import Replay, first_failure, gumbel, margins, position_key, sample
+from tests.test_rollout_builder import untrained_wide_tiny_model
+
+M64 = (1 << 64) - 1
+
+
+def reference_noise(key: int, token: int) -> float:
+    """specs/sampling.md section 2 in plain Python integers."""
+    z = ((key ^ token) + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    z ^= z >> 31
+    return -math.log(-math.log(((z >> 11) + 0.5) * 2.0**-53))
+
+
+def test_noise_is_pinned_bit_for_bit() -> None:
+    digest = hashlib.sha256(b"intellect-node/sampling/race-key/v1" + struct.pack(">QQ", 1, 0)).digest()
+    assert position_key(1, 0) == int.from_bytes(digest[:8], "big") == 0xBC83CB9398DA325B
+    keys = [position_key(1, 0), (1 << 64) - 1, 0]  # including keys with the top bit set
+    noise = gumbel(keys, 300)
+    expected = torch.tensor([[reference_noise(k, t) for t in range(300)] for k in keys], dtype=torch.float64)
+    assert torch.allclose(noise, expected, rtol=0, atol=1e-15)  # the integers exact; logs to an ulp
+
+
+def test_draws_follow_the_temperature_and_top_p_distribution() -> None:
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.5, 0.0, -3.0]])
+    draws = 20000
+    rows = logits.expand(draws, -1)
+    counts = np.bincount(sample(rows, list(range(draws)), [3] * draws, 0.7, 1.0).numpy(), minlength=6)
+    expected = torch.softmax(logits[0] / 0.7, dim=-1).numpy()
+    assert np.abs(counts / draws - expected).max() < 0.015
+    kept = sample(rows, list(range(draws)), [0] * draws, 1.0, 0.75).unique().tolist()
+    assert kept == [0, 3]  # probabilities 0.49 + 0.30 reach 0.75: the top-p set is {0, 3}
+
+
+def test_replay_accepts_the_choice_and_names_the_first_forged_position() -> None:
+    logits = torch.randn(40, 500, generator=torch.Generator().manual_seed(1))
+    replay = Replay(seed=99, temperature=1.0, top_p=0.9, slack=1e-3)
+    tokens = sample(logits, [99] * 40, list(range(40)), 1.0, 0.9)
+    honest = margins(logits, tokens, replay)
+    assert first_failure(honest, replay.slack) is None and honest.min() > 0
+    forged = tokens.clone()
+    forged[17] = logits[17].argmax() if forged[17] != logits[17].argmax() else logits[17].argsort()[-2]
+    assert first_failure(margins(logits, forged, replay), replay.slack) == 17
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    return TorchEngine.from_checkpoint(untrained_wide_tiny_model())
+
+
+def test_same_seed_same_tokens_on_threads_and_batch_sizes_and_replay_margin(engine: TorchEngine) -> None:
+    """1 and 2 threads, generation batches of 1 to 64 rows: identical tokens; a prefill at other
+    batch sizes replays every one exactly (smallest margin positive: no honest token needs slack)."""
+    tokenizer = AutoTokenizer.from_pretrained(untrained_wide_tiny_model())
+    prompts = [tokenizer.encode(text) for text in ("12 + 30 =", "reverse abc", "hello")]
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=40, seed=5, stop_token_ids=())
+    runs = []
+    try:
+        for threads, rows in ((1, 1), (2, 64), (1, 7), (2, 16)):
+            torch.set_num_threads(threads)
+            engine.max_batch_rows = rows
+            runs.append([c.token_ids for group in engine.generate(prompts, 8, params, capture_hidden=False)
+                         for c in group])
+    finally:
+        torch.set_num_threads(2)
+    assert all(run == runs[0] for run in runs)
+    smallest = math.inf
+    for rows in (5, 64):
+        engine.max_batch_rows = rows
+        replays = [Replay(derive_seed(5, i), 1.0, 0.95, 1e-3) for i in range(len(runs[0]))]
+        results = engine.prefill([p for p in prompts for _ in range(8)], runs[0], replays)
+        smallest = min(smallest, min(float(r.sampling_margins.min()) for r in results))
+    assert smallest > 0
