@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from intellect_node.crypto.toploc import DEFAULT_TOPK
-from intellect_node.node.engine import select_engine
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
 from intellect_node.node.rollouts.exchange import (
     DeliveryFailed,
     DeliveryRejected,
     deliver,
 )
-from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
@@ -75,10 +74,8 @@ class WorkerStats:
 class InferenceWorker:
     def __init__(self, shards: ShardService, model_dir: Path, tasks: list[Task], *, engine: str = "auto",
                  settings: RolloutSettings | None = None, async_window: int = 2) -> None:
-        self.shards = shards
-        self.model_dir = model_dir
+        self.policy = PolicyFollower(shards, model_dir, engine)
         self.tasks = tasks
-        self.engine_name = engine
         self.settings = settings or RolloutSettings()
         self.async_window = async_window
         self.stats = WorkerStats()
@@ -87,16 +84,15 @@ class InferenceWorker:
 
     # ---- setup -------------------------------------------------------------------------------
 
-    def _load_engine(self) -> tuple[Engine, Any]:
-        from transformers import AutoTokenizer
-
-        if not (self.model_dir / "config.json").exists():
-            raise WorkerSetupError(f"{self.model_dir} is not an HF-layout model directory (no config.json)")
-        engine = select_engine(self.engine_name).from_checkpoint(self.model_dir)
+    async def _load_engine(self) -> Engine:
+        try:
+            engine = await self.policy.load()
+        except PolicySetupError as exc:
+            raise WorkerSetupError(str(exc)) from None
         if engine.hidden_size < DEFAULT_TOPK:
             raise WorkerSetupError(f"hidden size {engine.hidden_size} is below TOPLOC's top-k {DEFAULT_TOPK}: "
                                    "a one-token chunk could not be proven")
-        return engine, AutoTokenizer.from_pretrained(self.model_dir)
+        return engine
 
     @property
     def _state_path(self) -> Path:
@@ -122,31 +118,25 @@ class InferenceWorker:
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
         self._load_counters()
-        engine, tokenizer = await trio.to_thread.run_sync(self._load_engine)
-        log.info("inference worker ready: %s engine, %d tasks, model %s", engine.name, len(self.tasks), self.model_dir)
+        engine = await self._load_engine()
+        log.info("inference worker ready: %s engine, %d tasks, model %s", engine.name, len(self.tasks),
+                 self.policy.model_dir)
         task_status.started()
-        loaded_step: int | None = None
         while True:
             checkpoint = self._usable_checkpoint()
             if checkpoint is None:
                 await trio.sleep(IDLE_POLL_S)
                 continue
-            if checkpoint.step != loaded_step:
-                tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
-                await trio.to_thread.run_sync(engine.load_state_dict, tensors)
-                loaded_step = checkpoint.step
-                log.info("generating on step %d", loaded_step)
-            await self._one_batch(engine, tokenizer, checkpoint)
+            if await self.policy.use(checkpoint):
+                log.info("generating on step %d", checkpoint.step)
+            await self._one_batch(engine, self.policy.tokenizer, checkpoint)
 
     def _usable_checkpoint(self) -> Checkpoint | None:
         """The newest complete checkpoint, unless it is older than the async window allows."""
-        checkpoint = self.shards.store.newest_complete()
+        checkpoint = self.policy.newest_complete()
         if checkpoint is None:
             return None
-        trainer_steps = [m.advert.policy_step for m in self.node.view.members()
-                         if "trainer" in m.advert.roles and m.advert.policy_step is not None]
-        newest_known = max([checkpoint.step, *trainer_steps])
-        if checkpoint.step < newest_known - self.async_window:
+        if checkpoint.step < self.policy.newest_known_step(self.node) - self.async_window:
             return None  # too stale to be trained on: wait for the overlay to bring a newer one
         return checkpoint
 

@@ -22,7 +22,11 @@ from pathlib import Path
 
 from intellect_node.node.engine import select_engine
 from intellect_node.node.roles.validator.ledger import JudgeState
-from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch
+from intellect_node.node.roles.validator.validation import (
+    BatchVerdict,
+    RunContext,
+    verify_batch,
+)
 from intellect_node.node.shards.store import MANIFEST_FILE
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
-from intellect_node.node.engine import select_engine
-from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
+from intellect_node.node.roles.policy import PolicyFollower
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
@@ -40,7 +39,6 @@ from intellect_node.node.roles.validator.verdict_trust import (
 )
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.node.rollouts.run_spec import build_run_spec
-from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
@@ -51,7 +49,6 @@ from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdi
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
-    from intellect_node.node.shards.store import Checkpoint
     from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
@@ -100,7 +97,7 @@ class ValidatorService:
                  on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
             raise ValueError("verify fraction must be in [0, 1]")
-        self.shards = shards
+        self.policy = PolicyFollower(shards, options.model_dir, options.engine)
         self.options = options
         self.tasks = tasks
         # until the overlay distributes the authority's signed spec, the run's shared defaults
@@ -140,46 +137,29 @@ class ValidatorService:
             record = json.loads(path.read_text())
             self.seen.credit(record["worker"], record["step"], record["counters"])
 
-    def _load_engine(self) -> tuple[Engine, Any]:
-        from transformers import AutoTokenizer
-
-        engine = select_engine(self.options.engine).from_checkpoint(self.options.model_dir)
-        return engine, AutoTokenizer.from_pretrained(self.options.model_dir)
-
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
         await trio.to_thread.run_sync(self._load_records)
-        engine, tokenizer = await trio.to_thread.run_sync(self._load_engine)
+        engine = await self.policy.load()
         log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
                  engine.name, len(self.tasks), 100 * self.options.verify_fraction, len(self.inbox.pending()))
         task_status.started()
-        loaded: list[int | None] = [None]
         while True:
             self._wake = trio.Event()
             for digest in self.inbox.pending():
-                await self._handle(digest, engine, tokenizer, loaded)
+                await self._handle(digest)
             with trio.move_on_after(RESCAN_S):
                 await self._wake.wait()
 
     # ---- one batch ----------------------------------------------------------------------------
 
-    def _checkpoint(self, manifest_hash: bytes) -> Checkpoint | None:
-        for checkpoint in list(self.shards.store.checkpoints.values()):
-            if checkpoint.complete and hashlib.sha256(checkpoint.envelope).digest() == manifest_hash:
-                return checkpoint
-        return None
-
-    def _newest_step(self) -> int:
-        newest = self.shards.store.newest_complete()
-        steps = [m.advert.policy_step for m in self.node.view.members()
-                 if "trainer" in m.advert.roles and m.advert.policy_step is not None]
-        return max([newest.step if newest is not None else 0, *steps])
-
     def _step_of(self, manifest_hash: bytes) -> int | None:
-        checkpoint = self._checkpoint(manifest_hash)
+        checkpoint = self.policy.checkpoint_with_manifest(manifest_hash)
         return checkpoint.step if checkpoint is not None else None
 
-    async def _handle(self, digest: str, engine: Engine, tokenizer: Any, loaded: list[int | None]) -> None:
+    async def _handle(self, digest: str) -> None:
+        engine, tokenizer = self.policy.engine, self.policy.tokenizer
+        assert engine is not None
         try:
             signed = codec.decode(self.inbox.load(digest), RolloutBatch)
         except Rejected as exc:  # expired while it waited, or a file damaged on disk
@@ -189,7 +169,7 @@ class ValidatorService:
         except FileNotFoundError:
             return
         batch = signed.message
-        newest = self._newest_step()
+        newest = self.policy.newest_known_step(self.node)
         reason = batch_precheck(batch, spec=self.run_context.spec, validator_engine=engine.name,
                                 newest_step=newest, checkpoint_step_of=self._step_of)
         if reason == "unknown_checkpoint" or (reason == "stale_step" and batch.policy_step > newest):
@@ -214,11 +194,9 @@ class ValidatorService:
                 self.seen.credit(batch.worker, batch.policy_step, counters)
                 self._record(digest, batch, None)
                 return
-        checkpoint = self._checkpoint(batch.manifest_hash)
-        if reason is None and checkpoint is not None and loaded[0] != checkpoint.step:
-            tensors = load_tensors(checkpoint.data_path, checkpoint.manifest)
-            await trio.to_thread.run_sync(engine.load_state_dict, tensors)
-            loaded[0] = checkpoint.step
+        checkpoint = self.policy.checkpoint_with_manifest(batch.manifest_hash)
+        if reason is None and checkpoint is not None:
+            await self.policy.use(checkpoint)
         started = time.perf_counter()
         result = await trio.to_thread.run_sync(lambda: verify_batch(
             signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=self._step_of,

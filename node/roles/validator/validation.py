@@ -19,16 +19,25 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from intellect_node.crypto.toploc import Thresholds, verify_proofs
-from intellect_node.node.engine.base import Engine, PrefillResult, derive_seed, encode_prompt
+from intellect_node.node.engine.base import (
+    Engine,
+    PrefillResult,
+    derive_seed,
+    encode_prompt,
+)
 from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
+from intellect_node.protocol.rollouts import (
+    RolloutBatch,
+    RolloutGroup,
+    unpack_logprobs,
+    unpack_tokens,
+)
 from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
-from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, unpack_logprobs, unpack_tokens
 from intellect_node.protocol.sampling import Replay, first_failure
-
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
 _NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
