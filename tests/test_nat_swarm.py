@@ -11,6 +11,7 @@ import pytest
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 
 from tests.netns import SmallInternet, unavailable_reason
+from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -62,5 +63,39 @@ def test_nated_nodes_join_see_everyone_and_know_they_are_not_dialable(tmp_path) 
             assert any(a.startswith("/ip4/198.18.0.2/tcp/4001/p2p/") for a in seen[boot.peer_id]["addrs"])
             served = [status[name]["reachability"]["dialbacks_served"] for name in ("boot", "pub")]
             assert sum(s.get("unreachable", 0) for s in served) >= 2  # both homes were dialed and not reached
+        finally:
+            swarm.stop_all()
+
+
+def test_nated_fetchers_get_the_checkpoint_and_advertise_no_data_address(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The data plane across NAT: two NATed nodes fetch a checkpoint from the public trainer (and
+    from each other only over connections they open), end byte-identical, and once their dial-back
+    says private their adverts carry no HTTP address, so no peer wastes a parent slot on them."""
+    with SmallInternet(publics=2, homes=2) as net:
+        swarm = LocalSwarm(tmp_path, run_id="nat-shards", timing=FAST)
+        publisher = ShardSwarm(tmp_path, "nat-shards", {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(1 << 20)})
+        try:
+            boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
+                               listen="/ip4/198.18.0.2/tcp/4001")
+            origin = swarm.start("origin", ["join", "--role", "trainer", "--bootstrap", boot.addr,
+                                            "--publish-dir", str(publisher.publish_dir)],
+                                 publisher.env, prefix=net.exec_prefix(net.name("pub1")),
+                                 listen="/ip4/198.18.0.3/tcp/4001")
+            homes = [swarm.start(f"home{n}", ["join", "--role", "inference", "--bootstrap", boot.addr,
+                                               "--trainer", origin.peer_id], publisher.env,
+                                 prefix=net.exec_prefix(net.name(f"home{n}")), listen=f"/ip4/198.19.{n}.2/tcp/4001")
+                     for n in (1, 2)]
+            wait_until(lambda: all(_state(h) == "private" for h in homes), BOUND_S)
+            digest = publisher.publish(1, 8, seed=7)
+            took = wait_until(lambda: all(holds(h, 1) for h in homes), BOUND_S)
+            print(f"\nboth NATed fetchers verified the 8 MiB checkpoint {took:.1f} s after it was published")
+            assert all(file_sha256(h, 1) == digest for h in homes)
+
+            def home_addrs() -> list[list[str]]:
+                seen = {m["peer_id"]: m["addrs"] for m in origin.status()["members"]}
+                return [seen.get(h.peer_id, ["missing"]) for h in homes]
+
+            wait_until(lambda: not any(a for addrs in home_addrs() for a in addrs), BOUND_S)
+            assert home_addrs() == [[], []]  # neither a libp2p nor an HTTP address
         finally:
             swarm.stop_all()

@@ -5,6 +5,7 @@ nobody is unreachable, a second request from the same IP is refused, and garbage
 from __future__ import annotations
 
 import trio
+from intellect_node.node.shards.fetcher import PeerBook
 from intellect_node.node.swarm.reachability import (
     REFUSED,
     UNREACHABLE,
@@ -71,3 +72,22 @@ def test_a_private_node_advertises_no_address_and_a_public_one_its_proven_addres
     assert Reachability("private", "203.0.113.9").advertised(addrs) == []
     assert Reachability("unknown").advertised(addrs) == addrs
     assert Reachability("public", "203.0.113.9").advertised(addrs) == ["/ip4/203.0.113.9/tcp/4001/p2p/12D3KooWabc"]
+
+
+def test_data_plane_addresses_follow_reachability() -> None:
+    http = ["/ip4/10.0.0.5/tcp/7000/http"]
+    assert Reachability("private", "203.0.113.9").advertised_data(http) == []  # a NATed node only fetches
+    assert Reachability("unknown").advertised_data(http) == http
+    assert Reachability("public", "203.0.113.9").advertised_data(http) == ["/ip4/203.0.113.9/tcp/7000/http"]
+
+
+def test_a_peer_that_stops_advertising_http_is_no_longer_a_parent() -> None:
+    book = PeerBook()
+    book.learn("peer", ["/ip4/10.0.0.5/tcp/7000/http"])
+    assert book.servable("peer")
+    book.learn("peer", ["/ip4/10.0.0.5/tcp/4001/p2p/peer"])  # its reachability check found it private
+    assert not book.servable("peer") and book.peers["peer"].endpoint is None
+    book.learn("peer", ["/ip4/198.18.0.9/tcp/7001/http"])  # public again, on a new address
+    assert book.servable("peer") and book.peers["peer"].endpoint.port == 7001
+    book.learn("never-served", ["/ip4/10.0.0.6/tcp/4001/p2p/x"])
+    assert not book.servable("never-served") and "never-served" not in book.peers

@@ -56,7 +56,7 @@ def http_endpoint(peer_id: str, addrs: tuple[str, ...] | list[str]) -> Endpoint 
 class PeerRecord:
     """What this node measured of one peer as a parent, across checkpoints."""
 
-    endpoint: Endpoint
+    endpoint: Endpoint | None  # None once its advert names no HTTP address (it turned out private)
     rate: float = 0.0  # bytes/s of good shards, exponentially averaged; 0 until measured
     successes: int = 0
     failures: int = 0  # consecutive
@@ -77,14 +77,19 @@ class PeerBook:
         self.peers: dict[str, PeerRecord] = {}
 
     def learn(self, peer_id: str, addrs: tuple[str, ...] | list[str]) -> None:
+        """Follow ``peer_id``'s latest advert: a new port after a restart, or no address at all
+        once its reachability check found it behind NAT (then it is not asked again)."""
         endpoint = http_endpoint(peer_id, addrs)
-        if endpoint is None:
-            return
         record = self.peers.get(peer_id)
         if record is None:
-            self.peers[peer_id] = PeerRecord(endpoint)
+            if endpoint is not None:
+                self.peers[peer_id] = PeerRecord(endpoint)
         elif record.endpoint != endpoint:
-            record.endpoint = endpoint  # a restarted peer on a new port
+            record.endpoint = endpoint
+
+    def servable(self, peer_id: str) -> bool:
+        record = self.peers.get(peer_id)
+        return record is not None and record.endpoint is not None
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         record = self.peers[peer_id]
@@ -151,6 +156,7 @@ class CheckpointFetch:
         """Keep have streams open to the origin and the best-ranked other known peers."""
         while True:
             candidates = [p for p in self.book.peers if p != self.own_peer_id and p not in self.watched
+                          and self.book.servable(p)
                           and p not in self.blocked and not self.scores.is_banned(p)]
             candidates.sort(key=lambda p: (p != self.origin, p not in self.providers, -self.book.peers[p].score()))
             for peer_id in candidates[: max(0, MAX_WATCHED - len(self.watched))]:
@@ -179,8 +185,11 @@ class CheckpointFetch:
         try:
             while peer_id not in self.blocked and not complete:
                 await trio.sleep(delay)
+                endpoint = self.book.peers[peer_id].endpoint
+                if endpoint is None:
+                    return  # no longer advertises an address we could open
                 try:
-                    await self.client.follow(self.book.peers[peer_id].endpoint, target, on_line,
+                    await self.client.follow(endpoint, target, on_line,
                                              idle_timeout_s=HAVE_IDLE_S, max_line=4096 + manifest.shard_count // 4)
                     delay = 0.5
                 except HttpStatus as exc:
@@ -221,7 +230,8 @@ class CheckpointFetch:
 
     def _usable(self, peer_id: str, now: float) -> bool:
         record = self.book.peers.get(peer_id)
-        return (record is not None and peer_id not in self.blocked and record.backoff_until <= now
+        return (record is not None and record.endpoint is not None and peer_id not in self.blocked
+                and record.backoff_until <= now
                 and not self.scores.is_banned(peer_id)
                 and sum(1 for p in self.active.values() if p == peer_id) < PER_PEER_DOWNLOADS)
 
@@ -251,11 +261,14 @@ class CheckpointFetch:
         manifest = self.checkpoint.manifest
         start, end = manifest.shard_range(shard)
         record = self.book.peers[peer_id]
+        endpoint = record.endpoint
         hasher = blake3.blake3()
         began = trio.current_time()
         try:
+            if endpoint is None:  # its advert dropped the address between the pick and now
+                raise OSError(f"{peer_id} no longer advertises an HTTP address")
             with view[start:end] as dest:  # the shard's place in the mmapped file
-                await self.client.get_range(record.endpoint, self.target, start, dest, hasher.update)
+                await self.client.get_range(endpoint, self.target, start, dest, hasher.update)
         except HttpStatus as exc:
             self._refused(shard, peer_id, exc)
         except Rejected as exc:

@@ -161,6 +161,18 @@ class Reachability:
             return list(dict.fromkeys([proven, *(a for a in addrs if a.startswith(f"/ip4/{self.observed_ip}/"))]))
         return addrs
 
+    def advertised_data(self, addrs: list[str]) -> list[str]:
+        """The data-plane addresses (``/ip4/<host>/tcp/<port>/http``) to advertise, by the same rule:
+        all while unknown; none when private (peers could not open them: a NATed node fetches
+        from reachable peers and serves only streams it opened itself); when public, the same
+        ports on the IP that was dialed back (a 1:1 NAT's public address, not the interface's)."""
+        if self.state == "private":
+            return []
+        if self.state == "public" and self.observed_ip:
+            moved = [re.sub(r"^/ip4/[0-9.]+/", f"/ip4/{self.observed_ip}/", a) for a in addrs]
+            return list(dict.fromkeys(moved))
+        return addrs
+
     def summary(self) -> dict[str, object]:
         return {"state": self.state, "observed_ip": self.observed_ip, "confirmed_by": self.confirmed_by[:ASK_PEERS],
                 "denied_by": self.denied_by[:ASK_PEERS],

@@ -291,12 +291,17 @@ class Node:
             peer_id=self.peer_id,
             run_id=self.config.run_id,
             roles=tuple(dict.fromkeys(self.config.roles)),
-            addrs=tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()), *self.extra_addrs]))[:16],
+            addrs=self._advertised_addrs(),
             hardware=self.hardware,
             throughput_tokens_per_s=None,
             software_version=SOFTWARE_VERSION,
             policy_step=self.policy_step,
         )
+
+    def _advertised_addrs(self) -> tuple[str, ...]:
+        """libp2p and data-plane addresses as reachability allows (node/swarm/reachability.py)."""
+        return tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()),
+                                    *self.reachability.advertised_data(self.extra_addrs)]))[:16]
 
     def update_advert(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
         """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
@@ -443,9 +448,9 @@ class Node:
             if port is None or not peers:
                 continue
             random.shuffle(peers)
-            before = self.reachability.advertised(self.addrs())
+            before = self._advertised_addrs()
             self.reachability = await check(self.host, peers, port, self.reachability)
-            if self.reachability.advertised(self.addrs()) != before:
+            if self._advertised_addrs() != before:
                 log.info("reachability: %s (observed IP %s)", self.reachability.state, self.reachability.observed_ip)
                 self._advert_changed.set()
 
