@@ -21,7 +21,7 @@ from intellect_node.node.shards.loader import load_tensors
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.shards.store import Checkpoint
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class PolicyFollower:
     def newest_complete(self) -> Checkpoint | None:
         return self.shards.store.newest_complete()
 
-    def newest_known_step(self, node: Node) -> int:
+    def newest_known_step(self, node: NodeContext) -> int:
         """The run's newest step as far as this node knows: held here, or advertised by a trainer."""
         newest = self.newest_complete()
         advertised = [m.advert.policy_step for m in node.view.members()

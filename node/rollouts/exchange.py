@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 from intellect_node.node.rollouts.inbox import RolloutInbox
-from intellect_node.node.swarm.runtime import Node
+from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected
@@ -55,7 +55,7 @@ class RolloutReceiver:
         self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, rejected
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
         node.host.set_stream_handler(TProtocol(ROLLOUTS_PROTOCOL), self._handle)
         task_status.started()
@@ -101,7 +101,7 @@ class RolloutReceiver:
         return "stored", ""
 
 
-async def deliver(node: Node, peer_id: str, envelope: bytes, *, attempts: int = 5,
+async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts: int = 5,
                   first_backoff_s: float = 0.5) -> str:
     """Send one batch envelope to ``peer_id``; returns "stored" or "duplicate".
 

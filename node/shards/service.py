@@ -45,7 +45,7 @@ from intellect_node.protocol.manifest import (
 )
 
 if TYPE_CHECKING:
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
@@ -56,7 +56,7 @@ MAX_COMPLAINTS_KEPT = 100
 
 
 class ShardService:
-    def __init__(self, node: Node, config: ShardConfig) -> None:
+    def __init__(self, node: NodeContext, config: ShardConfig) -> None:
         self.node = node
         self.config = config
         self.name = "shards"
@@ -120,7 +120,7 @@ class ShardService:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         resumed = await trio.to_thread.run_sync(self.store.reopen, self.decode_manifest)
         self.counters["resumed_shards"] = sum(resumed)
         for checkpoint in self.store.checkpoints.values():

@@ -19,6 +19,7 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
 from intellect_node.node.swarm.bootstrap import Attempt, dial, join_failure_message, join_tiers
 from intellect_node.node.swarm.connections import ConnectionManager
+from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_path, serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
@@ -93,13 +94,14 @@ def _only(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
 class Service(Protocol):
     """A part of the node that runs beside membership: the shard overlay, a role's work loop.
 
-    ``run`` is started once the node has joined; it calls ``task_status.started()`` when ready and
-    runs until cancelled. Services register announcement handlers before the node starts.
+    ``run`` is started once the node has joined, with the node as a ``NodeContext`` (what a
+    service may use of it); it calls ``task_status.started()`` when ready and runs until
+    cancelled. Services register announcement handlers before the node starts.
     """
 
     name: str  # its key in ``status`` ("shards", "inference", ...)
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
 
     def status(self) -> dict[str, Any]:
         """Is it producing: the figures a contributor asks for first (``intellect-node status``)."""
@@ -412,8 +414,12 @@ class Node:
     async def announce(self, message: Message, lifetime_s: float) -> bytes:
         """Sign and gossip ``message`` on the announcements topic; returns the envelope."""
         envelope = codec.encode(message, self.identity, lifetime_s=lifetime_s)
-        await self.pubsub.publish(announcements_topic(self.config.run_id), envelope)
+        await self.publish_announcement(envelope)
         return envelope
+
+    async def publish_announcement(self, envelope: bytes) -> None:
+        """Gossip an envelope signed earlier (a verdict is recorded durably before it goes out)."""
+        await self.pubsub.publish(announcements_topic(self.config.run_id), envelope)
 
     async def provide(self, key: str) -> bool:
         """Announce a provider record for ``key`` (e.g. "I hold shard k of step s")."""

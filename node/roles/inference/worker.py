@@ -38,7 +38,7 @@ from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.shards.store import Checkpoint
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 RECEIVER_ROLES = frozenset({"trainer", "validator"})
@@ -115,7 +115,7 @@ class InferenceWorker:
 
     # ---- the loop ----------------------------------------------------------------------------
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
         self._load_counters()
         engine = await self._load_engine()

@@ -61,7 +61,7 @@ from intellect_node.protocol.rollouts import (
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
@@ -114,7 +114,7 @@ class TrainerCounters:
 
 
 class TrainerService:
-    def __init__(self, node: Node, shards: ShardService, options: TrainerOptions, tasks: list[Task]) -> None:
+    def __init__(self, node: NodeContext, shards: ShardService, options: TrainerOptions, tasks: list[Task]) -> None:
         if shards.config.publish_dir is None:
             raise ValueError("the trainer publishes through the shard overlay: it needs a publish directory")
         self.node = node
@@ -228,7 +228,7 @@ class TrainerService:
 
     # ---- the loop -------------------------------------------------------------------------------
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await trio.to_thread.run_sync(self._load)
         self._started = time.monotonic()
         held = max(self.shards.store.checkpoints, default=-1)

@@ -42,14 +42,13 @@ from intellect_node.node.rollouts.run_spec import build_run_spec
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.keys import announcements_topic
 from intellect_node.protocol.rollouts import RolloutBatch
 from intellect_node.protocol.run_spec import RunSpec
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 VERDICT_LIFETIME_S = 3600.0
@@ -92,7 +91,7 @@ class ValidatorService:
     """``on_judged(digest, batch, result)`` runs after a batch is verified and before it leaves the
     inbox: the trainer keeps the accepted groups there (durably), so the two steps cannot drift."""
 
-    def __init__(self, node: Node, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
+    def __init__(self, node: NodeContext, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
                  async_window: int = 2, run_spec: RunSpec | None = None,
                  on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
@@ -137,7 +136,7 @@ class ValidatorService:
             record = json.loads(path.read_text())
             self.seen.credit(record["worker"], record["step"], record["counters"])
 
-    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
         await trio.to_thread.run_sync(self._load_records)
         engine = await self.policy.load()
@@ -209,7 +208,7 @@ class ValidatorService:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
         self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited)
-        await self.node.pubsub.publish(announcements_topic(self.node.config.run_id), envelope)
+        await self.node.publish_announcement(envelope)
         verdict = codec.decode(envelope, Verdict).message
         if verdict.cheats:
             ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")

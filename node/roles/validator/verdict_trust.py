@@ -23,14 +23,14 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
 
 if TYPE_CHECKING:
-    from intellect_node.node.swarm.runtime import Node
+    from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
 MAX_BATCHES_KEPT = 10_000  # trusted verdicts remembered for adoption (oldest dropped first)
 OwnAccepted = Callable[[str], set[int] | None]  # batch digest -> counters this node accepted, None if not judged
 
 
-def ban_worker(node: Node, peer_id: str, why: str) -> None:
+def ban_worker(node: NodeContext, peer_id: str, why: str) -> None:
     """Ban ``peer_id`` for the run: the receiver ignores its streams, its gossip is dropped."""
     if peer_id != node.peer_id:
         node.scores.ban(peer_id, f"worker proven to cheat: {why}")
@@ -45,7 +45,7 @@ def _opinion(verdict: Verdict) -> tuple:
 class TrustedVerdicts:
     """Receives verdict gossip; register with ``listen`` before ``intellect_node.node.run``."""
 
-    def __init__(self, node: Node, trusted: Iterable[str], own_accepted: OwnAccepted | None = None,
+    def __init__(self, node: NodeContext, trusted: Iterable[str], own_accepted: OwnAccepted | None = None,
                  on_verdict: Callable[[str], None] | None = None) -> None:
         self.node = node
         self.trusted = set(trusted)
@@ -99,7 +99,7 @@ class TrustedVerdicts:
         return verdicts[0]
 
 
-def listen_for_verdicts(node: Node, trusted: Iterable[str]) -> TrustedVerdicts:
+def listen_for_verdicts(node: NodeContext, trusted: Iterable[str]) -> TrustedVerdicts:
     """Ban workers that a trusted validator (or this node) proved to cheat; call before ``intellect_node.node.run``."""
     verdicts = TrustedVerdicts(node, trusted)
     verdicts.listen()
