@@ -158,7 +158,10 @@ def train(
     model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: TinyRecipe
 ) -> float | None:
     """Supervised warm-up on toy tasks; returns the last step's loss (None for zero steps)."""
-    rng = random.Random(f"intellect-node/demo/tinymodel/train/{recipe.seed}")
+    # The stream's name is part of the recipe (it fixes the training data), not a module path:
+    # it kept its name when the package moved under demo/ (renaming it built a different model,
+    # reversal 0.015 instead of 0.24 greedy, and the demo had nothing to learn from).
+    rng = random.Random(f"intellect-node/tinymodel/train/{recipe.seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup = max(1, recipe.train_steps // 10)
 
