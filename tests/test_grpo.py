@@ -161,6 +161,20 @@ def test_a_step_raises_rewarded_completions_and_lowers_the_rest() -> None:
     assert 0.0 <= metrics["clip_fraction"] <= 1.0 and metrics["entropy"] > 0
 
 
+def test_groups_adopted_without_logprobs_train_every_row_like_recomputed_ones() -> None:
+    """An adopted verdict's group has no behavior logprobs: the learner recomputes them with the
+    current weights, so its step equals a step whose logprobs are those same weights' (and every
+    row is trained: none dropped for lack of logprobs)."""
+    adopted = [dataclasses.replace(g, logprobs=()) for g in make_groups(3)]
+    results = []
+    for groups in (adopted, make_groups(3)):  # make_groups' logprobs are small_model()'s
+        model = small_model()
+        metrics = GRPOLearner(model, pad_id=0, optim=OptimConfig(lr=1e-2, warmup_steps=0)).step(groups)
+        assert metrics["rows"] == 12 and metrics["tokens"] == sum(len(c) for g in groups for c in g.completions)
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.allclose(results[0], results[1], atol=1e-5)
+
+
 @pytest.mark.parametrize("normalization", ["token", "constant"])
 def test_micro_batches_add_up_to_the_whole_batch(normalization: str) -> None:
     """Gradient accumulation: 2-row micro-batches give the same update as one 64-row batch."""

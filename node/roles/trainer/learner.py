@@ -178,7 +178,10 @@ class GRPOLearner:
         for group in groups:
             rewards = total_rewards(group.task_rewards, group.lengths, group.length_target, self.reward_config)
             adv = group_advantages(rewards)
-            for completion, a, logprobs in zip(group.completions, adv, group.logprobs):
+            # an adopted verdict's group carries no logprobs: its rows get them recomputed (zip
+            # with the empty tuple would silently drop every row of the group)
+            behavior = group.logprobs or ((),) * len(group.completions)
+            for completion, a, logprobs in zip(group.completions, adv, behavior, strict=True):
                 rows.append(_Row(group.prompt, completion, float(a), logprobs))
             task.extend(group.task_rewards)
             lengths.extend(group.lengths)
