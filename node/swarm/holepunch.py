@@ -38,5 +38,7 @@ class CountingDCUtR(DCUtRProtocol):
         self.outcomes["answered"] += 1
         await super()._handle_dcutr_stream(stream)
 
-    def status(self) -> dict[str, int]:
-        return {key: self.outcomes.get(key, 0) for key in ("attempted", "succeeded", "failed", "direct_dial", "answered")}
+    def status(self) -> dict[str, object]:
+        counts: dict[str, object] = {key: self.outcomes.get(key, 0)
+                                     for key in ("attempted", "succeeded", "failed", "direct_dial", "answered")}
+        return {**counts, "direct_peers": sorted(peer.to_base58() for peer in self._direct_connections)}

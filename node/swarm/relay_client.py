@@ -78,7 +78,20 @@ class RelayClient:
         return {"reservations": {h.relay: {"addr": h.relay_addr, "expires_in_s": round(h.expires_at - now)}
                                  for h in self.held.values()},
                 "relayed_addrs": self.relayed_addrs(), "reserve_outcomes": dict(self.reserve_outcomes),
-                "relayed_dials": dict(self.dials)}
+                "relayed_dials": dict(self.dials), **self.peers_by_path()}
+
+    def peers_by_path(self) -> dict[str, list[str]]:
+        """Connected peers reached only through a relay (every connection a circuit), and those
+        with a direct connection (the ones a hole punch must leave behind when it works)."""
+        relayed, direct = [], []
+        for peer, conns in list(self.host.get_network().connections.items()):
+            conns = conns if isinstance(conns, list) else [conns]
+            addrs = [str(a) for conn in conns for a in _transport_addrs(conn)]
+            if addrs and all(CIRCUIT in a for a in addrs):
+                relayed.append(peer.to_base58())
+            elif addrs:
+                direct.append(peer.to_base58())
+        return {"peers_through_relay": sorted(relayed), "peers_direct": sorted(direct)}
 
     async def keep(self, candidates: Candidates) -> bool:
         """One round: drop reservations whose relay is gone or expired, refresh those past half their
@@ -153,3 +166,10 @@ class RelayClient:
             raise
         self.dials["ok"] += 1
         return target
+
+
+def _transport_addrs(conn: object) -> list[object]:
+    try:
+        return list(conn.get_transport_addresses())  # type: ignore[attr-defined]
+    except Exception:
+        return []
