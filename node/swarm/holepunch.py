@@ -16,12 +16,18 @@ from collections import Counter
 from libp2p.abc import INetStream
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from multiaddr import Multiaddr
 
 
 class CountingDCUtR(DCUtRProtocol):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.outcomes: Counter[str] = Counter()
+        self.last_punched: list[str] = []  # the addresses the last punch dialed: why it failed, often
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+        self.last_punched = [str(addr) for addr in addrs][:4]
+        return await super()._perform_hole_punch(peer_id, addrs, as_responder)
 
     async def _initiate_hole_punch_locked(self, peer_id: ID) -> bool:
         before = self._hole_punch_attempts.get(peer_id, 0)
@@ -41,4 +47,4 @@ class CountingDCUtR(DCUtRProtocol):
     def status(self) -> dict[str, object]:
         counts: dict[str, object] = {key: self.outcomes.get(key, 0)
                                      for key in ("attempted", "succeeded", "failed", "direct_dial", "answered")}
-        return {**counts, "direct_peers": sorted(peer.to_base58() for peer in self._direct_connections)}
+        return {**counts, "last_punched": self.last_punched}
