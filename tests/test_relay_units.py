@@ -108,3 +108,18 @@ async def test_a_stream_through_the_relay_reaches_the_reserved_peer(tmp_path, nu
         assert status["hop"] and status["reservations_served"] == 1
         assert status["circuits"]["opened"] == 1 and status["bytes_relayed"] > 0
         assert dialer.dials == {"ok": 1, "failed": 0}
+
+
+def test_relay_limits_come_from_the_node_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from intellect_node.node.app.config import ConfigError, load_config
+
+    (tmp_path / "config.toml").write_text("[node]\nrelay_max_reservations = 3\nrelay_circuit_bytes = 1048576\n")
+    config = load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RELAY_CIRCUIT_DURATION_S": "30"})
+    assert (config.relay_max_reservations, config.relay_circuit_bytes, config.relay_circuit_duration_s) == (3, 1 << 20, 30.0)
+    (tmp_path / "config.toml").write_text("[node]\nrelay_circuit_bytes = 0\n")
+    try:
+        load_config({"home": str(tmp_path)}, environ={})
+    except ConfigError as exc:
+        assert "relay_circuit_bytes" in str(exc)
+    else:
+        raise AssertionError("relay_circuit_bytes = 0 was accepted")

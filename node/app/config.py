@@ -78,6 +78,13 @@ class NodeConfig:
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self) -> None:
+        for name in ("relay_reservation_ttl_s", "relay_circuit_duration_s", "relay_circuit_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"[node] {name}: {getattr(self, name)!r} must be above 0")
+        if self.relay_max_reservations < 0:
+            raise ConfigError(f"[node] relay_max_reservations: {self.relay_max_reservations!r} must be 0 or more")
+
     @property
     def layout(self) -> HomeLayout:
         return HomeLayout(self.home)
