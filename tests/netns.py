@@ -156,6 +156,9 @@ class SmallInternet:
             self.sh(router, "iptables", "-A", "FORWARD", "-i", "up0", "-m", "conntrack",
                     "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
             self.sh(router, "iptables", "-A", "FORWARD", "-i", "up0", "-j", "DROP")
+            # and, like a home router, it drops what is sent to itself unasked rather than answer
+            # with a reset (a reset would end a hole punch's first SYN before the peer's opens the way)
+            self.sh(router, "iptables", "-A", "INPUT", "-i", "up0", "-m", "conntrack", "--ctstate", "NEW", "-j", "DROP")
             ip = f"198.19.{n}.2"
             self.sh(home, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
             self.sh(home, "ip", "route", "add", "default", "via", f"198.19.{n}.1")

@@ -68,9 +68,22 @@ class NodeConfig:
     discovery_s: float = 15.0
     connect_timeout_s: float = 5.0
     log_level: str = "INFO"
+    # Circuit relay v2 service, offered only while this node is publicly reachable (specs/reachability.md).
+    relay_service: bool = True
+    relay_max_reservations: int = 16
+    relay_reservation_ttl_s: float = 600.0
+    relay_circuit_duration_s: float = 120.0
+    relay_circuit_bytes: int = 16 * 1024 * 1024
     # The file's other sections, checked for unknown names; each concern's loader reads its own.
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("relay_reservation_ttl_s", "relay_circuit_duration_s", "relay_circuit_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"[node] {name}: {getattr(self, name)!r} must be above 0")
+        if self.relay_max_reservations < 0:
+            raise ConfigError(f"[node] relay_max_reservations: {self.relay_max_reservations!r} must be 0 or more")
 
     @property
     def layout(self) -> HomeLayout:
@@ -104,6 +117,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError(f"not a boolean: {value!r}")
         if kind == "float":
             return float(value)
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"not a whole number: {value!r}")
+            return int(value)
         if kind == "list[str]":
             if isinstance(value, str):
                 return [item.strip() for item in value.split(",") if item.strip()]

@@ -31,6 +31,9 @@ from libp2p.pubsub.pubsub import Pubsub
 
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
+from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
+from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP_PROTOCOL
 
 log = logging.getLogger(__name__)
 Handler = Callable[[INetStream], Awaitable[None]]
@@ -59,6 +62,10 @@ POLICIES: dict[str, SlotPolicy] = {
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
     ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
     DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
+    # A hop stream lives as long as its circuit; the relay's own reservation limit bounds the rest.
+    HOP_PROTOCOL: SlotPolicy(per_peer=4, per_ip=16, first_byte_s=5.0),
+    STOP_PROTOCOL: SlotPolicy(per_peer=8, per_ip=16, first_byte_s=5.0),  # every circuit comes from the relay
+    DCUTR_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),
 }
 DEFAULT_POLICY = SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0)
 

@@ -17,13 +17,14 @@ import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
-from intellect_node.node.swarm.bootstrap import Attempt, dial, join_failure_message, join_tiers
+from intellect_node.node.swarm.bootstrap import OK, UNREACHABLE, Attempt, dial, join_failure_message, join_tiers
 from intellect_node.node.swarm.connections import ConnectionManager
 from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_path, serve_control
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
 from intellect_node.node.swarm.guard import StreamGuard
+from intellect_node.node.swarm.holepunch import CountingDCUtR
 from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
@@ -39,6 +40,8 @@ from intellect_node.node.swarm.membership import (
 from intellect_node.node.swarm.peer_cache import PeerCache
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.reachability import DialBackServer, Reachability, check, tcp_port
+from intellect_node.node.swarm.relay_client import RelayClient, is_relayed
+from intellect_node.node.swarm.relay_service import RelayService, relay_limits
 from intellect_node.node.swarm.supervisor import HostFailed, Supervisor, at_once
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
@@ -63,6 +66,7 @@ from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.tools.anyio_service import background_trio_service
 
 log = logging.getLogger(__name__)
@@ -74,6 +78,7 @@ MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before g
 EARLY_PULLS_AT_S = (1.0, 2.0, 4.0, 8.0)  # seconds after joining: pull the adverts a random peer holds
 REACHABILITY_RETRY_S = (1.0, 5.0, 10.0)  # after joining, while no peer has answered
 REACHABILITY_RECHECK_S = 300.0  # addresses and NATs change; a decided node asks again this often
+RELAY_KEEP_S = 5.0  # while private: how often reservations are checked, refreshed and filled
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total (libp2p rate-limits each forwarding peer per topic).
@@ -130,6 +135,10 @@ class Node:
         self.connections = ConnectionManager(self.host)
         self.reachability = Reachability()
         self.dialback = DialBackServer(self.host)
+        self.relay = RelayService(self.host, relay_limits(config.relay_max_reservations, config.relay_reservation_ttl_s,
+                                                          config.relay_circuit_duration_s, config.relay_circuit_bytes))
+        self.relay_client = RelayClient(self.host, self.relay)
+        self.holepunch = CountingDCUtR(self.host)
         self.policy_step: int | None = None
         self.started_at = time.time()
         self.services = list(services)
@@ -161,7 +170,8 @@ class Node:
             async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
                 self._nursery = nursery
                 async with background_trio_service(self.pubsub), background_trio_service(router), \
-                        background_trio_service(self.dht):
+                        background_trio_service(self.dht), background_trio_service(self.relay), \
+                        background_trio_service(self.holepunch):
                     await self.pubsub.wait_until_ready()
                     nursery.start_soon(self.connections.run)
                     await nursery.start(self.supervisor.run, "control", partial(serve_control, self.config.layout.control_socket,
@@ -175,7 +185,8 @@ class Node:
                     self._refresh_own_advert()
                     await self._join()
                     await self._supervise(nursery, "catch-up", self._catch_up_after_joining)
-                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop, self._reachability_loop):
+                    for loop in (self._advertise_loop, self._discovery_loop, self._upkeep_loop, self._reachability_loop,
+                                 self._relay_loop):
                         await self._supervise(nursery, loop.__name__.strip("_"), loop)
                     for service in self.services:
                         await nursery.start(self.supervisor.run, service.name, partial(service.run, self))
@@ -232,7 +243,10 @@ class Node:
         attempts.append(attempt)
 
     async def _connect_and_exchange(self, addr: str, source: str = "member") -> Attempt:
-        attempt = await dial(self.host, addr, source, self.config.connect_timeout_s)
+        if is_relayed(addr):
+            attempt = await self._dial_relayed(addr, source)
+        else:
+            attempt = await dial(self.host, addr, source, self.config.connect_timeout_s)
         if attempt.ok and attempt.peer is not None:
             peer = attempt.peer.peer_id
             if source == "bootstrap":
@@ -241,6 +255,17 @@ class Node:
                 await self.dht.routing_table.add_peer(peer)
                 await self._exchange_members(peer)
         return attempt
+
+    async def _dial_relayed(self, addr: str, source: str) -> Attempt:
+        """A ``/p2p-circuit`` address: through the relay it names (libp2p's own dial skips these)."""
+        failure = f"no relayed connection within {self.config.connect_timeout_s:g} s"
+        with trio.move_on_after(self.config.connect_timeout_s):
+            try:
+                peer = await self.relay_client.dial(addr)
+                return Attempt(addr, source, OK, peer=PeerInfo(peer, []))
+            except Exception as exc:  # noqa: BLE001 - bad address, relay gone, no reservation, handshake
+                failure = str(exc)
+        return Attempt(addr, source, UNREACHABLE, failure)
 
     # ---- the members protocol --------------------------------------------------------------
 
@@ -302,7 +327,8 @@ class Node:
 
     def _advertised_addrs(self) -> tuple[str, ...]:
         """libp2p and data-plane addresses as reachability allows (node/swarm/reachability.py)."""
-        return tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()),
+        relayed = self.relay_client.relayed_addrs() if self.reachability.state == "private" else []
+        return tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()), *relayed,
                                     *self.reachability.advertised_data(self.extra_addrs)]))[:16]
 
     def update_advert(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
@@ -456,9 +482,39 @@ class Node:
             random.shuffle(peers)
             before = self._advertised_addrs()
             self.reachability = await check(self.host, peers, port, self.reachability)
+            self.relay.set_hop(self.reachability.state == "public" and self.config.relay_service)
+            if self.reachability.state != "private":
+                self.relay_client.drop_all()
             if self._advertised_addrs() != before:
                 log.info("reachability: %s (observed IP %s)", self.reachability.state, self.reachability.observed_ip)
                 self._advert_changed.set()
+
+    async def _relay_loop(self) -> None:
+        """While private: hold reservations on up to RELAY_SLOTS public peers, bootstrap peers first
+        (node/swarm/relay_client.py); a change of the relayed addresses re-signs the advert at once."""
+        while True:
+            await trio.sleep(RELAY_KEEP_S)
+            if self.reachability.state != "private":
+                continue
+            if await self.relay_client.keep(self._relay_candidates):
+                log.info("relayed addresses: %s", self.relay_client.relayed_addrs() or "none")
+                self._advert_changed.set()
+            for relay in self.relay_client.held:
+                self.connections.protect(relay, "relay")
+
+    def _relay_candidates(self) -> list[tuple[str, str]]:
+        """Connected members with a direct address, as (peer id, address without /p2p/): bootstrap
+        peers first, then the rest in random order (so NATed nodes spread over the relays)."""
+        connected = {peer.to_base58() for peer in self.host.get_connected_peers()}
+        bootstrap = {addr.rsplit("/p2p/", 1)[-1] for addr in self.config.bootstrap}
+        found = []
+        for member in self.view.members():
+            peer_id = member.advert.peer_id
+            direct = [a for a in member.advert.addrs if "/p2p/" in a and not is_relayed(a)]
+            if peer_id != self.peer_id and peer_id in connected and direct:
+                found.append((peer_id, direct[0][:direct[0].index("/p2p/")]))
+        random.shuffle(found)
+        return sorted(found, key=lambda item: item[0] not in bootstrap)
 
     # ---- discovery and upkeep --------------------------------------------------------------
 
@@ -604,6 +660,7 @@ class Node:
             "connected_peers": len(self.host.get_connected_peers()),
             "connections": self.connections.status(),
             "reachability": {**self.reachability.summary(), "dialbacks_served": dict(self.dialback.outcomes)},
+            "relay": {**self.relay.status(), **self.relay_client.status(), "hole_punches": self.holepunch.status()},
             "gossip_peers": len(self.pubsub.peers),
             "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,

@@ -1,0 +1,50 @@
+"""DCUtR hole punching over relayed connections, counted by outcome for ``status``.
+
+py-libp2p 0.8.1's ``DCUtRProtocol`` drives itself: every 2 s it looks for peers connected only
+through a relay and, up to 3 times per peer, first tries a plain direct dial to their known
+addresses, then the DCUtR exchange (CONNECT with observed addresses, SYNC, simultaneous dials from
+the listen port). Its result is only logged, so this subclass counts each initiated attempt:
+``direct_dial`` (the plain dial worked: no punch needed), ``succeeded``, ``failed``; and each
+exchange it answered as the other side (``answered``). Its stream handler is registered through
+the host, so the stream guard wraps it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from multiaddr import Multiaddr
+
+
+class CountingDCUtR(DCUtRProtocol):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.outcomes: Counter[str] = Counter()
+        self.last_punched: list[str] = []  # the addresses the last punch dialed: why it failed, often
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+        self.last_punched = [str(addr) for addr in addrs][:4]
+        return await super()._perform_hole_punch(peer_id, addrs, as_responder)
+
+    async def _initiate_hole_punch_locked(self, peer_id: ID) -> bool:
+        before = self._hole_punch_attempts.get(peer_id, 0)
+        ok = await super()._initiate_hole_punch_locked(peer_id)
+        punched = self._hole_punch_attempts.get(peer_id, 0) > before
+        if punched:
+            self.outcomes["attempted"] += 1
+            self.outcomes["succeeded" if ok else "failed"] += 1
+        elif ok:
+            self.outcomes["direct_dial"] += 1
+        return ok
+
+    async def _handle_dcutr_stream(self, stream: INetStream) -> None:
+        self.outcomes["answered"] += 1
+        await super()._handle_dcutr_stream(stream)
+
+    def status(self) -> dict[str, object]:
+        counts: dict[str, object] = {key: self.outcomes.get(key, 0)
+                                     for key in ("attempted", "succeeded", "failed", "direct_dial", "answered")}
+        return {**counts, "last_punched": self.last_punched}
