@@ -165,6 +165,10 @@ class GRPOLearner:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "updates": self.updates}
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The full weights, as a checkpoint publishes them (a sharded learner gathers them)."""
+        return {name: value.detach() for name, value in self.model.state_dict().items()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
