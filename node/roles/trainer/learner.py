@@ -169,6 +169,10 @@ class GRPOLearner:
         """The full weights, as a checkpoint publishes them (a sharded learner gathers them)."""
         return {name: value.detach() for name, value in self.model.state_dict().items()}
 
+    def inference_model(self) -> nn.Module:
+        """The policy as a plain module to generate with (evaluation)."""
+        return self.model
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
