@@ -32,6 +32,9 @@ from torch.distributed.fsdp import FSDPModule
 
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
+from intellect_node.node.roles.trainer import ranks
+from intellect_node.node.roles.trainer.loss import LossConfig
+from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.sharded import ShardedLearner
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from tests.test_grpo import make_groups, small_model
@@ -88,7 +91,21 @@ def _resume_job(mesh: DeviceMesh, directory: Path) -> None:
                    directory / "resume.pt")
 
 
-JOBS = {"step": _step_job, "resume": _resume_job}
+def _lead_job(mesh: DeviceMesh, directory: Path) -> None:
+    """The node's path: rank 0 leads through ``make_learner``, rank 1 only follows (its model is
+    built from the config and gets rank 0's weights)."""
+    if mesh.get_local_rank() != 0:
+        ranks.follow()
+        return
+    learner = ranks.make_learner(small_model(), 0, optim=OPTIM, loss=LossConfig(), rewards=RewardConfig(),
+                                 reference=None, seed=0)
+    metrics = learner.step(step_groups(0))
+    weights, state = learner.weights(), learner.state_dict()
+    ranks.release()
+    torch.save({"metrics": metrics, "weights": weights, "state_weights": state["model"]}, directory / "lead.pt")
+
+
+JOBS = {"step": _step_job, "resume": _resume_job, "lead": _lead_job}
 
 
 def _process(rank: int, world: int, port: int, job: str, directory: str) -> None:
@@ -151,6 +168,15 @@ def test_the_comparison_catches_fsdp_default_averaging(step_run) -> None:
     averaged = torch.load(directory / "averaged.pt")
     assert averaged["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"] / WORLD, rel=NORM_RTOL)
     assert any(p.startswith("grad_norm") for p in step_mismatches(weights, metrics, averaged))
+
+
+@pytest.mark.slow  # about 20 s: two spawned processes
+def test_the_lead_drives_its_followers(step_run, tmp_path: Path) -> None:
+    weights, metrics, _ = step_run
+    run_processes("lead", tmp_path)
+    ran = torch.load(tmp_path / "lead.pt")
+    assert step_mismatches(weights, metrics, ran) == []
+    assert weight_mismatches(weights, ran["state_weights"]) == []
 
 
 @pytest.mark.slow  # 24 s on a busy 2-core machine: two spawned processes run 6 steps
