@@ -34,6 +34,7 @@ from intellect_node.node.roles.trainer.rewards import (
     total_rewards,
 )
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 OLD_POLICIES = ("behavior", "recompute")
@@ -164,6 +165,14 @@ class GRPOLearner:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "updates": self.updates}
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The full weights, as a checkpoint publishes them (a sharded learner gathers them)."""
+        return {name: value.detach() for name, value in self.model.state_dict().items()}
+
+    def inference_model(self) -> nn.Module:
+        """The policy as a plain module to generate with (evaluation)."""
+        return self.model
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -192,17 +201,53 @@ class GRPOLearner:
                       "completion_tokens_mean": float(np.mean(lengths)), "advantage_mean": float(adv_arr.mean()),
                       "advantage_std": float(adv_arr.std()), "advantage_abs_max": float(np.abs(adv_arr).max())}
 
-    def _pack_chunks(self, rows: Sequence[_Row]) -> list[tuple[Sequence[_Row], _Tensors]]:
+    def _mini_batches(self, rows: Sequence[_Row]) -> list[Sequence[_Row]]:
+        """The rows of each optimizer step: ``optimizer_steps`` runs of whole micro-batches (fewer
+        when there are fewer micro-batches), so one process packs exactly the micro-batches it
+        always did, and a sharded learner splits each run's rows without changing its normalizer."""
         size = self.optim_config.micro_batch_rows
-        return [(rows[i: i + size], _pack(rows[i: i + size], self.pad_id)) for i in range(0, len(rows), size)]
+        chunks = math.ceil(len(rows) / size)
+        parts = min(self.optim_config.optimizer_steps, chunks)
+        return [rows[int(ids[0]) * size: (int(ids[-1]) + 1) * size] for ids in np.array_split(np.arange(chunks), parts)]
 
-    def _behavior(self, tensors: _Tensors) -> torch.Tensor:
+    def _micro_batches(self, mini: Sequence[_Row]) -> list[tuple[Sequence[_Row], _Tensors]]:
+        """The micro-batches this process runs for one mini-batch: all of its rows here; a
+        sharded learner's share of them."""
+        size = self.optim_config.micro_batch_rows
+        return [(mini[i: i + size], _pack(mini[i: i + size], self.pad_id)) for i in range(0, len(mini), size)]
+
+    def _score(self, tensors: _Tensors, with_entropy: bool,
+               entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's token logprobs; a sharded learner routes this through its FSDP root."""
+        return token_logprobs(self.model, tensors, with_entropy, entropy_grad)
+
+    def _score_reference(self, tensors: _Tensors) -> torch.Tensor:
+        assert self.reference is not None
+        return token_logprobs(self.reference, tensors, with_entropy=False)[0]
+
+    def _sum_over_processes(self, values: list[float]) -> list[float]:
+        """Metric sums over every process's rows: one process holds them all."""
+        return values
+
+    def _behavior(self, tensors: _Tensors, recompute: bool) -> torch.Tensor:
         """The sampling policy's logprobs; rows without them (adopted verdicts) get the current
-        weights' (recomputed here, never taken from the worker)."""
-        if bool(tensors.has_behavior.all()):
+        weights' (recomputed here, never taken from the worker). ``recompute`` is decided over
+        the whole mini-batch, so that every process of a sharded learner runs the same passes."""
+        if not recompute:
             return tensors.behavior
-        recomputed = token_logprobs(self.model, tensors, with_entropy=False)[0]
+        recomputed = self._score(tensors, with_entropy=False)[0]
         return torch.where(tensors.has_behavior[:, None], tensors.behavior, recomputed)
+
+    def _clip_gradients(self) -> float:
+        """Clip to ``grad_clip`` by the norm over the whole model. With sharded parameters the
+        norm is a partial one per process until ``full_tensor`` reduces it, so every process
+        clips (or skips) with the same global norm."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, self.optim_config.grad_clip, total)
+        return float(total)
 
     def step(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
         """Train on ``groups`` (already filtered); returns the step's metrics (the service adds
@@ -212,39 +257,39 @@ class GRPOLearner:
         rng = np.random.default_rng([self.seed, self.updates])
         groups = [groups[i] for i in rng.permutation(len(groups))]  # rows of a group stay together
         rows, metrics = self._rows(groups)
-        chunks = self._pack_chunks(rows)
+        minis = self._mini_batches(rows)
+        micro = [self._micro_batches(mini) for mini in minis]
         self.model.eval()  # dropout off: old and new logprobs must come from the same function
         with torch.no_grad():
             if self.optim_config.old_policy == "recompute":
-                old = [token_logprobs(self.model, tensors, with_entropy=False)[0] for _, tensors in chunks]
+                old = [[self._score(tensors, with_entropy=False)[0] for _, tensors in batches] for batches in micro]
             else:
-                old = [self._behavior(tensors) for _, tensors in chunks]
-            ref = ([token_logprobs(self.reference, tensors, with_entropy=False)[0] for _, tensors in chunks]
+                old = [[self._behavior(tensors, recompute=not all(r.logprobs for r in mini)) for _, tensors in batches]
+                       for mini, batches in zip(minis, micro)]
+            ref = ([[self._score_reference(tensors) for _, tensors in batches] for batches in micro]
                    if self.reference is not None and self.loss_config.kl_coef else None)
-        tokens = sum(float(tensors.mask.sum()) for _, tensors in chunks)
+        tokens = float(sum(len(r.completion) for r in rows))
         totals = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "loss": 0.0, "entropy": 0.0}
         grad_norms, skipped = [], 0
-        parts = min(self.optim_config.optimizer_steps, len(chunks))
-        for mini in np.array_split(np.arange(len(chunks)), parts):
+        for m, (mini, batches) in enumerate(zip(minis, micro)):
             if self.loss_config.normalization == "token":
-                normalizer = sum(float(chunks[c][1].mask.sum()) for c in mini)
+                normalizer = float(sum(len(r.completion) for r in mini))
             else:
-                normalizer = float(sum(len(chunks[c][0]) for c in mini) * self.optim_config.max_tokens)
+                normalizer = float(len(mini) * self.optim_config.max_tokens)
             self.optimizer.zero_grad(set_to_none=True)
-            for c in mini:
-                chunk, tensors = chunks[c]
-                logprobs, entropy = token_logprobs(self.model, tensors, with_entropy=True,
-                                                   entropy_grad=bool(self.loss_config.entropy_coef))
-                terms = grpo_loss(logprobs, old[c], torch.tensor([r.advantage for r in chunk]), tensors.mask,
+            for c, (chunk, tensors) in enumerate(batches):
+                logprobs, entropy = self._score(tensors, with_entropy=True,
+                                                entropy_grad=bool(self.loss_config.entropy_coef))
+                terms = grpo_loss(logprobs, old[m][c], torch.tensor([r.advantage for r in chunk]), tensors.mask,
                                   normalizer, self.loss_config, entropy=entropy,
-                                  ref_logprobs=ref[c] if ref is not None else None)
+                                  ref_logprobs=ref[m][c] if ref is not None else None)
                 terms.loss.backward()
                 totals["clipped"] += terms.clipped_tokens
                 totals["ratio"] += terms.ratio_sum
                 totals["kl"] += terms.kl_sum
                 totals["loss"] += float(terms.loss.detach())
                 totals["entropy"] += terms.entropy_sum
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip))
+            norm = self._clip_gradients()
             if not math.isfinite(norm):  # one bad batch must not poison the weights
                 self.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -252,6 +297,7 @@ class GRPOLearner:
             grad_norms.append(norm)
             self.optimizer.step()
             self.scheduler.step()
+        totals = dict(zip(totals, self._sum_over_processes(list(totals.values()))))
         self.updates += 1
         metrics.update({
             "loss": totals["loss"], "clip_fraction": totals["clipped"] / tokens, "ratio_mean": totals["ratio"] / tokens,

@@ -45,6 +45,7 @@ from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
 from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.pool import GroupPool
+from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig, teaches_nothing
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.service import (
@@ -135,7 +136,8 @@ class TrainerService:
             tasks, async_window=options.async_level, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
-        self.learner: GRPOLearner | None = None
+        self.learner: GRPOLearner | LeadLearner | None = None
+        self.tied_embeddings = False
         self.tokenizer: Any = None
 
     # ---- intake (the validator's hook) ------------------------------------------------------------
@@ -178,8 +180,10 @@ class TrainerService:
         reference = None
         if options.loss.kl_coef:
             reference = AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32).eval()
-        self.learner = GRPOLearner(model, int(self.tokenizer.pad_token_id), optim=options.optim, loss=options.loss,
-                                   rewards=options.rewards, reference=reference, seed=options.seed)
+        self.tied_embeddings = bool(model.config.tie_word_embeddings)
+        # several processes (launch.py): rank 0 leads a sharded learner, the rest follow it
+        self.learner = make_learner(model, int(self.tokenizer.pad_token_id), optim=options.optim, loss=options.loss,
+                                    rewards=options.rewards, reference=reference, seed=options.seed)
         state = load_state(self.directory)
         if state is not None:
             self.learner.load_state_dict(state["learner"])
@@ -207,9 +211,8 @@ class TrainerService:
         Runs in a worker thread between steps (the weights do not change meanwhile); tied
         embeddings are written once, as ``save_pretrained`` does."""
         assert self.learner is not None
-        model = self.learner.model
-        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-        tensors = {k: v.detach() for k, v in model.state_dict().items() if k not in tied}
+        tied = {"lm_head.weight"} if self.tied_embeddings else set()
+        tensors = {k: v for k, v in self.learner.weights().items() if k not in tied}
         publish_dir = self.options.publish_dir
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
@@ -318,5 +321,5 @@ class TrainerService:
 
     def _evaluate(self) -> float:
         assert self.learner is not None
-        engine = TorchEngine(self.learner.model, max_batch_rows=256)
+        engine = TorchEngine(self.learner.inference_model(), max_batch_rows=256)
         return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
