@@ -138,12 +138,28 @@ def join(
     async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
     trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Trainer: TOML file with [optim], [loss], [rewards] settings")] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Trainer: processes on this machine sharing the model with FSDP2 (torchrun; gloo on CPU, nccl on GPUs) [1]", min=1)] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", help="Trainer: machines in the sharded trainer (each runs this command) [1]", min=1)] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
+    master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
+    master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
     if bad:
         err.print(f"[red]error:[/red] unknown role {bad[0]!r}; choose from {', '.join(ROLE_CHOICES)}")
         raise typer.Exit(2)
+    if nproc * nnodes > 1:
+        if role != ["trainer"]:
+            err.print("[red]error:[/red] --nproc/--nnodes shard the trainer: use them with --role trainer alone")
+            raise typer.Exit(2)
+        if node_rank >= nnodes:
+            err.print(f"[red]error:[/red] --node-rank {node_rank} is not below --nnodes {nnodes}")
+            raise typer.Exit(2)
+        from intellect_node.node.roles.trainer.launch import launch_trainer
+
+        raise typer.Exit(launch_trainer(nproc, without_launch_flags(sys.argv[1:]), nnodes=nnodes,
+                                        node_rank=node_rank, master_addr=master_addr, master_port=master_port))
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
     if async_level is not None:  # run-wide: the workers and validators of this node obey it too
@@ -182,6 +198,23 @@ def join(
                                      trusted=tuple(trust_validator or ()))
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
          trusted=tuple(trust_validator or ()), trainer=training)
+
+
+LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
+
+
+def without_launch_flags(argv: list[str]) -> list[str]:
+    """``argv`` without the sharded trainer's launch flags (``--nproc 2`` or ``--nproc=2``): what
+    rank 0 runs under torchrun must not start torchrun again."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCH_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f + "=" for f in LAUNCH_FLAGS)):
+            kept.append(arg)
+    return kept
 
 
 def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:

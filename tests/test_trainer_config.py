@@ -45,3 +45,11 @@ def test_file_then_flags(tmp_path) -> None:
 def test_bad_settings_are_named(tmp_path, text, flags, message) -> None:
     with pytest.raises(TrainerConfigError, match=message):
         load(tmp_path, text, **flags)
+
+
+def test_rank_zero_runs_the_join_command_without_the_launch_flags() -> None:
+    from intellect_node.cli.main import without_launch_flags
+
+    argv = ["join", "--role", "trainer", "--nproc", "2", "--model", "m", "--nnodes=2", "--node-rank", "1",
+            "--master-addr", "10.0.0.1", "--master-port=29600", "--steps", "3"]
+    assert without_launch_flags(argv) == ["join", "--role", "trainer", "--model", "m", "--steps", "3"]

@@ -115,3 +115,32 @@ def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdict
     assert last["adopted_batches"] > 0 and last["verdict_conflicts"] == 0
     records = [json.loads(p.read_text()) for p in (trainer.home / "verdicts").glob("*.json")]
     assert records and all(r["verdict"] is None for r in records)  # nothing verified by the trainer itself
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_trainer_sharded_over_two_processes_trains_publishes_and_stops_without_orphans(swarm: LocalSwarm) -> None:
+    """``join --role trainer --nproc 2``: torchrun starts two ranks, rank 0 runs the node (one key,
+    one manifest per step) and the FSDP2 learner spans both; a worker trains it for two steps and
+    generates on its published checkpoints; SIGTERM to the launcher stops every rank."""
+    import psutil
+
+    model = demo_tiny_model()
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--nproc", "2", "--master-port", "29533",
+                                      "--new-swarm", "--model", str(model), "--tasks", TASKS,
+                                      "--batch-groups", "4", "--lr", "5e-4"], ENV)
+    launched = psutil.Process(trainer.process.pid).children(recursive=True)  # torchrun and its ranks
+    assert len([p for p in launched if p.cmdline()[1:3] == ["-u", "-m"] and
+                p.cmdline()[3] == "intellect_node.node.roles.trainer.launch"]) == 2, [p.cmdline()[:4] for p in launched]
+    swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr, "--trainer", trainer.peer_id,
+                           "--model", str(model), "--tasks", TASKS], ENV)
+    swarm.wait_until(lambda: len(trained_steps(trainer.home)) >= 2, timeout_s=300, poll_s=0.5)
+    assert trained_steps(trainer.home)[:2] == [1, 2]
+    status = trainer.status()
+    assert status["peer_id"] == trainer.peer_id and status["services"]["trainer"]["step"] >= 2
+    swarm.wait_until(lambda: (swarm.nodes["worker"].status().get("policy_step") or 0) >= 1
+                     or "generating on step 1" in (swarm.nodes["worker"].home / "node.log").read_text(),
+                     timeout_s=120, poll_s=0.5)
+    swarm.stop("trainer", timeout_s=40)
+    gone, alive = psutil.wait_procs(launched, timeout=20)
+    assert not alive, f"ranks left behind: {[p.pid for p in alive]}"

@@ -9,6 +9,7 @@ and rank 0's ``--master-addr``; only node rank 0's first process runs the node.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -32,18 +33,47 @@ def launch_trainer(nproc: int, join_args: Sequence[str], *, nnodes: int = 1, nod
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
                f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}",
                "-m", __name__, *join_args]
-    return subprocess.call(command)
+    # torchrun dies with this process, and Ctrl-C or SIGTERM sent here reaches it: it forwards them
+    # to the ranks, where rank 0 stops the node and releases the followers
+    launcher = subprocess.Popen(command, preexec_fn=_die_with_launcher)
+
+    def forward(signum: int, _frame: object) -> None:
+        launcher.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return launcher.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _die_with_launcher() -> None:
+    """SIGKILL this process when its parent goes (Linux): a launcher killed with SIGKILL must not
+    leave torchrun or a rank behind, waiting on a collective for days."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One torchrun process. gloo on CPU, nccl when this process has a GPU of its own."""
+    """One torchrun process. gloo on CPU, nccl when this process has a GPU of its own.
+
+    Shutdown belongs to rank 0: Ctrl-C or SIGTERM stops its node, whose ``release`` ends every
+    follower. Followers ignore those signals (torchrun forwards them to every rank), so that none
+    leaves rank 0's last collective without a partner."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _die_with_launcher()
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if on_gpu else "gloo")
     try:
         if dist.get_rank() != 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             ranks.follow()
             return 0
         from intellect_node.cli.main import app
