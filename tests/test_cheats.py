@@ -178,3 +178,20 @@ def test_honest_top_p_long_completions_and_validator_batch_sizes() -> None:
         rows += verdict.completions
         lengths += [c.num_tokens for g in batch.groups for c in g.completions]
     assert rows == 64 and sum(n > 64 for n in lengths) > len(lengths) // 2
+
+
+def test_two_workers_who_sample_the_same_group_are_both_accepted(world: World) -> None:
+    """An honest collision: a near-greedy run (temperature 1e-3) with one task and one length
+    target, so every worker is assigned the same prompt and draws the same tokens from its own
+    seeds. The second group's content was seen, but its tokens are its own sampler's: accepted,
+    not called a copy (a copy fails its new seeds: the test above)."""
+    sharp = RolloutSettings(group_size=4, groups_per_batch=1, max_tokens=16, length_targets=(16,), temperature=1e-3)
+    run = RunContext(world.spec(sharp, tasks=world.tasks[:1]), world.tasks[:1])
+    first, second = Identity.generate(), Identity.generate()
+    one = world.build(worker=first, settings=sharp, tasks=world.tasks[:1], first_counter=0)
+    two = world.build(worker=second, settings=sharp, tasks=world.tasks[:1], first_counter=0)
+    assert tokens_of(one, 0) == tokens_of(two, 0)  # the same content from two seeds
+    assert reasons(world.verify(one, worker=first, run=run)) == [None]
+    assert reasons(world.verify(two, worker=second, run=run)) == [None]
+    copied = dataclasses.replace(two, groups=(dataclasses.replace(two.groups[0], counter=1),))
+    assert reasons(world.verify(copied, worker=second, run=run)) == [None]  # sharp: its counter-1 seeds agree too

@@ -122,6 +122,7 @@ def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> d
         "task_reward_first5": _mean([line["task_reward"] for line in trained[:5]]),
         "task_reward_last5": _mean([line["task_reward"] for line in trained[-5:]]),
         "accepted_groups": last.get("accepted_groups", 0), "rejected_groups": last.get("rejected_groups", 0),
+        "rejections": last.get("rejections", {}),  # by reason, stale_step included
         "stale_groups": last.get("stale_groups", 0), "utilization": last.get("utilization"),
     }
 

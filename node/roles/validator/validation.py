@@ -106,6 +106,7 @@ class _Pending:
     prompt: list[int]
     completions: list[list[int]]
     replays: list[Replay]
+    duplicate: bool  # its content was seen before in the window (check 11): see _judge_duplicate
 
 
 def batch_precheck(batch: RolloutBatch, *, spec: RunSpec, validator_engine: str, newest_step: int,
@@ -147,7 +148,7 @@ def verify_batch(
     results: dict[int, GroupResult] = {}
     pending: list[_Pending] = []
     for group in batch.groups:
-        failure, task, prompt = _cheap_checks(batch, group, run, tokenizer, state)
+        failure, task, prompt, duplicate = _cheap_checks(batch, group, run, tokenizer, state)
         if failure is not None:
             results[group.counter] = GroupResult(group.counter, failure)
             continue
@@ -155,7 +156,7 @@ def verify_batch(
         pending.append(_Pending(
             group, task, prompt, [unpack_tokens(c.token_ids).tolist() for c in group.completions],
             [Replay(derive_seed(seed, j), spec.temperature, spec.top_p, pair.sampling_slack)
-             for j in range(len(group.completions))]))
+             for j in range(len(group.completions))], duplicate))
     prefilled = _prefill(engine, pending)
     rows = 0
     for item, recomputed in zip(pending, prefilled):
@@ -163,34 +164,51 @@ def verify_batch(
             results[item.group.counter] = GroupResult(item.group.counter, "bad_tokens")
             continue
         rows += len(recomputed)
-        results[item.group.counter] = _judge_group(item, recomputed, engine, tokenizer, spec, pair)
+        result = _judge_group(item, recomputed, engine, tokenizer, spec, pair)
+        results[item.group.counter] = _judge_duplicate(result) if item.duplicate else result
     return BatchVerdict(batch.worker, batch.policy_step,
                         tuple(results[g.counter] for g in batch.groups), rows)
 
 
+def _judge_duplicate(result: GroupResult) -> GroupResult:
+    """A group whose content was seen before, after checks 12-16 ran on it with its own seeds.
+
+    Copied work (one's own accepted group under a new counter, or another worker's) carries tokens
+    that its new seeds did not sample: it fails a completion check, and the copy is the cheat,
+    named ``duplicate_group``. A group that passes every check under its own seeds was sampled by
+    this worker: two workers assigned the same task draw the same tokens whenever the policy is
+    sharp enough (short answers, a policy that training has made confident), and refusing that
+    would ban honest workers. It is accepted: an independent sample that happens to repeat
+    another is data like any other."""
+    if result.reason is None:
+        return result
+    return GroupResult(result.counter, "duplicate_group",
+                       detail=f"content seen before in the window, and not this worker's sampling: {result.reason}"
+                              + (f" ({result.detail})" if result.detail else ""))
+
+
 def _cheap_checks(batch: RolloutBatch, group: RolloutGroup, run: RunContext, tokenizer: object,
-                  state: JudgeState) -> tuple[str | None, Task, list[int]]:
-    """Group checks 6-11: counters, assignment, shape, prompt, content; no model needed."""
+                  state: JudgeState) -> tuple[str | None, Task, list[int], bool]:
+    """Group checks 6-11: counters, assignment, shape, prompt, content; no model needed. The last
+    value says whether the content was seen before (judged after the replay: _judge_duplicate)."""
     spec, tasks = run.spec, run.tasks
     task = tasks[task_index(batch.run_id, batch.worker, batch.policy_step, group.counter, len(tasks))]
     counter_problem = state.counter_problem(batch.worker, batch.policy_step, group.counter,
                                             spec.max_groups_per_step)
     if counter_problem is not None:
-        return counter_problem, task, []
+        return counter_problem, task, [], False
     if group.task_id != task.problem_id:
-        return "wrong_task", task, []
+        return "wrong_task", task, [], False
     target = length_target(batch.run_id, batch.worker, batch.policy_step, group.counter, spec.length_targets)
     if group.length_target != target:
-        return "wrong_length_target", task, []
+        return "wrong_length_target", task, [], False
     if len(group.completions) != spec.group_size:
-        return "wrong_group_size", task, []
+        return "wrong_group_size", task, [], False
     prompt = encode_prompt(tokenizer, with_length_target(task, target).prompt)
     if unpack_tokens(group.prompt_ids).tolist() != prompt:
-        return "wrong_prompt", task, []
+        return "wrong_prompt", task, [], False
     digest = group_digest(group.prompt_ids, [c.token_ids for c in group.completions])
-    if state.content_seen(digest, batch.policy_step):
-        return "duplicate_group", task, []
-    return None, task, prompt
+    return None, task, prompt, state.content_seen(digest, batch.policy_step)
 
 
 def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
