@@ -52,10 +52,15 @@ def encode(message: Message, identity: Identity, *, lifetime_s: float, timestamp
     return data
 
 
-def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | None = None) -> Signed[M]:
-    """Decode ``data`` as one of the ``accept`` types or raise the specific ``Rejected`` reason."""
+def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | None = None,
+           max_size: int | None = None) -> Signed[M]:
+    """Decode ``data`` as one of the ``accept`` types or raise the specific ``Rejected`` reason.
+
+    ``max_size``: the channel's own bound, for a channel that carries types this reader does not
+    accept (a gossip topic): up to it, a type not accepted is ``unknown_type``, not ``oversize``."""
     accepted = accept if isinstance(accept, tuple) else (accept,)
-    max_size = max(cls.MAX_SIZE for cls in accepted)
+    if max_size is None:
+        max_size = max(cls.MAX_SIZE for cls in accepted)
     if len(data) > max_size:
         raise Oversize(f"{len(data)} bytes, at most {max_size} accepted here")
     by_type = {cls.TYPE: cls for cls in accepted}

@@ -32,6 +32,12 @@ def members_topic(run_id: str) -> str:
     return f"ina/{run_id}/members"
 
 
+# The largest envelope any announcement type may have (verdicts, 768 KiB; manifests 512 KiB). A
+# node judges size against this, not against the types it handles itself: a bootstrap node that
+# handles no manifests must still not charge the trainer that forwards one (unknown types are free).
+ANNOUNCE_MAX_BYTES = 768 << 10
+
+
 def announcements_topic(run_id: str) -> str:
     """Gossip topic for small signed announcements (manifests, batches, verdicts)."""
     return f"ina/{run_id}/announce"

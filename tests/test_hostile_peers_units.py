@@ -85,3 +85,44 @@ def test_sybil_flood_keeps_known_and_proven_members_and_the_response_fits_its_fr
     listed = decode_envelope_list(response)
     assert listed[0] == view.get(worker.peer_id).envelope  # proven first
     assert {view.get(i.peer_id).envelope for i in honest} <= set(listed[:4])
+
+
+def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_path) -> None:
+    """A bootstrap node handles only rollout announcements, yet forwards the run's announcements
+    topic: a manifest of many shards (bigger than any rollout announcement) is an unknown type
+    to it, free for the honest forwarder; only what exceeds the topic's own bound is oversize.
+    (Judged against its own types, every manifest of a real checkpoint cost the trainer 25 points
+    at every bootstrap node: banned after four steps.)"""
+    from types import SimpleNamespace
+
+    from intellect_node.crypto.identity import Identity
+    from intellect_node.node.shards.checkpoint import build_manifest
+    from intellect_node.node.swarm.gossip import install_validator
+    from intellect_node.node.swarm.peer_scores import PeerScores
+    from intellect_node.protocol import codec
+    from intellect_node.protocol.keys import ANNOUNCE_MAX_BYTES
+    from intellect_node.protocol.manifest import CheckpointManifest
+    from intellect_node.protocol.rollouts import RolloutAnnouncement
+    from intellect_node.protocol.verdicts import Verdict
+    from libp2p.peer.id import ID
+
+    from tests.shards_swarm import make_checkpoint
+
+    assert max(CheckpointManifest.MAX_SIZE, Verdict.MAX_SIZE, RolloutAnnouncement.MAX_SIZE) <= ANNOUNCE_MAX_BYTES
+    make_checkpoint(tmp_path / "step-1.safetensors", 3, seed=1)
+    trainer = Identity.generate()
+    manifest = build_manifest(tmp_path / "step-1.safetensors", run_id=RUN, step=1, parent_step=None, shard_size=1 << 16)
+    envelope = codec.encode(manifest, trainer, lifetime_s=600)
+    assert len(envelope) > RolloutAnnouncement.MAX_SIZE
+    validators = {}
+    pubsub = SimpleNamespace(set_topic_validator=lambda topic, fn, is_async: validators.__setitem__(topic, fn))
+    scores = PeerScores()
+    install_validator(pubsub, "announce", (RolloutAnnouncement,), lambda signed, raw: True, scores,
+                      max_size=ANNOUNCE_MAX_BYTES)
+    forwarder = Identity.generate()
+    origin = ID.from_base58(trainer.peer_id).to_bytes()
+    assert validators["announce"](ID.from_base58(forwarder.peer_id), SimpleNamespace(data=envelope, from_id=origin)) is False
+    assert scores.rejections["unknown_type"] == 1 and scores.penalty(forwarder.peer_id) == 0
+    huge = envelope + bytes(ANNOUNCE_MAX_BYTES)
+    validators["announce"](ID.from_base58(forwarder.peer_id), SimpleNamespace(data=huge, from_id=origin))
+    assert scores.rejections["oversize"] == 1 and scores.penalty(forwarder.peer_id) > 0

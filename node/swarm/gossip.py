@@ -42,13 +42,15 @@ def build_pubsub(host: IHost, *, messages_per_topic_per_s: float = 100.0,
 
 
 def install_validator(pubsub: Pubsub, topic: str, accept: tuple[type[Message], ...], handler: Handler,
-                      scores: PeerScores) -> None:
-    """``handler(signed, raw)`` returns False to drop quietly (a duplicate) or raises ``Rejected``."""
+                      scores: PeerScores, max_size: int | None = None) -> None:
+    """``handler(signed, raw)`` returns False to drop quietly (a duplicate) or raises ``Rejected``.
+
+    ``max_size``: the topic's bound when it carries more types than ``accept`` (specs/wire.md 4)."""
 
     def validate(forwarder: ID, msg: Any) -> bool:
         forwarder_id = forwarder.to_base58()
         try:
-            signed = codec.decode(msg.data, accept)
+            signed = codec.decode(msg.data, accept, max_size=max_size)
             if ID(msg.from_id).to_base58() != signed.signer_peer_id:
                 raise SignerMismatch("gossip originator is not the envelope signer")
             return handler(signed, msg.data) is not False

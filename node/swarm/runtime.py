@@ -54,6 +54,7 @@ from intellect_node.protocol.framing import (
     encode_envelope_list,
 )
 from intellect_node.protocol.keys import (
+    ANNOUNCE_MAX_BYTES,
     DHT_NAMESPACE,
     advert_key,
     announcements_topic,
@@ -164,7 +165,7 @@ class Node:
         if self._announcement_handlers:
             accepted = tuple(cls for cls, _ in self._announcement_handlers.values())
             install_validator(self.pubsub, announcements_topic(self.config.run_id), accepted,
-                              self._on_announcement, self.scores)
+                              self._on_announcement, self.scores, max_size=ANNOUNCE_MAX_BYTES)
         claim_socket_path(self.config.layout.control_socket)  # before supervision: a second node must not retry
         try:
             async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:

@@ -1,0 +1,125 @@
+"""Checkpoint broadcast with half the fetchers behind NAT, against the same swarm with none.
+
+Both configurations run in one run, one after the other, in the namespace internet of
+tests/netns.py (as root; `ip` and `iptables` needed): a public bootstrap (also the relay), the
+trainer (origin) in a second public namespace, and F fetchers (inference nodes without a model,
+which fetch, verify and re-serve every checkpoint). In the "public" configuration every fetcher
+has a public namespace; in the "half NAT" one, half of them sit in homes behind their own
+MASQUERADE router (they fetch from reachable peers only: a private node advertises no HTTP
+address, specs/reachability.md). The clock starts when the checkpoint is handed to the trainer's
+publish directory and stops when the last fetcher holds it verified; every fetcher's file is
+checked byte for byte.
+
+Also reported from the nodes' `status`: the relay's circuits and bytes, the homes' relayed
+addresses and hole punches by outcome (the homes reach each other through the relay once they
+exchange members).
+
+The last line: `nat_broadcast: ours=<s half NAT> peer=<s all public> ratio=<ours/peer>
+target=1.5 ok|short` (the target: NAT costs at most 1.5x).
+
+    sudo .venv/bin/python bench/nat.py            # 64 MiB to 4 fetchers, 3 repeats
+    sudo .venv/bin/python bench/nat.py --quick    # 16 MiB to 4 fetchers, 1 repeat
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, wait_until  # noqa: E402
+
+from tests.netns import SmallInternet, unavailable_reason  # noqa: E402
+from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
+
+TARGET = 1.5
+MIB = 1 << 20
+BOUND_S = 180.0
+
+
+def _status(node: NodeProcess) -> dict[str, Any]:
+    try:
+        return node.status()
+    except OSError:
+        return {}
+
+
+def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int) -> dict[str, Any]:
+    """One swarm, one checkpoint; seconds until every fetcher verified it, plus relay figures."""
+    homes = nated
+    publics = 2 + fetchers - nated
+    with SmallInternet(publics=publics, homes=max(homes, 1)) as net:
+        run = f"nat-bench-{seed}"
+        swarm = LocalSwarm(root, run_id=run, timing=FAST)
+        publisher = ShardSwarm(root, run, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(2 * MIB)})
+        try:
+            boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
+                               listen="/ip4/198.18.0.2/tcp/4001")
+            origin = swarm.start("origin", ["join", "--role", "trainer", "--bootstrap", boot.addr,
+                                            "--publish-dir", str(publisher.publish_dir)], publisher.env,
+                                 prefix=net.exec_prefix(net.name("pub1")), listen="/ip4/198.18.0.3/tcp/4001")
+            joined = ["join", "--role", "inference", "--bootstrap", boot.addr, "--trainer", origin.peer_id]
+            nodes = []
+            for i in range(fetchers - nated):
+                nodes.append(swarm.start(f"pub-f{i}", joined, publisher.env, prefix=net.exec_prefix(net.name(f"pub{2 + i}")),
+                                         listen=f"/ip4/198.18.0.{4 + i}/tcp/4001"))
+            for n in range(1, nated + 1):
+                nodes.append(swarm.start(f"home{n}", joined, publisher.env, prefix=net.exec_prefix(net.name(f"home{n}")),
+                                         listen=f"/ip4/198.19.{n}.2/tcp/4001"))
+            everyone = {node.peer_id for node in swarm.nodes.values()}
+            wait_until(lambda: all(everyone <= node.member_ids() for node in nodes), BOUND_S)
+            wait_until(lambda: all((_status(node).get("reachability") or {}).get("state") not in (None, "unknown")
+                                   for node in nodes), BOUND_S)
+            started = time.monotonic()
+            digest = publisher.publish(1, mib, seed=seed)
+            seconds = wait_until(lambda: all(holds(node, 1) for node in nodes), BOUND_S, poll_s=0.1)
+            assert all(file_sha256(node, 1) == digest for node in nodes), "a fetcher's file differs"
+            homes_status = [_status(node) for node in nodes if node.home.name.startswith("home")]
+            relay = (_status(boot).get("relay") or {})
+            return {"seconds": seconds, "wall_s": time.monotonic() - started,
+                    "relay_circuits": relay.get("circuits"), "relay_bytes": relay.get("bytes_relayed"),
+                    "relayed_addrs": sum(len((s.get("relay") or {}).get("relayed_addrs", [])) for s in homes_status),
+                    "holepunch": [{k: v for k, v in ((s.get("relay") or {}).get("hole_punches") or {}).items()
+                                   if k in ("attempted", "succeeded", "failed")} for s in homes_status]}
+        finally:
+            swarm.stop_all()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 MiB, one repeat (under a minute or so)")
+    parser.add_argument("--fetchers", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"nat_broadcast: skipped: {reason}")
+        sys.exit(2)
+    mib = args.mib or (16 if args.quick else 64)
+    repeats = args.repeats or (1 if args.quick else 3)
+    half = args.fetchers // 2
+    public_s, nat_s = [], []
+    for r in range(repeats):
+        for label, nated, out in (("all public", 0, public_s), (f"{half} of {args.fetchers} behind NAT", half, nat_s)):
+            with tempfile.TemporaryDirectory(prefix="ina-nat-bench-") as tmp:
+                result = one_broadcast(Path(tmp), args.fetchers, nated, mib, seed=100 * r + nated)
+            out.append(result["seconds"])
+            print(f"repeat {r + 1} {label}: {mib} MiB to {args.fetchers} fetchers in {result['seconds']:.2f} s; "
+                  f"relay circuits {result['relay_circuits']}, bytes {result['relay_bytes']}, "
+                  f"relayed addrs {result['relayed_addrs']}, hole punches {result['holepunch']}", flush=True)
+    ours, peer = statistics.median(nat_s), statistics.median(public_s)
+    ratio = ours / peer
+    print(f"nat_broadcast: ours={ours:.2f} peer={peer:.2f} ratio={ratio:.2f} target={TARGET:g} "
+          f"{'ok' if ratio <= TARGET else 'short'}")
+
+
+if __name__ == "__main__":
+    main()
