@@ -90,4 +90,5 @@ def test_a_peer_that_stops_advertising_http_is_no_longer_a_parent() -> None:
     book.learn("peer", ["/ip4/198.18.0.9/tcp/7001/http"])  # public again, on a new address
     assert book.servable("peer") and book.peers["peer"].endpoint.port == 7001
     book.learn("never-served", ["/ip4/10.0.0.6/tcp/4001/p2p/x"])
-    assert not book.servable("never-served") and "never-served" not in book.peers
+    assert not book.servable("never-served") and not book.may_relay("never-served")
+    assert book.may_relay("stranger")  # unknown: the origin's seed mode counts its upload as usual

@@ -443,6 +443,26 @@ async def test_upload_caps_and_seed_mode(tmp_path, checkpoint_file, manifest):
     assert served.server.stats.shards == 2 and served.server.stats.refused == 3
 
 
+async def test_seed_mode_does_not_hold_back_what_went_to_a_peer_that_cannot_serve(tmp_path, checkpoint_file, manifest):
+    """A NATed fetcher (its advert names no HTTP address) cannot pass a shard on: the origin's
+    seed mode does not count that upload, so the next fetcher gets the shard at once instead of
+    a 409 and a wait (bench/nat.py measured the wait: 10x slower broadcasts with half the
+    fetchers behind NAT)."""
+    nated, public = Identity.generate(), Identity.generate()
+    served = Served(tmp_path, checkpoint_file, manifest, stall_s=5)
+    served.server.relays = lambda peer: peer != nated.peer_id
+    served.fill(range(manifest.shard_count))
+    served.checkpoint.origin = True
+    async with trio.open_nursery() as nursery:
+        endpoint = await served.start(nursery)
+        await fetch(ShardClient(nated, stall_s=5), endpoint, 0, SHARD)
+        await fetch(ShardClient(public, stall_s=5), endpoint, 0, SHARD)  # served, not 409
+        with pytest.raises(HttpStatus) as refused:  # the public fetcher does pass it on: held now
+            await fetch(ShardClient(Identity.generate(), stall_s=5), endpoint, 0, SHARD)
+        nursery.cancel_scope.cancel()
+    assert refused.value.status == 409
+
+
 async def hostile_server(behaviour: str, length: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Answers one range request badly: truncated, stalled, trickling or with the wrong range."""
     async def handle(stream: trio.SocketStream) -> None:

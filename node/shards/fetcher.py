@@ -78,18 +78,23 @@ class PeerBook:
 
     def learn(self, peer_id: str, addrs: tuple[str, ...] | list[str]) -> None:
         """Follow ``peer_id``'s latest advert: a new port after a restart, or no address at all
-        once its reachability check found it behind NAT (then it is not asked again)."""
+        once its reachability check found it behind NAT (then it is not asked again). A member
+        with no address is recorded too: the origin's seed mode must know it re-serves nothing."""
         endpoint = http_endpoint(peer_id, addrs)
         record = self.peers.get(peer_id)
         if record is None:
-            if endpoint is not None:
-                self.peers[peer_id] = PeerRecord(endpoint)
+            self.peers[peer_id] = PeerRecord(endpoint)
         elif record.endpoint != endpoint:
             record.endpoint = endpoint
 
     def servable(self, peer_id: str) -> bool:
         record = self.peers.get(peer_id)
         return record is not None and record.endpoint is not None
+
+    def may_relay(self, peer_id: str) -> bool:
+        """False only for a member whose advert names no HTTP address; an unknown peer may relay."""
+        record = self.peers.get(peer_id)
+        return record is None or record.endpoint is not None
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         record = self.peers[peer_id]

@@ -101,9 +101,14 @@ class _HttpError(Exception):
 
 class ShardServer:
     def __init__(self, store: ShardStore, config: ShardConfig, own_peer_id: str, scores: PeerScores,
-                 on_upload: Callable[[], None] = lambda: None) -> None:
+                 on_upload: Callable[[], None] = lambda: None,
+                 relays: Callable[[str], bool] = lambda peer: True) -> None:
+        """``relays(peer)``: whether that peer serves on what it fetches (its advert names an HTTP
+        address). In seed mode only uploads to such peers count as handed out: a shard sent to a
+        NATed node has not reached the swarm, so the origin must not hold it back from others."""
         self.store, self.config, self.own_peer_id, self.scores = store, config, own_peer_id, scores
         self.on_upload = on_upload
+        self.relays = relays
         self.stats = UploadStats()
         self.active = 0
         self._active_per_peer: dict[str, int] = {}
@@ -246,9 +251,11 @@ class ShardServer:
         fd = os.open(checkpoint.data_path, os.O_RDONLY)
         self.active += 1
         self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
-        for index in shards:
-            checkpoint.uploads[index] += 1
-            checkpoint.uploading[index] += 1
+        hands_out = not checkpoint.origin or self.relays(peer)  # counts for seed mode (_seed_check)
+        if hands_out:
+            for index in shards:
+                checkpoint.uploads[index] += 1
+                checkpoint.uploading[index] += 1
         sent_all = False
         try:
             status = 206 if value is not None else 200
@@ -265,7 +272,7 @@ class ShardServer:
             self._active_per_peer[peer] -= 1
             if not self._active_per_peer[peer]:
                 del self._active_per_peer[peer]
-            for index in shards:
+            for index in shards if hands_out else ():
                 checkpoint.uploading[index] -= 1
                 checkpoint.uploaded_at[index] = time.monotonic()
                 if not sent_all:

@@ -70,7 +70,8 @@ class ShardService:
         self.store = ShardStore(config.data_dir, self.run_id)
         self.book = PeerBook()
         self.client = ShardClient(node.identity, config.stall_s)
-        self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self._dirty)
+        self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self._dirty,
+                                  relays=self.book.may_relay)
         self.progress = CheckpointProgress()
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0}
         self.complaints_made: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
