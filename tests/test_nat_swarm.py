@@ -103,3 +103,36 @@ def test_nated_fetchers_get_the_checkpoint_and_advertise_no_data_address(tmp_pat
             assert [direct(addrs) for addrs in home_addrs()] == [[], []]  # neither a direct libp2p nor an HTTP address
         finally:
             swarm.stop_all()
+
+
+@pytest.mark.timeout(900)  # includes building the demo's tiny model when this test runs first
+def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Rollouts across the NAT: an inference node in a home fetches the trainer's checkpoint from
+    the public side, generates, and delivers its batches over its own outbound connection; the
+    trainer verifies them (no rejection) and trains."""
+    from tests.engine_helpers import demo_tiny_model
+    from tests.test_trainer_role import TASKS, trained_steps
+
+    model = demo_tiny_model()
+    with SmallInternet(publics=2, homes=1) as net:
+        swarm = LocalSwarm(tmp_path, run_id="nat-rollouts", timing=FAST)
+        try:
+            boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
+                               listen="/ip4/198.18.0.2/tcp/4001")
+            trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr, "--model", str(model),
+                                              "--tasks", TASKS, "--batch-groups", "4"], {"OMP_NUM_THREADS": "1"},
+                                  prefix=net.exec_prefix(net.name("pub1")), listen="/ip4/198.18.0.3/tcp/4001")
+            swarm.start("home1", ["join", "--role", "inference", "--bootstrap", boot.addr, "--trainer",
+                                           trainer.peer_id, "--model", str(model), "--tasks", TASKS],
+                                 {"OMP_NUM_THREADS": "1"}, prefix=net.exec_prefix(net.name("home1")),
+                                 listen="/ip4/198.19.1.2/tcp/4001")
+            took = wait_until(lambda: len(trained_steps(trainer.home)) >= 1, 240)
+            print(f"\nthe public trainer trained on the NATed worker's rollouts {took:.1f} s after it started")
+            # the worker sits behind its router by construction; whether its own dial-back check has
+            # answered yet does not matter to delivery (it rides on its outbound connections)
+            trainer_status = trainer.status()["services"]["trainer"]
+            assert trainer_status["step"] >= 1
+            rejections = trainer.status()["rejections"]
+            assert not {r for r in rejections if r not in ("stale_step", "unknown_type", "no_slot")}, rejections
+        finally:
+            swarm.stop_all()

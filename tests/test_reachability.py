@@ -89,6 +89,8 @@ def test_a_peer_that_stops_advertising_http_is_no_longer_a_parent() -> None:
     assert not book.servable("peer") and book.peers["peer"].endpoint is None
     book.learn("peer", ["/ip4/198.18.0.9/tcp/7001/http"])  # public again, on a new address
     assert book.servable("peer") and book.peers["peer"].endpoint.port == 7001
-    book.learn("never-served", ["/ip4/10.0.0.6/tcp/4001/p2p/x"])
-    assert not book.servable("never-served") and not book.may_relay("never-served")
+    book.learn("joining", ["/ip4/10.0.0.6/tcp/4001/p2p/joining"])  # its overlay's address not added yet
+    assert not book.servable("joining") and book.may_relay("joining")
+    book.learn("nated", ["/ip4/198.18.0.2/tcp/4001/p2p/relay/p2p-circuit/p2p/nated"])  # relayed only
+    assert not book.servable("nated") and not book.may_relay("nated")
     assert book.may_relay("stranger")  # unknown: the origin's seed mode counts its upload as usual

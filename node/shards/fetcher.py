@@ -57,6 +57,7 @@ class PeerRecord:
     """What this node measured of one peer as a parent, across checkpoints."""
 
     endpoint: Endpoint | None  # None once its advert names no HTTP address (it turned out private)
+    private: bool = False  # its advert names no address at all: behind NAT, it re-serves nothing
     rate: float = 0.0  # bytes/s of good shards, exponentially averaged; 0 until measured
     successes: int = 0
     failures: int = 0  # consecutive
@@ -81,20 +82,24 @@ class PeerBook:
         once its reachability check found it behind NAT (then it is not asked again). A member
         with no address is recorded too: the origin's seed mode must know it re-serves nothing."""
         endpoint = http_endpoint(peer_id, addrs)
+        # private: neither an HTTP address nor a direct libp2p one (a node that has just joined
+        # advertises its libp2p addresses before its overlay adds the HTTP one: not private)
+        private = endpoint is None and not any("/p2p/" in a and "/p2p-circuit" not in a for a in addrs)
         record = self.peers.get(peer_id)
         if record is None:
-            self.peers[peer_id] = PeerRecord(endpoint)
-        elif record.endpoint != endpoint:
-            record.endpoint = endpoint
+            self.peers[peer_id] = PeerRecord(endpoint, private)
+        else:
+            record.endpoint, record.private = endpoint, private
 
     def servable(self, peer_id: str) -> bool:
         record = self.peers.get(peer_id)
         return record is not None and record.endpoint is not None
 
     def may_relay(self, peer_id: str) -> bool:
-        """False only for a member whose advert names no HTTP address; an unknown peer may relay."""
+        """False only for a member whose advert says it is behind NAT (no direct address of any
+        kind); an unknown peer, or one whose HTTP address is not advertised yet, may relay."""
         record = self.peers.get(peer_id)
-        return record is None or record.endpoint is not None
+        return record is None or not record.private
 
     def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
         record = self.peers[peer_id]
