@@ -1,0 +1,13 @@
+"""DiLoCo on hivemind (specs/diloco.md): inner AdamW steps, an exact group average of
+pseudo-gradients, the same outer Nesterov step on every peer. One job per module:
+
+- ``layout``: the canonical order of a model's tensors, flat fp32 vectors, chunks, the layout hash.
+- ``grid``: the shared int grid that makes the all-reduce exact (int4, int8, int16 with per-chunk
+  power-of-two scales), sum recovery, the average, error feedback.
+- ``outer``: the global state (outer params, outer momentum, round) and the outer Nesterov step.
+- ``state_hash``: sha256 of the global state, equal on every honest peer after each outer step.
+- ``checkpoint``: save and resume at a round boundary (global state, residual, inner AdamW),
+  durably, with every field checked on load.
+- ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
+  before decoding, each message checked against its schema.
+"""
