@@ -10,4 +10,12 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   durably, with every field checked on load.
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
+- ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
+- ``data``: the generated corpus and a peer's samples for (seed, round, peer id).
+- ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
+  and refuses partial all-reduces (runs inside the child only).
+- ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
+  imports libp2p (the two cannot share a process).
+- ``client``: the node side: starts the child, restarts it if it died, ends its process group.
+- ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step, the checkpoint.
 """

@@ -137,6 +137,12 @@ def choice(*allowed: Any) -> Check:
     return check
 
 
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise FrameError(f"{name}: expected true or false, got {str(value)[:40]!r}")
+    return value
+
+
 def shape(name: str, value: Any) -> tuple[int, ...]:
     return tuple(listing(integer(0, 2**31), 8)(name, value))
 
@@ -162,10 +168,15 @@ INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "levels": c
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0)}
 STATUS_REPLY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64),
-                "rounds": integer(0, 2**32), "libp2p_loaded": choice(False, True)}
+                "rounds": integer(0, 2**32), "libp2p_loaded": boolean}
 READY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64)}
 FAILED = {"round": integer(0, 2**32 - 1), "error": text(max_len=2000)}
 ERROR = {"error": text(max_len=2000)}
+
+
+def gather_payload(chunks: int) -> dict[str, Check]:
+    """What each member sends every other in matchmaking (specs/diloco.md section 6)."""
+    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32), "exponents": blob(chunks, chunks)}
 
 
 def average_request(elements: int) -> dict[str, Check]:

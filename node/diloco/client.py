@@ -1,0 +1,178 @@
+"""The node's side of the averager child: start it, ask it to average, restart it, stop it.
+
+Why the child is supervised here rather than by the node's service supervisor: a crashed child is
+noticed at the next request (its process has exited or its socket closed), and the round in
+progress fails cleanly either way; the client starts a fresh child before the next request.
+The child leads its own process group, so ``close`` (and a crash of the node, through the child's
+parent-death signal) ends hivemind's daemons with it. Every reply is checked against its schema:
+the child is ours, but the bytes come from other peers' data through hivemind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from intellect_node.node.diloco import frames
+from intellect_node.node.diloco.layout import Layout
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 60.0
+REPLY_MARGIN_S = 30.0
+
+
+class AveragerError(Exception):
+    """The child is unreachable, answered out of protocol, or the round could not be averaged."""
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """What ``init`` tells the child (specs/diloco.md section 6)."""
+
+    prefix: str
+    levels: int
+    initial_peers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_peers: int = 64
+    min_peers: int = 2
+    matchmaking_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Averaged:
+    """One round's exact group result."""
+
+    round: int
+    group_size: int
+    exponents: torch.Tensor  # int8, one per chunk: the group's shared grid
+    sums: torch.Tensor  # int32, one per element
+    peer_hashes: dict[str, bytes]
+    seconds: float
+
+
+class AveragerClient:
+    def __init__(self, socket_path: Path, layout: Layout, settings: ChildSettings, log_path: Path | None = None) -> None:
+        self.socket_path, self.layout, self.settings, self.log_path = socket_path, layout, settings, log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.conn: socket.socket | None = None
+        self.restarts = -1  # the first start is not a restart
+        self.peer_id = ""
+        self.maddrs: list[str] = []
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def ensure_running(self) -> None:
+        """Start the child if it is not running (first use, or it died)."""
+        if self.process is not None and self.process.poll() is None and self.conn is not None:
+            return
+        self._stop_process()
+        self.restarts += 1
+        self.socket_path.unlink(missing_ok=True)
+        output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "intellect_node.node.diloco.averager_child", "--socket", str(self.socket_path),
+                 "--parent-pid", str(os.getpid())], stdout=output, stderr=output, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        finally:
+            if output is not subprocess.DEVNULL:
+                output.close()
+        self.conn = self._connect()
+        reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
+                           "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
+                           "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
+                           "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s},
+                          START_TIMEOUT_S, {"ready": frames.READY})
+        self.peer_id, self.maddrs = reply["peer_id"], reply["maddrs"]
+        log.info("averager child %d ready as %s (%d restarts)", self.process.pid, self.peer_id, self.restarts)
+
+    def _connect(self) -> socket.socket:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AveragerError(f"the averager child exited with {self.process.returncode} before listening")
+            try:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.connect(str(self.socket_path))
+                return conn
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                time.sleep(0.1)
+        raise AveragerError(f"the averager child did not listen on {self.socket_path} within {START_TIMEOUT_S:g} s")
+
+    def close(self) -> None:
+        """Ask the child to stop, then end its whole process group (no hivemind daemon survives)."""
+        if self.conn is not None and self.process is not None and self.process.poll() is None:
+            try:
+                self._ask({"type": "shutdown"}, 5.0, {"bye": {}})
+            except AveragerError:
+                pass
+        self._stop_process()
+
+    def _stop_process(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=3.0)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the child leads its group: hivemind's daemons too
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self.process = None
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _ask(self, message: dict[str, Any], timeout_s: float, replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """One request and its checked reply; a broken connection drops the child (restarted on next use)."""
+        assert self.conn is not None
+        self.conn.settimeout(timeout_s)
+        try:
+            frames.send(self.conn, message)
+            reply = frames.receive(self.conn, frames.payload_limit(self.layout.elements))
+            if reply["type"] == "error":
+                raise AveragerError(f"the averager child refused {message['type']}: "
+                                    f"{frames.validate(reply, frames.ERROR)['error']}")
+            if reply["type"] not in replies:
+                raise frames.FrameError(f"unexpected reply {reply['type'][:40]!r} to {message['type']}")
+            return {"type": reply["type"]} | frames.validate(reply, replies[reply["type"]])
+        except (OSError, EOFError, frames.FrameError) as exc:
+            self._stop_process()
+            raise AveragerError(f"averager child: {type(exc).__name__}: {exc}") from None
+
+    def status(self) -> dict[str, Any]:
+        self.ensure_running()
+        return self._ask({"type": "status"}, 10.0, {"status": frames.STATUS_REPLY})
+
+    def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float) -> Averaged:
+        """The group's exact result for ``values`` (this member's x), or AveragerError."""
+        self.ensure_running()
+        data = values.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        reply = self._ask({"type": "average", "round": round_, "timeout_s": timeout_s, "state_hash": state_hash,
+                           "values": data}, timeout_s + REPLY_MARGIN_S,
+                          {"averaged": frames.averaged_reply(self.layout.elements, self.layout.chunks),
+                           "failed": frames.FAILED})
+        if reply["round"] != round_:
+            raise AveragerError(f"the child answered for round {reply['round']}, asked {round_}")
+        if reply["type"] == "failed":
+            raise AveragerError(f"round {round_} not averaged: {reply['error']}")
+        return Averaged(round_, reply["group_size"], torch.frombuffer(bytearray(reply["exponents"]), dtype=torch.int8),
+                        torch.frombuffer(bytearray(reply["sums"]), dtype=torch.int32), reply["peer_hashes"],
+                        reply["seconds"])

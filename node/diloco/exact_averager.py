@@ -1,0 +1,106 @@
+"""hivemind's ``DecentralizedAverager``, made exact and all-or-nothing for DiLoCo rounds.
+
+Runs inside the averager child only (it imports hivemind). Three changes, each for
+specs/diloco.md sections 2 and 4:
+
+- Before the all-reduce, every member's gather payload is checked (round, layout, exponents) and
+  this member's contribution is quantized onto the group's shared grid, from the raw values the
+  child left in shared memory. A retry quantizes again from the same raw values.
+- After the all-reduce, a part that a failed peer was to reduce (hivemind silently keeps the local
+  values) or a banned sender (a part averaged over fewer peers) makes the attempt an error, so
+  hivemind matches again with the survivors instead of handing back a mixed result.
+- The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
+  group would send survivors of a failed attempt to different keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging import matchmaking as hivemind_matchmaking
+from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.utils.asyncio import as_aiter, azip
+from hivemind.utils.timed_storage import get_dht_time
+
+from intellect_node.node.diloco import grid
+from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
+from intellect_node.node.diloco.layout import Layout
+
+
+class PartialAllReduce(AllreduceException):
+    """Some part of the all-reduce was not averaged over the whole group."""
+
+
+class RoundKeys(GroupKeyManager):
+    """Keeps the group key the caller set (the round) after a group assembles."""
+
+    async def update_key_on_group_assembled(self, group_info: GroupInfo) -> None:
+        return None
+
+
+hivemind_matchmaking.GroupKeyManager = RoundKeys  # this process runs only our averager
+
+
+def round_bits(round_: int) -> str:
+    """The group bits of a round: peers of different rounds never share a key."""
+    return format(round_, "032b")
+
+
+def read_payloads(group_info: GroupInfo, chunks: int) -> dict[Any, dict[str, Any]]:
+    """Each member's checked payload, by peer id; FrameError names the member that sent a bad one."""
+    serializer = DecentralizedAverager.serializer
+    out = {}
+    for peer_id, raw in zip(group_info.peer_ids, group_info.gathered):
+        try:
+            _, _, user_bytes = serializer.loads(raw)
+            payload = serializer.loads(user_bytes)
+            if not isinstance(payload, dict):
+                raise FrameError("the payload is not a map")
+            out[peer_id] = validate({"type": "gather"} | payload, gather_payload(chunks))
+        except (FrameError, ValueError, TypeError) as exc:
+            raise FrameError(f"member {peer_id}: bad gather payload: {exc}") from None
+    return out
+
+
+class ExactAverager(DecentralizedAverager):
+    def __init__(self, layout: Layout, levels: int, **kwargs: Any) -> None:
+        self.layout, self.levels = layout, levels
+        self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
+        super().__init__([torch.zeros(layout.elements)], **kwargs)
+
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
+        try:
+            payloads = read_payloads(group_info, self.layout.chunks)
+        except FrameError as exc:
+            raise PartialAllReduce(str(exc)) from None
+        mine = payloads[self.peer_id]
+        if any(p["round"] != mine["round"] or p["layout"] != self.layout.digest() for p in payloads.values()):
+            raise PartialAllReduce("a member is in another round or has another model")
+        if len(payloads) > grid.max_group(self.levels):
+            raise PartialAllReduce(f"a group of {len(payloads)} is over this grid's exact limit")
+        shared = grid.shared_exponents([torch.frombuffer(bytearray(p["exponents"]), dtype=torch.int8)
+                                        for p in payloads.values()])
+        with self.get_tensors() as tensors:
+            tensors[0].copy_(grid.quantize(self.raw, shared, self.levels))
+        return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+
+    async def _run_allreduce_inplace_(self, tensors: Any, group_info: GroupInfo, group_id: bytes | None = None,
+                                      **kwargs: Any) -> None:
+        """hivemind's own loop, then the check it lacks: every part averaged over every member."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = AllReduceRunner(p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
+                                 group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
+        self._running_groups[group_id].set_result(runner)
+        if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
+            raise PartialAllReduce("auxiliary peers take no part in DiLoCo rounds")
+        async for tensor, update in azip(as_aiter(*tensors), runner):
+            tensor.add_(update, alpha=self._averaging_alpha)
+            self.last_updated = get_dht_time()
+            self._state_updated.set()
+        if runner.tensor_part_container.failed_size or runner.banned_senders:
+            raise PartialAllReduce(f"{runner.tensor_part_container.failed_size} elements not averaged, "
+                                   f"{len(runner.banned_senders)} senders dropped")

@@ -1,0 +1,126 @@
+"""DiLoCo rounds between real peers (specs/diloco.md): each peer is a ``DilocoPeer`` with its own
+averager child (real hivemind DHT and DecentralizedAverager) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from intellect_node.node.diloco import frames
+from tests.diloco_helpers import make_peer, run_rounds_together, settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _close(peers) -> None:
+    for p in peers:
+        p.client.close()
+
+
+def test_three_peers_end_rounds_bit_identical(tmp_path) -> None:
+    s = settings()
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
+    initial = first.state.params.clone()
+    try:
+        for expected_round in (0, 1):
+            records = run_rounds_together(peers)
+            assert all(not isinstance(r, BaseException) for r in records), records
+            assert [r.group_size for r in records] == [3, 3, 3], records
+            assert len({r.state_hash for r in records}) == 1
+            assert all(r.hash_agreement for r in records) and all(r.round == expected_round for r in records)
+        params = [p.state.params for p in peers]
+        assert all(torch.equal(params[0], other) for other in params[1:])
+        assert all(torch.equal(peers[0].state.momentum, p.state.momentum) for p in peers[1:])
+        assert not torch.equal(params[0], initial)  # the outer steps moved the model
+        assert peers[0].state.round == 2
+    finally:
+        _close(peers)
+
+
+def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_path) -> None:
+    s = settings(round_timeout_s=25.0)
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
+    try:
+        records = run_rounds_together(peers)
+        assert [getattr(r, "group_size", r) for r in records] == [3, 3, 3]
+        victim = peers[2].client.process
+
+        def kill_soon(progress: dict) -> None:
+            if progress["phase"] == "average":  # its child is in the round's matchmaking 0.3 s from now
+                threading.Timer(0.3, os.killpg, (victim.pid, signal.SIGKILL)).start()
+
+        def arrive_late(progress: dict) -> None:
+            if progress["phase"] == "average":  # the victim's declaration for this round is in the DHT by then
+                time.sleep(1.0)
+
+        started = time.monotonic()
+        records = run_rounds_together(peers, hooks={0: arrive_late, 1: arrive_late, 2: kill_soon})
+        elapsed = time.monotonic() - started
+        survivors = records[:2]
+        assert all(not isinstance(r, BaseException) for r in survivors), survivors
+        assert [r.group_size for r in survivors] == [2, 2], survivors
+        assert survivors[0].state_hash == survivors[1].state_hash
+        assert torch.equal(peers[0].state.params, peers[1].state.params)
+        assert elapsed < s.round_timeout_s + 15
+        assert records[2].solo and records[2].group_size == 1  # the victim trained on alone and said so
+    finally:
+        _close(peers)
+
+
+def test_garbage_on_the_child_socket_is_an_error_not_a_crash(tmp_path) -> None:
+    s = settings()
+    peer = make_peer(tmp_path, "p0", s)
+    client = peer.client
+    try:
+        pid = client.process.pid
+        for garbage in (frames.HEADER.pack(2**31) + b"x", frames.HEADER.pack(3) + b"\xc1\xc1\xc1",
+                        frames.encode({"type": "launch_missiles"}), frames.encode({"type": "average", "round": 0}),
+                        frames.encode({"type": "init", "prefix": "x"})):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                raw.settimeout(10)
+                raw.connect(str(tmp_path / "p0.sock"))
+                raw.sendall(garbage)
+                reply = frames.receive(raw, 1 << 20)
+                assert reply["type"] == "error" and reply["error"], reply
+        status = client.status()
+        assert client.process.pid == pid and client.restarts == 0
+        assert status["libp2p_loaded"] is False and status["peer_id"] == client.peer_id
+        assert oct(os.stat(tmp_path / "p0.sock").st_mode & 0o777) == "0o600"
+    finally:
+        client.close()
+
+
+def test_a_crashed_child_is_restarted_and_close_leaves_no_process(tmp_path) -> None:
+    peer = make_peer(tmp_path, "p0", settings())
+    client = peer.client
+    try:
+        first = client.process.pid
+        os.killpg(first, signal.SIGKILL)
+        client.process.wait(timeout=10)
+        status = client.status()
+        assert client.restarts == 1 and client.process.pid != first and status["peer_id"]
+        group = client.process.pid
+    finally:
+        client.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("a process of the averager child's group outlived close()")
