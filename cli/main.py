@@ -41,7 +41,7 @@ RunOpt = Annotated[str | None, typer.Option("--run-id", help="Run to join [defau
 BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="Bootstrap peer multiaddr (.../p2p/<id>); repeatable")]
 ListenOpt = Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
 LogOpt = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")]
-ROLE_CHOICES = ("inference", "trainer", "validator")
+ROLE_CHOICES = ("inference", "trainer", "validator", "diloco")
 
 
 def _config(**flags: Any) -> NodeConfig:
@@ -55,7 +55,7 @@ def _config(**flags: Any) -> NodeConfig:
 
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
-         trainer: Any = None) -> None:
+         trainer: Any = None, diloco: Any = None) -> None:
     from intellect_node.node.app.roles import RoleOptions
     from intellect_node.node.app.run import run_node, setup_logging
     from intellect_node.node.swarm.bootstrap import config_line
@@ -76,7 +76,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
 
     expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
     try:
-        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted))
+        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted, diloco))
     except expected as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -122,7 +122,7 @@ def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = N
 
 @app.command()
 def join(
-    role: Annotated[list[str], typer.Option("--role", help="inference, trainer or validator; repeatable")],
+    role: Annotated[list[str], typer.Option("--role", help="inference, trainer, validator or diloco; repeatable")],
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
     new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
@@ -138,6 +138,7 @@ def join(
     async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
     trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Trainer: TOML file with [optim], [loss], [rewards] settings")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the corpus, generated:sequences=N,seq_len=L,vocab=V,seed=S ([diloco] data)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -180,8 +181,22 @@ def join(
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,
                                      trusted=tuple(trust_validator or ()))
+    diloco = _diloco_settings(cfg, config, model, data) if "diloco" in role else None
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
-         trusted=tuple(trust_validator or ()), trainer=training)
+         trusted=tuple(trust_validator or ()), trainer=training, diloco=diloco)
+
+
+def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | None, data: str | None) -> Any:
+    """``[diloco]`` with --model (a preset name) and --data on top; errors name the key."""
+    from intellect_node.node.diloco.settings import DilocoSettings
+
+    section = dict(cfg.sections.get("diloco", {}))
+    section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
+    try:
+        return DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+    except ValueError as exc:
+        err.print(f"[red]configuration error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:
@@ -275,6 +290,11 @@ def _format_service(name: str, s: dict[str, Any]) -> str:
     if name == "trainer":
         waiting = "-" if s["waiting_share"] is None else f"{s['waiting_share']:.0%}"
         return f"step {s['step']}, {s['pooled_groups']} groups pooled, waiting {waiting} of the time"
+    if name == "diloco":
+        last = s["last_round"] or {}
+        return (f"round {s['round']} ({s['phase']}, inner step {s['inner_step'] or '-'}), last loss "
+                f"{last.get('loss', float('nan')):.4f}, peers {last.get('group_size', '-')}, "
+                f"{s['solo_rounds']} solo rounds; hivemind {', '.join(s['hivemind_maddrs']) or '-'}")
     if name == "shards":
         complete = [int(step) for step, c in s["steps"].items() if c["complete"]]
         return f"newest step held {max(complete) if complete else '-'}, served {s['uploaded_bytes'] / 2**20:,.1f} MiB"

@@ -185,5 +185,5 @@ def test_schema_names_the_bad_field() -> None:
         frames.validate(good | {"evil": 1}, frames.average_request(10))
     with pytest.raises(frames.FrameError, match="host"):
         init = {"type": "init", "prefix": "p", "shapes": [[2]], "levels": 127, "initial_peers": [], "host": "::1",
-                "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0}
+                "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": ""}
         frames.validate(init, frames.INIT)

@@ -84,7 +84,7 @@ class Child:
         if m["min_peers"] > m["max_peers"]:
             raise frames.FrameError("min_peers is over max_peers")
         self.dht = hivemind.DHT(initial_peers=m["initial_peers"], host_maddrs=[f"/ip4/{m['host']}/tcp/{m['port']}"],
-                                start=True)
+                                identity_path=m["identity_path"] or None, start=True)
         self.averager = ExactAverager(layout, m["levels"], dht=self.dht, start=True, prefix=m["prefix"],
                                       target_group_size=m["max_peers"], min_group_size=m["min_peers"],
                                       min_matchmaking_time=m["matchmaking_s"], request_timeout=3.0,

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ class ChildSettings:
     max_peers: int = 64
     min_peers: int = 2
     matchmaking_s: float = 2.0
+    identity_path: str = ""  # a key file keeps the hivemind peer id across restarts; "" draws a new one
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class AveragerClient:
         self.restarts = -1  # the first start is not a restart
         self.peer_id = ""
         self.maddrs: list[str] = []
+        self._busy = threading.Lock()  # one request at a time; close() from another thread does not wait for it
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -92,7 +95,8 @@ class AveragerClient:
         reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
                            "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
                            "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
-                           "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s},
+                           "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s,
+                           "identity_path": self.settings.identity_path},
                           START_TIMEOUT_S, {"ready": frames.READY})
         self.peer_id, self.maddrs = reply["peer_id"], reply["maddrs"]
         log.info("averager child %d ready as %s (%d restarts)", self.process.pid, self.peer_id, self.restarts)
@@ -113,22 +117,32 @@ class AveragerClient:
         raise AveragerError(f"the averager child did not listen on {self.socket_path} within {START_TIMEOUT_S:g} s")
 
     def close(self) -> None:
-        """Ask the child to stop, then end its whole process group (no hivemind daemon survives)."""
-        if self.conn is not None and self.process is not None and self.process.poll() is None:
-            try:
-                self._ask({"type": "shutdown"}, 5.0, {"bye": {}})
-            except AveragerError:
-                pass
-        self._stop_process()
+        """Ask the child to stop (unless a request is in flight: that one fails at once), then end
+        its whole process group, so no hivemind daemon survives."""
+        graceful = self._busy.acquire(blocking=False)
+        try:
+            if graceful and self.conn is not None and self.process is not None and self.process.poll() is None:
+                try:
+                    self._exchange({"type": "shutdown"}, 5.0, {"bye": {}})
+                except AveragerError:
+                    graceful = False
+        finally:
+            if graceful:
+                self._busy.release()
+        self._stop_process(grace_s=3.0 if graceful else 0.0)
 
-    def _stop_process(self) -> None:
+    def _stop_process(self, grace_s: float = 0.0) -> None:
         if self.conn is not None:
+            try:
+                self.conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on a reply
+            except OSError:
+                pass
             self.conn.close()
             self.conn = None
         if self.process is None:
             return
         try:
-            self.process.wait(timeout=3.0)
+            self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
         try:
@@ -141,8 +155,13 @@ class AveragerClient:
     # --- requests -------------------------------------------------------------------------
 
     def _ask(self, message: dict[str, Any], timeout_s: float, replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        with self._busy:
+            return self._exchange(message, timeout_s, replies)
+
+    def _exchange(self, message: dict[str, Any], timeout_s: float, replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """One request and its checked reply; a broken connection drops the child (restarted on next use)."""
-        assert self.conn is not None
+        if self.conn is None:
+            raise AveragerError("the averager child is not running")
         self.conn.settimeout(timeout_s)
         try:
             frames.send(self.conn, message)

@@ -166,7 +166,8 @@ def validate(message: dict[str, Any], schema: dict[str, Check]) -> dict[str, Any
 
 INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "levels": choice(7, 127, 32767),
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
-        "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0)}
+        "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
+        "identity_path": text(max_len=4096)}
 STATUS_REPLY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64),
                 "rounds": integer(0, 2**32), "libp2p_loaded": boolean}
 READY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64)}

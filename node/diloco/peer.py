@@ -8,6 +8,7 @@ role run it in a worker thread, and the tests and the bench run it as is.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,12 +67,17 @@ def lm_loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
 
 
+class Stopped(Exception):
+    """The peer was asked to stop: the round in progress is dropped, nothing is applied or saved."""
+
+
 class DilocoPeer:
     def __init__(self, model: torch.nn.Module, settings: DilocoSettings, client: AveragerClient, corpus: torch.Tensor,
                  peer_id: str, checkpoint: Path | None = None) -> None:
         self.model, self.settings, self.client, self.corpus = model, settings, client, corpus
         self.key = peer_key(peer_id)
         self.checkpoint = checkpoint
+        self.stopping = threading.Event()  # set from another thread: the round in progress is dropped
         self.named = dict(model.named_parameters())
         self.layout = Layout.of(self.named)
         recipe = Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
@@ -100,6 +106,8 @@ class DilocoPeer:
         self.model.train()
         losses = []
         for step in range(s.H):
+            if self.stopping.is_set():
+                raise Stopped(f"stopped in round {r} at inner step {step}")
             rows = round_batch(self.corpus, s.seed, r, self.key, step, s.batch)
             loss = lm_loss(self.model, rows)
             self.optimizer.zero_grad(set_to_none=True)
@@ -122,6 +130,8 @@ class DilocoPeer:
             shared, sums, group = result.exponents, result.sums, result.group_size
             agreement = all(h == before for h in result.peer_hashes.values())
         except AveragerError as exc:  # a group of one: keep training, say so (specs/diloco.md section 1)
+            if self.stopping.is_set():
+                raise Stopped(f"stopped in round {r} while averaging") from None
             error = str(exc)[:500]
             log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, error)
             shared, group = grid.exponents(x, s.levels), 1

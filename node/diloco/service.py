@@ -1,0 +1,97 @@
+"""The ``diloco`` role in a node: a ``DilocoPeer`` run round after round off the event loop.
+
+The rounds run in a worker thread (a round is minutes of compute and a blocking wait on the
+averager child); the trio side prints one progress line per round, appends it to
+``<home>/diloco/metrics.jsonl`` durably, and answers ``status``. On shutdown (Ctrl-C, SIGTERM,
+a cancelled service) the peer is told to stop, and the child's whole process group is ended.
+
+Today the hivemind peers to start from come from ``[diloco] initial_peers``; taking them from our
+signed adverts is the next step (specs/diloco.md section 8).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from intellect_node.node.diloco.client import AveragerClient, ChildSettings
+from intellect_node.node.diloco.data import CorpusSpec, generate
+from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, Stopped
+from intellect_node.node.diloco.settings import DilocoSettings
+from intellect_node.node.home.durable import append_durably
+from intellect_node.node.metagene.presets import build_model
+
+if TYPE_CHECKING:
+    from intellect_node.node.swarm.runtime import Node
+
+log = logging.getLogger(__name__)
+
+
+def hivemind_prefix(run_id: str) -> str:
+    """The run's matchmaking prefix: hivemind refuses dots, our frames accept [A-Za-z0-9_-]."""
+    return "diloco_" + re.sub(r"[^A-Za-z0-9_-]", "_", run_id)[:56]
+
+
+class DilocoService:
+    name = "diloco"
+
+    def __init__(self, home: Path, run_id: str, settings: DilocoSettings) -> None:
+        self.home, self.run_id, self.settings = home, run_id, settings
+        self.peer: DilocoPeer | None = None
+        self.last: RoundRecord | None = None
+        self.progress: dict[str, Any] = {}
+        self.solo_rounds = 0
+
+    def build(self, peer_id: str) -> DilocoPeer:
+        """The model (θ0 from the run's seed: equal on every peer), the corpus, the child, the peer."""
+        s = self.settings
+        self.home.mkdir(parents=True, exist_ok=True)
+        model = build_model(s.preset, seed=s.seed)
+        client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
+                                ChildSettings(hivemind_prefix(self.run_id), s.levels, s.initial_peers, s.host, s.port,
+                                              s.max_peers, s.min_peers, s.matchmaking_s,
+                                              str(self.home / "hivemind.key")),
+                                self.home / "averager.log")
+        client.ensure_running()
+        return DilocoPeer(model, s, client, generate(CorpusSpec.parse(s.data)), peer_id, self.home / "state.safetensors")
+
+    def _on_progress(self, progress: dict[str, Any]) -> None:
+        self.progress = progress
+
+    def record(self, rec: RoundRecord) -> None:
+        self.last = rec
+        self.progress = {"phase": "outer step applied"}
+        self.solo_rounds += rec.solo
+        log.info("diloco %s", rec.line())
+        append_durably(self.home / "metrics.jsonl", json.dumps(asdict(rec)))
+
+    async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        peer = await trio.to_thread.run_sync(self.build, node.peer_id)
+        self.peer = peer
+        log.info("diloco: hivemind peer %s at %s; round %d", peer.client.peer_id, peer.client.maddrs, peer.state.round)
+        task_status.started()
+        try:
+            while not self.settings.rounds or peer.state.round < self.settings.rounds:
+                self.record(await trio.to_thread.run_sync(peer.run_round, self._on_progress, abandon_on_cancel=True))
+        except Stopped:
+            pass
+        finally:
+            peer.stopping.set()
+            peer.client.close()
+
+    def status(self) -> dict[str, Any]:
+        peer, last = self.peer, self.last
+        return {"round": peer.state.round if peer else None, "phase": self.progress.get("phase", "starting"),
+                "inner_step": self.progress.get("step"), "loss": self.progress.get("loss"),
+                "last_round": asdict(last) if last else None, "solo_rounds": self.solo_rounds,
+                "hivemind_peer": peer.client.peer_id if peer else None,
+                "hivemind_maddrs": peer.client.maddrs if peer else [],
+                "averager_pid": peer.client.process.pid if peer and peer.client.process else None,
+                "averager_restarts": max(peer.client.restarts, 0) if peer else 0}

@@ -1,0 +1,64 @@
+"""``intellect-node join --role diloco``: two real nodes (each with its averager child) train the
+tiny Llama on the generated corpus, end at one state hash, write metrics.jsonl, report in
+``status``, and leave no hivemind process behind after SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
+
+pytestmark = pytest.mark.slow
+
+DILOCO = """[diloco]
+H = 4
+batch = 4
+matchmaking_s = 2.0
+round_timeout_s = 30.0
+max_peers = 2
+data = "generated:sequences=1024,seq_len=32"
+"""
+
+
+def _rounds(home) -> list[dict]:
+    path = home / "diloco" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
+    swarm = LocalSwarm(tmp_path, run_id="diloco-test")
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / "config.toml").write_text(DILOCO)
+        a = swarm.start("a", ["join", "--role", "diloco", "--new-swarm"])
+        wait_until(lambda: a.status()["services"]["diloco"]["hivemind_maddrs"], timeout_s=60)
+        maddrs = a.status()["services"]["diloco"]["hivemind_maddrs"]
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / "config.toml").write_text(DILOCO + f"initial_peers = {json.dumps(maddrs)}\n")
+        b = swarm.start("b", ["join", "--role", "diloco", "--bootstrap", a.addr])
+        wait_until(lambda: len(_rounds(a.home)) >= 2 and len(_rounds(b.home)) >= 2, timeout_s=90, poll_s=0.5)
+        ra, rb = _rounds(a.home)[:2], _rounds(b.home)[:2]
+        assert [r["group_size"] for r in ra + rb] == [2, 2, 2, 2], ra + rb
+        assert [r["state_hash"] for r in ra] == [r["state_hash"] for r in rb]
+        assert all(r["hash_agreement"] for r in ra + rb) and ra[-1]["round"] == 1
+        status = a.status()["services"]["diloco"]
+        assert status["round"] >= 2 and status["last_round"]["round"] >= 1 and status["hivemind_peer"]
+        group = status["averager_pid"]  # it leads its process group (hivemind's daemons are in it)
+        os.killpg(group, 0)
+        assert swarm.stop("a") == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the averager child's process group outlived its node")
+        assert (a.home / "diloco" / "state.safetensors").exists()
+    finally:
+        swarm.stop_all()
