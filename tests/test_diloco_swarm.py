@@ -124,3 +124,22 @@ def test_a_crashed_child_is_restarted_and_close_leaves_no_process(tmp_path) -> N
         time.sleep(0.2)
     else:
         pytest.fail("a process of the averager child's group outlived close()")
+
+
+def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> None:
+    s = settings(max_peers=2)
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
+    try:
+        records = run_rounds_together(peers)
+        assert [getattr(r, "group_size", r) for r in records] == [2, 2]
+        os.killpg(peers[1].client.process.pid, signal.SIGKILL)  # the peer's child dies; its parent is dropped
+        peers[1].client.close()
+        peers[1] = make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))  # same home: resumes
+        assert peers[1].state.round == 1 and torch.equal(peers[1].state.params, first.state.params)
+        assert peers[1].optimizer.state  # the inner AdamW moments came back too
+        records = run_rounds_together(peers)
+        assert [getattr(r, "group_size", r) for r in records] == [2, 2]
+        assert records[0].state_hash == records[1].state_hash and all(r.hash_agreement for r in records)
+    finally:
+        _close(peers)

@@ -18,4 +18,6 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   imports libp2p (the two cannot share a process).
 - ``client``: the node side: starts the child, restarts it if it died, ends its process group.
 - ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step, the checkpoint.
+- ``service``: the ``diloco`` role in a node: rounds in a worker thread, the progress line,
+  ``<home>/diloco/metrics.jsonl``, ``status``.
 """
