@@ -1,7 +1,7 @@
 """DiLoCo bench: our DiLoCo (2 peers, each with its hivemind averager child, on 127.0.0.1) against
 DDP (torch.distributed, gloo, 2 processes on loopback, gradients all-reduced every step), with the
-same model (the tiny Llama preset), the same samples (node/diloco/data.py's assignment for peers
-``w0`` and ``w1``), the same inner AdamW and the same token budget.
+same model (the tiny Llama preset), the same samples (node/diloco/data.py's assignment for the two
+workers' identities), the same inner AdamW and the same token budget.
 
     .venv/bin/python bench/diloco.py [--quick]
 
@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings  # noqa: E402
 from intellect_node.node.diloco.data import CorpusSpec, generate, peer_key, round_batch  # noqa: E402
 from intellect_node.node.diloco.layout import Layout  # noqa: E402
@@ -64,7 +65,7 @@ def _ddp_worker(rank: int, s: DilocoSettings, rounds: int, port: int, out: "mp.Q
     recipe = Recipe(lr=s.inner_lr, min_lr=s.inner_lr, warmup_steps=0, total_steps=1, weight_decay=s.weight_decay,
                     betas=s.betas)
     optimizer = make_optimizer(model, recipe)
-    key = peer_key(f"w{rank}")
+    key = peer_key(Identity.from_seed(bytes([rank]) * 32).peer_id)
     started = time.perf_counter()
     for r in range(rounds):
         for step in range(s.H):
@@ -108,7 +109,7 @@ def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float
                                               matchmaking_s=s.matchmaking_s), work / f"w{i}.log")
         client.ensure_running()
         initial = initial or tuple(client.maddrs)
-        peers.append(DilocoPeer(model, s, client, train, f"w{i}"))
+        peers.append(DilocoPeer(model, s, client, train, Identity.from_seed(bytes([i]) * 32)))
     compute = [0.0] * WORKERS
     averaging: list[float] = []
     try:

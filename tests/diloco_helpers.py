@@ -3,12 +3,14 @@ DHT and averager in a child process), on 127.0.0.1, training a tiny Llama on the
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings
 from intellect_node.node.diloco.data import CorpusSpec, generate
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord
@@ -26,7 +28,12 @@ def settings(**overrides: Any) -> DilocoSettings:
 
 def child_settings(s: DilocoSettings, initial_peers: tuple[str, ...] = ()) -> ChildSettings:
     return ChildSettings("diloco_test", s.levels, initial_peers, max_peers=s.max_peers, min_peers=s.min_peers,
-                         matchmaking_s=s.matchmaking_s)
+                         matchmaking_s=s.matchmaking_s, allowlist=s.allowlist)
+
+
+def identity(name: str) -> Identity:
+    """A node identity per test peer name, the same on every run."""
+    return Identity.from_seed(hashlib.sha256(name.encode()).digest())
 
 
 def make_peer(tmp: Path, name: str, s: DilocoSettings, initial_peers: tuple[str, ...] = ()) -> DilocoPeer:
@@ -34,7 +41,7 @@ def make_peer(tmp: Path, name: str, s: DilocoSettings, initial_peers: tuple[str,
     model = build_model(MICRO, seed=0)
     client = AveragerClient(tmp / f"{name}.sock", _layout(model), child_settings(s, initial_peers), tmp / f"{name}.log")
     client.ensure_running()
-    return DilocoPeer(model, s, client, generate(CorpusSpec.parse(DATA)), name, tmp / f"{name}.safetensors")
+    return DilocoPeer(model, s, client, generate(CorpusSpec.parse(DATA)), identity(name), tmp / f"{name}.safetensors")
 
 
 def _layout(model: torch.nn.Module):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from intellect_node.node.diloco import frames
-from tests.diloco_helpers import make_peer, run_rounds_together, settings
+from tests.diloco_helpers import identity, make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
 
@@ -141,5 +141,22 @@ def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> N
         records = run_rounds_together(peers)
         assert [getattr(r, "group_size", r) for r in records] == [2, 2]
         assert records[0].state_hash == records[1].state_hash and all(r.hash_agreement for r in records)
+    finally:
+        _close(peers)
+
+
+def test_a_peer_outside_the_allowlist_is_refused(tmp_path) -> None:
+    members = settings(round_timeout_s=15.0, allowlist=(identity("p0").peer_id, identity("p1").peer_id))
+    first = make_peer(tmp_path, "p0", members)
+    peers = [first, make_peer(tmp_path, "p1", members, tuple(first.client.maddrs)),
+             make_peer(tmp_path, "intruder", settings(round_timeout_s=15.0), tuple(first.client.maddrs))]
+    try:
+        records = run_rounds_together(peers)
+        assert all(not isinstance(r, BaseException) for r in records), records
+        assert [r.group_size for r in records[:2]] == [2, 2], records
+        assert records[0].state_hash == records[1].state_hash
+        assert records[2].solo and records[2].state_hash != records[0].state_hash  # it averaged with nobody
+        log = (tmp_path / "p0.log").read_text() + (tmp_path / "p1.log").read_text()
+        assert "not in the run's allowlist" in log
     finally:
         _close(peers)

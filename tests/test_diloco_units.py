@@ -9,9 +9,11 @@ import msgpack
 import pytest
 import torch
 
+from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames, grid
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
 from intellect_node.node.diloco.layout import CHUNK, Layout
+from intellect_node.node.diloco.membership import refusal, sign_member
 from intellect_node.node.diloco.outer import GlobalState, outer_step
 from intellect_node.node.diloco.state_hash import state_hash
 
@@ -175,7 +177,8 @@ def test_frames_round_trip_and_limits() -> None:
 
 
 def test_schema_names_the_bad_field() -> None:
-    good = {"type": "average", "round": 3, "timeout_s": 10, "state_hash": b"\0" * 32, "values": b"\0" * 40}
+    good = {"type": "average", "round": 3, "timeout_s": 10, "state_hash": b"\0" * 32, "values": b"\0" * 40,
+            "member": "12D3KooW", "signature": b"\0" * 64}
     assert frames.validate(good, frames.average_request(10))["round"] == 3
     with pytest.raises(frames.FrameError, match="values: expected 40 bytes, got 36"):
         frames.validate(good | {"values": b"\0" * 36}, frames.average_request(10))
@@ -184,6 +187,23 @@ def test_schema_names_the_bad_field() -> None:
     with pytest.raises(frames.FrameError, match="unexpected fields \\['evil'\\]"):
         frames.validate(good | {"evil": 1}, frames.average_request(10))
     with pytest.raises(frames.FrameError, match="host"):
-        init = {"type": "init", "prefix": "p", "shapes": [[2]], "levels": 127, "initial_peers": [], "host": "::1",
-                "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": ""}
+        init = {"type": "init", "prefix": "p", "shapes": [[2]], "layout": b"L" * 32, "levels": 127, "initial_peers": [], "host": "::1",
+                "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": "", "allowlist": []}
         frames.validate(init, frames.INIT)
+
+
+def test_membership_binds_node_identity_to_hivemind_peer() -> None:
+    member, stranger = Identity.from_seed(b"m" * 32), Identity.from_seed(b"s" * 32)
+    allow = frozenset({member.peer_id})
+    layout, digest = b"L" * 32, b"H" * 32
+
+    def payload(who: Identity, hivemind_peer: str) -> dict:
+        return {"round": 4, "layout": layout, "state_hash": digest, "member": who.peer_id,
+                "signature": sign_member(who, 4, hivemind_peer, layout, digest)}
+
+    assert refusal(payload(member, "QmA"), "QmA", allow) is None
+    assert refusal(payload(stranger, "QmA"), "QmA", frozenset()) is None  # no allowlist: anyone
+    assert "not in the run's allowlist" in refusal(payload(stranger, "QmA"), "QmA", allow)
+    assert "does not bind" in refusal(payload(member, "QmA"), "QmB", allow)  # replayed by another hivemind peer
+    assert "does not bind" in refusal(payload(member, "QmA") | {"round": 5}, "QmA", allow)
+    assert "valid peer id" in refusal(payload(member, "QmA") | {"member": "x"}, "QmA", frozenset({"x"}))

@@ -12,6 +12,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
 - ``data``: the generated corpus and a peer's samples for (seed, round, peer id).
+- ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
+  the allowlist check.
 - ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
   and refuses partial all-reduces (runs inside the child only).
 - ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never

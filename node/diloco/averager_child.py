@@ -80,12 +80,14 @@ class Child:
         if self.layout is not None:
             raise frames.FrameError("init twice")
         shapes = m["shapes"]
+        # the parent's names stay with the parent: the child needs the sizes, and the layout hash
+        # (names included) that members compare and sign
         layout = Layout(tuple(f"t{i:05d}" for i in range(len(shapes))), tuple(shapes))
         if m["min_peers"] > m["max_peers"]:
             raise frames.FrameError("min_peers is over max_peers")
         self.dht = hivemind.DHT(initial_peers=m["initial_peers"], host_maddrs=[f"/ip4/{m['host']}/tcp/{m['port']}"],
                                 identity_path=m["identity_path"] or None, start=True)
-        self.averager = ExactAverager(layout, m["levels"], dht=self.dht, start=True, prefix=m["prefix"],
+        self.averager = ExactAverager(layout, m["layout"], m["levels"], frozenset(m["allowlist"]), dht=self.dht, start=True, prefix=m["prefix"],
                                       target_group_size=m["max_peers"], min_group_size=m["min_peers"],
                                       min_matchmaking_time=m["matchmaking_s"], request_timeout=3.0,
                                       next_chunk_timeout=5.0, allreduce_timeout=30.0)
@@ -102,8 +104,8 @@ class Child:
             return {"type": "failed", "round": m["round"], "error": str(exc)}
         self.averager.raw.copy_(values)
         self.averager.set_group_bits(round_bits(m["round"]))
-        payload = {"round": m["round"], "layout": self.layout.digest(), "state_hash": m["state_hash"],
-                   "exponents": exponents.numpy().tobytes()}
+        payload = {"round": m["round"], "layout": self.averager.layout_digest, "state_hash": m["state_hash"],
+                   "exponents": exponents.numpy().tobytes(), "member": m["member"], "signature": m["signature"]}
         control = self.averager.step(gather=payload, timeout=m["timeout_s"], allow_retries=True, wait=False)
         try:
             gathered = control.result(timeout=m["timeout_s"] + 5.0)

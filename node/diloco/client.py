@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames
 from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.membership import sign_member
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -49,6 +51,7 @@ class ChildSettings:
     min_peers: int = 2
     matchmaking_s: float = 2.0
     identity_path: str = ""  # a key file keeps the hivemind peer id across restarts; "" draws a new one
+    allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone (specs/diloco.md section 8)
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,11 @@ class AveragerClient:
                 output.close()
         self.conn = self._connect()
         reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
+                           "layout": self.layout.digest(),
                            "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
                            "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
                            "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s,
-                           "identity_path": self.settings.identity_path},
+                           "identity_path": self.settings.identity_path, "allowlist": list(self.settings.allowlist)},
                           START_TIMEOUT_S, {"ready": frames.READY})
         self.peer_id, self.maddrs = reply["peer_id"], reply["maddrs"]
         log.info("averager child %d ready as %s (%d restarts)", self.process.pid, self.peer_id, self.restarts)
@@ -180,12 +184,15 @@ class AveragerClient:
         self.ensure_running()
         return self._ask({"type": "status"}, 10.0, {"status": frames.STATUS_REPLY})
 
-    def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float) -> Averaged:
-        """The group's exact result for ``values`` (this member's x), or AveragerError."""
+    def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float, identity: Identity) -> Averaged:
+        """The group's exact result for ``values`` (this member's x), or AveragerError. ``identity``
+        (the node's key) signs this member into the round (``membership``)."""
         self.ensure_running()
         data = values.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
+        signature = sign_member(identity, round_, self.peer_id, self.layout.digest(), state_hash)
         reply = self._ask({"type": "average", "round": round_, "timeout_s": timeout_s, "state_hash": state_hash,
-                           "values": data}, timeout_s + REPLY_MARGIN_S,
+                           "values": data, "member": identity.peer_id, "signature": signature},
+                          timeout_s + REPLY_MARGIN_S,
                           {"averaged": frames.averaged_reply(self.layout.elements, self.layout.chunks),
                            "failed": frames.FAILED})
         if reply["round"] != round_:

@@ -11,6 +11,12 @@ specs/diloco.md sections 2 and 4:
   hivemind matches again with the survivors instead of handing back a mixed result.
 - The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
   group would send survivors of a failed attempt to different keys.
+- With an allowlist (``membership``), a leader refuses the join of a peer whose payload is not
+  signed by a listed node for its hivemind peer id, and a member that finds such a peer in its
+  group fails the attempt and never asks that peer to lead it again (``AllowlistMatchmaking``).
+
+The child runs one averager, so the allowlist and the refused peers are this module's state
+(hivemind builds its ``Matchmaking`` itself, from the class name in its own module).
 """
 
 from __future__ import annotations
@@ -19,16 +25,23 @@ from typing import Any
 
 import torch
 from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging import averager as hivemind_averager
 from hivemind.averaging import matchmaking as hivemind_matchmaking
 from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.proto import averaging_pb2
+from hivemind.utils import get_logger
 from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.timed_storage import get_dht_time
 
 from intellect_node.node.diloco import grid
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.membership import refusal
+
+
+logger = get_logger(__name__)
 
 
 class PartialAllReduce(AllreduceException):
@@ -42,7 +55,47 @@ class RoundKeys(GroupKeyManager):
         return None
 
 
+ALLOWLIST: frozenset[str] = frozenset()  # node peer ids; empty: anyone (set once by ExactAverager)
+CHUNKS = 0
+REFUSED: set[str] = set()  # hivemind peer ids refused in this process's life
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """One member's gather payload, checked against the schema (FrameError otherwise)."""
+    try:
+        _, _, user_bytes = DecentralizedAverager.serializer.loads(raw)
+        payload = DecentralizedAverager.serializer.loads(user_bytes)
+    except (ValueError, TypeError) as exc:
+        raise FrameError(f"undecodable payload: {exc}") from None
+    if not isinstance(payload, dict):
+        raise FrameError("the payload is not a map")
+    return validate({"type": "gather"} | payload, gather_payload(CHUNKS))
+
+
+class AllowlistMatchmaking(hivemind_matchmaking.Matchmaking):
+    def _check_reasons_to_reject(self, request: Any, context: Any) -> Any:
+        reason = super()._check_reasons_to_reject(request, context)
+        if reason is not None or not ALLOWLIST:
+            return reason
+        peer = str(context.remote_id)
+        try:
+            why = refusal(_decode(request.gather), peer, ALLOWLIST)
+        except FrameError as exc:
+            why = str(exc)
+        if why is None:
+            return None
+        REFUSED.add(peer)
+        logger.warning("refused %s: %s", peer, why)
+        return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+
+    async def _request_join_group(self, leader: Any) -> GroupInfo | None:
+        if str(leader) in REFUSED:
+            return None
+        return await super()._request_join_group(leader)
+
+
 hivemind_matchmaking.GroupKeyManager = RoundKeys  # this process runs only our averager
+hivemind_averager.Matchmaking = AllowlistMatchmaking
 
 
 def round_bits(round_: int) -> str:
@@ -50,35 +103,37 @@ def round_bits(round_: int) -> str:
     return format(round_, "032b")
 
 
-def read_payloads(group_info: GroupInfo, chunks: int) -> dict[Any, dict[str, Any]]:
-    """Each member's checked payload, by peer id; FrameError names the member that sent a bad one."""
-    serializer = DecentralizedAverager.serializer
+def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
+    """Each member's checked payload, by peer id; FrameError names the member that sent a bad one
+    or one the allowlist refuses (and remembers it, so it is never asked to lead us again)."""
     out = {}
     for peer_id, raw in zip(group_info.peer_ids, group_info.gathered):
         try:
-            _, _, user_bytes = serializer.loads(raw)
-            payload = serializer.loads(user_bytes)
-            if not isinstance(payload, dict):
-                raise FrameError("the payload is not a map")
-            out[peer_id] = validate({"type": "gather"} | payload, gather_payload(chunks))
-        except (FrameError, ValueError, TypeError) as exc:
+            out[peer_id] = payload = _decode(raw)
+        except FrameError as exc:
             raise FrameError(f"member {peer_id}: bad gather payload: {exc}") from None
+        why = refusal(payload, str(peer_id), ALLOWLIST)
+        if why is not None:
+            REFUSED.add(str(peer_id))
+            raise FrameError(f"member {peer_id} refused: {why}")
     return out
 
 
 class ExactAverager(DecentralizedAverager):
-    def __init__(self, layout: Layout, levels: int, **kwargs: Any) -> None:
-        self.layout, self.levels = layout, levels
+    def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str], **kwargs: Any) -> None:
+        global ALLOWLIST, CHUNKS
+        ALLOWLIST, CHUNKS = allowlist, layout.chunks
+        self.layout, self.layout_digest, self.levels = layout, layout_digest, levels
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
         super().__init__([torch.zeros(layout.elements)], **kwargs)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         try:
-            payloads = read_payloads(group_info, self.layout.chunks)
+            payloads = read_payloads(group_info)
         except FrameError as exc:
             raise PartialAllReduce(str(exc)) from None
         mine = payloads[self.peer_id]
-        if any(p["round"] != mine["round"] or p["layout"] != self.layout.digest() for p in payloads.values()):
+        if any(p["round"] != mine["round"] or p["layout"] != self.layout_digest for p in payloads.values()):
             raise PartialAllReduce("a member is in another round or has another model")
         if len(payloads) > grid.max_group(self.levels):
             raise PartialAllReduce(f"a group of {len(payloads)} is over this grid's exact limit")

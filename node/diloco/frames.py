@@ -164,10 +164,10 @@ def validate(message: dict[str, Any], schema: dict[str, Check]) -> dict[str, Any
 
 # --- the messages --------------------------------------------------------------------------
 
-INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "levels": choice(7, 127, 32767),
+INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32), "levels": choice(7, 127, 32767),
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
-        "identity_path": text(max_len=4096)}
+        "identity_path": text(max_len=4096), "allowlist": listing(text(max_len=64), 4096)}
 STATUS_REPLY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64),
                 "rounds": integer(0, 2**32), "libp2p_loaded": boolean}
 READY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64)}
@@ -177,12 +177,13 @@ ERROR = {"error": text(max_len=2000)}
 
 def gather_payload(chunks: int) -> dict[str, Check]:
     """What each member sends every other in matchmaking (specs/diloco.md section 6)."""
-    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32), "exponents": blob(chunks, chunks)}
+    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32), "exponents": blob(chunks, chunks),
+            "member": text(max_len=64), "signature": blob(64)}
 
 
 def average_request(elements: int) -> dict[str, Check]:
     return {"round": integer(0, 2**32 - 1), "timeout_s": number(1.0, 3600.0), "state_hash": blob(32),
-            "values": blob(4 * elements, 4 * elements)}
+            "values": blob(4 * elements, 4 * elements), "member": text(max_len=64), "signature": blob(64)}
 
 
 def averaged_reply(elements: int, chunks: int) -> dict[str, Check]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import grid
 from intellect_node.node.diloco.checkpoint import (
     PeerState,
@@ -73,9 +74,10 @@ class Stopped(Exception):
 
 class DilocoPeer:
     def __init__(self, model: torch.nn.Module, settings: DilocoSettings, client: AveragerClient, corpus: torch.Tensor,
-                 peer_id: str, checkpoint: Path | None = None) -> None:
+                 identity: Identity, checkpoint: Path | None = None) -> None:
         self.model, self.settings, self.client, self.corpus = model, settings, client, corpus
-        self.key = peer_key(peer_id)
+        self.identity = identity  # the node's key: names this peer's data and signs it into rounds
+        self.key = peer_key(identity.peer_id)
         self.checkpoint = checkpoint
         self.stopping = threading.Event()  # set from another thread: the round in progress is dropped
         self.named = dict(model.named_parameters())
@@ -126,7 +128,7 @@ class DilocoPeer:
         averaging = time.perf_counter()
         error, agreement = "", None
         try:
-            result = self.client.average(r, x, before, s.round_timeout_s)
+            result = self.client.average(r, x, before, s.round_timeout_s, self.identity)
             shared, sums, group = result.exponents, result.sums, result.group_size
             agreement = all(h == before for h in result.peer_hashes.values())
         except AveragerError as exc:  # a group of one: keep training, say so (specs/diloco.md section 1)

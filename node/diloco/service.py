@@ -29,6 +29,7 @@ from intellect_node.node.home.durable import append_durably
 from intellect_node.node.metagene.presets import build_model
 
 if TYPE_CHECKING:
+    from intellect_node.crypto.identity import Identity
     from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class DilocoService:
         self.progress: dict[str, Any] = {}
         self.solo_rounds = 0
 
-    def build(self, peer_id: str) -> DilocoPeer:
+    def build(self, identity: Identity) -> DilocoPeer:
         """The model (θ0 from the run's seed: equal on every peer), the corpus, the child, the peer."""
         s = self.settings
         self.home.mkdir(parents=True, exist_ok=True)
@@ -57,10 +58,10 @@ class DilocoService:
         client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
                                 ChildSettings(hivemind_prefix(self.run_id), s.levels, s.initial_peers, s.host, s.port,
                                               s.max_peers, s.min_peers, s.matchmaking_s,
-                                              str(self.home / "hivemind.key")),
+                                              str(self.home / "hivemind.key"), s.allowlist),
                                 self.home / "averager.log")
         client.ensure_running()
-        return DilocoPeer(model, s, client, generate(CorpusSpec.parse(s.data)), peer_id, self.home / "state.safetensors")
+        return DilocoPeer(model, s, client, generate(CorpusSpec.parse(s.data)), identity, self.home / "state.safetensors")
 
     def _on_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress
@@ -73,7 +74,7 @@ class DilocoService:
         append_durably(self.home / "metrics.jsonl", json.dumps(asdict(rec)))
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        peer = await trio.to_thread.run_sync(self.build, node.peer_id)
+        peer = await trio.to_thread.run_sync(self.build, node.identity)
         self.peer = peer
         log.info("diloco: hivemind peer %s at %s; round %d", peer.client.peer_id, peer.client.maddrs, peer.state.round)
         task_status.started()

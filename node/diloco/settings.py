@@ -36,6 +36,7 @@ class DilocoSettings:
     data: str = "generated:sequences=8192,seq_len=64"
     rounds: int = 0  # 0: until stopped
     initial_peers: tuple[str, ...] = ()
+    allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone
     host: str = "127.0.0.1"
     port: int = 0
 
@@ -48,7 +49,8 @@ class DilocoSettings:
                   "round_timeout_s": 1 <= self.round_timeout_s <= 3600, "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
                   "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
                   "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
-                  "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535}
+                  "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
+                  "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist)}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"[diloco] {bad[0]} = {getattr(self, bad[0])!r} is out of bounds")
