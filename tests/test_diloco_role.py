@@ -1,6 +1,7 @@
-"""``intellect-node join --role diloco``: two real nodes (each with its averager child) train the
-tiny Llama on the generated corpus, end at one state hash, write metrics.jsonl, report in
-``status``, and leave no hivemind process behind after SIGTERM."""
+"""``intellect-node join --role diloco``: two real nodes (each with its averager child) find each
+other's hivemind address in their signed adverts, train the tiny Llama on the generated corpus,
+end at one state hash, write metrics.jsonl, report in ``status``, and leave no hivemind process
+behind after SIGTERM."""
 
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
         (tmp_path / "a" / "config.toml").write_text(DILOCO)
         a = swarm.start("a", ["join", "--role", "diloco", "--new-swarm"])
         wait_until(lambda: a.status()["services"]["diloco"]["hivemind_maddrs"], timeout_s=60)
-        maddrs = a.status()["services"]["diloco"]["hivemind_maddrs"]
+        own = [m for m in a.status()["members"] if m["peer_id"] == a.peer_id][0]
+        assert any("/hivemind/" in addr for addr in own["addrs"])  # in its signed advert
         (tmp_path / "b").mkdir()
-        (tmp_path / "b" / "config.toml").write_text(DILOCO + f"initial_peers = {json.dumps(maddrs)}\n")
+        (tmp_path / "b" / "config.toml").write_text(DILOCO)  # no initial_peers: b reads a's advert
         b = swarm.start("b", ["join", "--role", "diloco", "--bootstrap", a.addr])
         wait_until(lambda: len(_rounds(a.home)) >= 2 and len(_rounds(b.home)) >= 2, timeout_s=90, poll_s=0.5)
         ra, rb = _rounds(a.home)[:2], _rounds(b.home)[:2]

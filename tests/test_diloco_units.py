@@ -11,6 +11,7 @@ import torch
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames, grid
+from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import refusal, sign_member
@@ -207,3 +208,16 @@ def test_membership_binds_node_identity_to_hivemind_peer() -> None:
     assert "does not bind" in refusal(payload(member, "QmA"), "QmB", allow)  # replayed by another hivemind peer
     assert "does not bind" in refusal(payload(member, "QmA") | {"round": 5}, "QmA", allow)
     assert "valid peer id" in refusal(payload(member, "QmA") | {"member": "x"}, "QmA", frozenset({"x"}))
+
+
+def test_hivemind_addresses_round_trip_through_adverts_and_junk_is_skipped() -> None:
+    maddr = "/ip4/127.0.0.1/tcp/41234/p2p/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7dZTbyDNFUHhZRnH6KH"
+    advertised = advert_addr(maddr)
+    assert advertised == "/ip4/127.0.0.1/tcp/41234/hivemind/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7dZTbyDNFUHhZRnH6KH"
+    assert "/p2p/" not in advertised  # libp2p never dials it as the node's own address
+    assert hivemind_maddr(advertised) == maddr and port_of(maddr) == 41234
+    for junk in ("/ip4/127.0.0.1/tcp/41234/http", "/ip4/999.1.1.1/tcp/1/hivemind/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7d",
+                 "/ip4/0.0.0.0/tcp/1/hivemind/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7dZTbyDNF",
+                 "/ip4/1.2.3.4/tcp/70000/hivemind/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7dZTbyDNF",
+                 "/ip4/1.2.3.4/tcp/1/hivemind/0OIl" + "x" * 40, maddr + "/extra"):
+        assert hivemind_maddr(junk) is None

@@ -12,6 +12,7 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
 - ``data``: the generated corpus and a peer's samples for (seed, round, peer id).
+- ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back.
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
   the allowlist check.
 - ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid

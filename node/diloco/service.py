@@ -5,12 +5,17 @@ averager child); the trio side prints one progress line per round, appends it to
 ``<home>/diloco/metrics.jsonl`` durably, and answers ``status``. On shutdown (Ctrl-C, SIGTERM,
 a cancelled service) the peer is told to stop, and the child's whole process group is ended.
 
-Today the hivemind peers to start from come from ``[diloco] initial_peers``; taking them from our
-signed adverts is the next step (specs/diloco.md section 8).
+Where the hivemind peers come from: the node advertises its child's hivemind address in its
+signed advert (``adverts``), and the child starts from the addresses that the run's other
+``diloco`` members advertise, plus ``[diloco] initial_peers``. Two nodes that both started alone
+(neither had seen the other's advert yet) would train in two separate hivemind swarms; so at each
+round boundary a node that started alone and now sees another member restarts its child with
+that member as initial peer, if its own node peer id is the larger (exactly one side moves).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -20,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings
 from intellect_node.node.diloco.data import CorpusSpec, generate
 from intellect_node.node.diloco.layout import Layout
@@ -50,13 +56,13 @@ class DilocoService:
         self.progress: dict[str, Any] = {}
         self.solo_rounds = 0
 
-    def build(self, identity: Identity) -> DilocoPeer:
+    def build(self, identity: Identity, initial_peers: tuple[str, ...]) -> DilocoPeer:
         """The model (θ0 from the run's seed: equal on every peer), the corpus, the child, the peer."""
         s = self.settings
         self.home.mkdir(parents=True, exist_ok=True)
         model = build_model(s.preset, seed=s.seed)
         client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
-                                ChildSettings(hivemind_prefix(self.run_id), s.levels, s.initial_peers, s.host, s.port,
+                                ChildSettings(hivemind_prefix(self.run_id), s.levels, initial_peers, s.host, s.port,
                                               s.max_peers, s.min_peers, s.matchmaking_s,
                                               str(self.home / "hivemind.key"), s.allowlist),
                                 self.home / "averager.log")
@@ -73,13 +79,52 @@ class DilocoService:
         log.info("diloco %s", rec.line())
         append_durably(self.home / "metrics.jsonl", json.dumps(asdict(rec)))
 
+    def advertised_peers(self, node: Node) -> dict[str, list[str]]:
+        """Hivemind addresses of the run's other diloco members, by node peer id, from their adverts."""
+        found: dict[str, list[str]] = {}
+        for member in node.view.members():
+            advert = member.advert
+            if advert.peer_id == node.peer_id or "diloco" not in advert.roles:
+                continue
+            maddrs = [m for m in map(hivemind_maddr, advert.addrs) if m is not None]
+            if maddrs:
+                found[advert.peer_id] = maddrs
+        return found
+
+    def _advertise(self, node: Node, client: AveragerClient) -> None:
+        for maddr in client.maddrs:
+            addr = advert_addr(maddr)
+            if addr is not None:
+                node.update_advert(extra_addr=addr)
+
+    async def _merge_if_split(self, node: Node, peer: DilocoPeer) -> None:
+        """A child that started alone joins a member it now sees, if this node's id is the larger."""
+        client = peer.client
+        if client.settings.initial_peers:
+            return
+        others = self.advertised_peers(node)
+        if not others or min(others) > node.peer_id:
+            return
+        initial = tuple(m for maddrs in others.values() for m in maddrs)[:64]
+        port = max((port_of(m) for m in client.maddrs), default=0)  # keep the advertised address valid
+        log.info("diloco: joining the hivemind swarm of %d member(s) this node started apart from", len(others))
+        client.settings = dataclasses.replace(client.settings, initial_peers=initial, port=port)
+        await trio.to_thread.run_sync(client.close)
+        await trio.to_thread.run_sync(client.ensure_running)
+        self._advertise(node, client)
+
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        peer = await trio.to_thread.run_sync(self.build, node.identity)
+        advertised = tuple(m for maddrs in self.advertised_peers(node).values() for m in maddrs)
+        initial = tuple(dict.fromkeys(advertised + self.settings.initial_peers))[:64]
+        peer = await trio.to_thread.run_sync(self.build, node.identity, initial)
         self.peer = peer
-        log.info("diloco: hivemind peer %s at %s; round %d", peer.client.peer_id, peer.client.maddrs, peer.state.round)
+        self._advertise(node, peer.client)
+        log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
+                 peer.client.maddrs, len(initial), peer.state.round)
         task_status.started()
         try:
             while not self.settings.rounds or peer.state.round < self.settings.rounds:
+                await self._merge_if_split(node, peer)
                 self.record(await trio.to_thread.run_sync(peer.run_round, self._on_progress, abandon_on_cancel=True))
         except Stopped:
             pass
