@@ -76,6 +76,9 @@ def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_pat
         assert torch.equal(peers[0].state.params, peers[1].state.params)
         assert elapsed < s.round_timeout_s + 15
         assert records[2].solo and records[2].group_size == 1  # the victim trained on alone and said so
+        victim_peer = peers[2]
+        assert victim_peer.diverged and victim_peer.sync(20.0)  # its restarted child fetches the swarm's state
+        assert torch.equal(victim_peer.state.params, peers[0].state.params) and victim_peer.state.round == 2
     finally:
         _close(peers)
 
@@ -158,5 +161,26 @@ def test_a_peer_outside_the_allowlist_is_refused(tmp_path) -> None:
         assert records[2].solo and records[2].state_hash != records[0].state_hash  # it averaged with nobody
         log = (tmp_path / "p0.log").read_text() + (tmp_path / "p1.log").read_text()
         assert "not in the run's allowlist" in log
+    finally:
+        _close(peers)
+
+
+def test_a_joiner_takes_the_swarm_state_and_averages_with_it(tmp_path) -> None:
+    s = settings()
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
+    try:
+        for _ in range(2):
+            records = run_rounds_together(peers)
+            assert [getattr(r, "group_size", r) for r in records] == [2, 2]
+        joiner = make_peer(tmp_path, "late", s, tuple(first.client.maddrs))
+        peers.append(joiner)
+        assert joiner.state.round == 0
+        assert joiner.sync(20.0)  # hash-checked against the state it was served
+        assert joiner.state.round == 2 and torch.equal(joiner.state.params, first.state.params)
+        assert torch.equal(joiner.state.momentum, first.state.momentum)
+        records = run_rounds_together(peers)
+        assert [getattr(r, "group_size", r) for r in records] == [3, 3, 3]
+        assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
     finally:
         _close(peers)

@@ -4,8 +4,7 @@ socket (specs/diloco.md section 6). Run as
 
 Why a process of its own: hivemind and py-libp2p both register the protobuf symbol
 ``crypto.pb.KeyType`` and cannot be imported into one process; this module imports nothing that
-imports libp2p (``status`` reports it). It dies with its parent (PR_SET_PDEATHSIG and a watchdog
-on the parent pid). Each connection is read in its own thread, so a bad client gets an ``error``
+imports libp2p (``status`` reports it). It dies with its parent (a watchdog on the parent pid). Each connection is read in its own thread, so a bad client gets an ``error``
 frame and a closed connection while the parent's connection goes on; the main thread answers
 every request in turn (hivemind installs signal handlers, which only the main thread may do).
 """
@@ -13,7 +12,6 @@ every request in turn (hivemind installs signal handlers, which only the main th
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import queue
@@ -33,7 +31,6 @@ from intellect_node.node.diloco.exact_averager import ExactAverager, round_bits
 from intellect_node.node.diloco.layout import Layout
 
 log = logging.getLogger("diloco.averager_child")
-PR_SET_PDEATHSIG = 1
 WATCHDOG_S = 1.0
 
 
@@ -68,6 +65,16 @@ class Child:
             if self.layout is None:
                 raise frames.FrameError("average before init")
             return self.average(frames.validate(message, frames.average_request(self.layout.elements)))
+        if kind in ("publish", "fetch") and self.layout is None:
+            raise frames.FrameError(f"{kind} before init")
+        if kind == "publish":
+            m = frames.validate(message, frames.state_message(self.layout.elements))
+            params, momentum = (torch.frombuffer(bytearray(m[k]), dtype=torch.float32) for k in ("params", "momentum"))
+            self.averager.publish({"round": m["round"], "layout": m["layout"], "state_hash": m["state_hash"]},
+                                  params, momentum)
+            return {"type": "published"}
+        if kind == "fetch":
+            return self.fetch(frames.validate(message, frames.FETCH)["timeout_s"])
         raise frames.FrameError(f"unknown message type {kind[:40]!r}")
 
     def peer_id(self) -> str:
@@ -125,6 +132,19 @@ class Child:
                 "peer_hashes": {str(peer): p["state_hash"] for peer, p in gathered.items()},
                 "seconds": time.monotonic() - started}
 
+    def fetch(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            got = self.averager.fetch(timeout_s)
+        except frames.FrameError as exc:  # a peer's bad state is that peer's fault, not this request's
+            return {"type": "no_state", "error": str(exc)}
+        except Exception as exc:  # hivemind's download failures and timeouts
+            return {"type": "no_state", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        if got is None:
+            return {"type": "no_state", "error": "no peer served a state"}
+        metadata, params, momentum = got
+        return {"type": "state", **metadata, "params": params.numpy().astype("<f4").tobytes(),
+                "momentum": momentum.numpy().astype("<f4").tobytes()}
+
     def close(self) -> None:
         for part in (self.averager, self.dht):
             if part is not None:
@@ -178,11 +198,10 @@ def _end_group(*_: Any) -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM, or the parent process gone (polled), ends the child's group. Not PR_SET_PDEATHSIG:
+    it fires when the parent *thread* that started the child exits, and the node starts children
+    from worker threads that come and go."""
     signal.signal(signal.SIGTERM, _end_group)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the watchdog below still ends the child
 
     def watch() -> None:
         while os.getppid() == parent_pid:

@@ -95,6 +95,32 @@ class DilocoPeer:
             self.state = GlobalState.start(self.layout, self.layout.flatten(self.named))
             self.residual, self.tokens = torch.zeros(self.layout.elements), 0
         self._load_global()
+        self.diverged = False  # our last round was solo or our hash disagreed: the swarm's state wins
+
+    def sync(self, timeout_s: float) -> bool:
+        """Adopt the global state a live peer serves, hash-checked, when it is ahead of ours (or at our
+        round after we diverged); then serve ours. True when a state was adopted."""
+        adopted = False
+        try:
+            theirs = self.client.fetch(timeout_s)
+        except AveragerError as exc:
+            log.warning("state from peers refused: %s", exc)
+            theirs = None
+        ours = state_hash(self.state)
+        if theirs is not None and (theirs.round > self.state.round or (
+                theirs.round == self.state.round and self.diverged and state_hash(theirs) != ours)):
+            log.info("adopting the swarm's state at round %d (ours: round %d)", theirs.round, self.state.round)
+            self.state, self.residual, self.diverged, adopted = theirs, torch.zeros_like(self.residual), False, True
+            self._load_global()
+            ours = self._save()
+        self._publish(ours)
+        return adopted
+
+    def _publish(self, digest: bytes) -> None:
+        try:
+            self.client.publish(self.state, digest)
+        except AveragerError as exc:  # joiners ask another peer; our own rounds go on
+            log.warning("could not serve the state to joiners: %s", exc)
 
     def _load_global(self) -> None:
         with torch.no_grad():
@@ -145,6 +171,8 @@ class DilocoPeer:
         outer_step(self.state, averaged, s.outer_lr, s.outer_momentum)
         self._load_global()
         digest = self._save()
+        self.diverged = bool(error) or agreement is False
+        self._publish(digest)
         tokens = s.H * s.batch * (self.corpus.shape[1] - 1)
         return RoundRecord(r, s.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9), train_s, allreduce_s,
                            int(2 * 4 * self.layout.elements * (group - 1) / group), group, bool(error),

@@ -55,6 +55,11 @@ class DilocoService:
         self.last: RoundRecord | None = None
         self.progress: dict[str, Any] = {}
         self.solo_rounds = 0
+        self.adopted = 0  # states taken from peers (on joining, or after this peer diverged)
+
+    @property
+    def sync_timeout_s(self) -> float:
+        return min(self.settings.round_timeout_s, 30.0)
 
     def build(self, identity: Identity, initial_peers: tuple[str, ...]) -> DilocoPeer:
         """The model (θ0 from the run's seed: equal on every peer), the corpus, the child, the peer."""
@@ -119,12 +124,16 @@ class DilocoService:
         peer = await trio.to_thread.run_sync(self.build, node.identity, initial)
         self.peer = peer
         self._advertise(node, peer.client)
+        if await trio.to_thread.run_sync(peer.sync, self.sync_timeout_s):
+            self.adopted += 1
         log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
                  peer.client.maddrs, len(initial), peer.state.round)
         task_status.started()
         try:
             while not self.settings.rounds or peer.state.round < self.settings.rounds:
                 await self._merge_if_split(node, peer)
+                if peer.diverged and await trio.to_thread.run_sync(peer.sync, self.sync_timeout_s):
+                    self.adopted += 1
                 self.record(await trio.to_thread.run_sync(peer.run_round, self._on_progress, abandon_on_cancel=True))
         except Stopped:
             pass
@@ -136,7 +145,7 @@ class DilocoService:
         peer, last = self.peer, self.last
         return {"round": peer.state.round if peer else None, "phase": self.progress.get("phase", "starting"),
                 "inner_step": self.progress.get("step"), "loss": self.progress.get("loss"),
-                "last_round": asdict(last) if last else None, "solo_rounds": self.solo_rounds,
+                "last_round": asdict(last) if last else None, "solo_rounds": self.solo_rounds, "states_adopted": self.adopted,
                 "hivemind_peer": peer.client.peer_id if peer else None,
                 "hivemind_maddrs": peer.client.maddrs if peer else [],
                 "averager_pid": peer.client.process.pid if peer and peer.client.process else None,
