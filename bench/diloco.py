@@ -6,9 +6,9 @@ workers' identities), the same inner AdamW and the same token budget.
     .venv/bin/python bench/diloco.py [--quick]
 
 Figures: held-out loss (rows of the generated corpus that no worker trains on), bytes each worker
-sends (DDP: ring all-reduce of fp32 gradients, 2 (n-1)/n 4P per step; ours: the same formula per
-round, since hivemind moves our grid integers as fp32 today), wall time, and our compute
-utilization (inner-step time / wall time). No bandwidth limit is applied (loopback). Without
+sends (DDP: computed, ring all-reduce of fp32 gradients, 2 (n-1)/n 4P per step; ours: measured,
+the packed tensor bytes our averagers sent, averaged over workers, framing excluded), wall time,
+and our compute utilization (inner-step time / wall time). No bandwidth limit is applied (loopback). Without
 ``--quick`` it also runs our int4 and int16 grids (error feedback on) for their held-out loss.
 The last line is ``diloco: ours=<held-out loss> peer=<DDP held-out loss> ratio=<x> target=1.02 ok|short``.
 """
@@ -98,7 +98,7 @@ def run_ddp(s: DilocoSettings, rounds: int) -> tuple[float, float]:
     return result
 
 
-def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float, float, list[float]]:
+def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float, float, list[float], float]:
     train, held = corpus(s)
     peers: list[DilocoPeer] = []
     initial: tuple[str, ...] = ()
@@ -112,6 +112,7 @@ def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float
         peers.append(DilocoPeer(model, s, client, train, Identity.from_seed(bytes([i]) * 32)))
     compute = [0.0] * WORKERS
     averaging: list[float] = []
+    sent = 0
     try:
         started = time.perf_counter()
         for _ in range(rounds):
@@ -130,8 +131,9 @@ def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float
             for i, r in enumerate(records):
                 compute[i] += r.train_s
             averaging.append(max(r.allreduce_s for r in records))
+            sent += sum(r.allreduce_bytes for r in records)
         wall = time.perf_counter() - started
-        return held_out_loss(peers[0].model, held), wall, min(compute) / wall, averaging
+        return held_out_loss(peers[0].model, held), wall, min(compute) / wall, averaging, sent / WORKERS
     finally:
         for p in peers:
             p.client.close()
@@ -150,9 +152,8 @@ def main() -> None:
           f"{tokens:,} tokens in all, compression {s.compression}", flush=True)
     ddp_loss, ddp_wall = run_ddp(s, rounds)
     with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-        ours_loss, ours_wall, utilization, averaging = run_diloco(s, rounds, Path(work))
-    per_sync = 2 * (WORKERS - 1) / WORKERS * 4 * params
-    ddp_bytes, ours_bytes = rounds * h * per_sync, rounds * per_sync
+        ours_loss, ours_wall, utilization, averaging, ours_bytes = run_diloco(s, rounds, Path(work))
+    ddp_bytes = rounds * h * 2 * (WORKERS - 1) / WORKERS * 4 * params
     print(f"DDP (gloo, every step):   held-out loss {ddp_loss:.4f}, wall {ddp_wall:.1f} s, "
           f"sent per worker {ddp_bytes / 2**20:.1f} MiB")
     print(f"DiLoCo (ours, H={h}):     held-out loss {ours_loss:.4f}, wall {ours_wall:.1f} s, "

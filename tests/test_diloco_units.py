@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.diloco import frames, grid
+from intellect_node.node.diloco import frames, grid, packing
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
 from intellect_node.node.diloco.layout import CHUNK, Layout
@@ -221,3 +221,23 @@ def test_hivemind_addresses_round_trip_through_adverts_and_junk_is_skipped() -> 
                  "/ip4/1.2.3.4/tcp/70000/hivemind/12D3KooWBf21Sv8T5DzHrUnbwWrEtTmqb7dZTbyDNF",
                  "/ip4/1.2.3.4/tcp/1/hivemind/0OIl" + "x" * 40, maddr + "/extra"):
         assert hivemind_maddr(junk) is None
+
+
+def test_packing_is_exact_and_small_for_grid_parts_and_deltas() -> None:
+    torch.manual_seed(3)
+    n = 3
+    qs = [torch.randint(-127, 128, (1000,)).float() for _ in range(n)]
+    up = packing.pack(qs[0], n)
+    assert up[0] == packing.TAG_INT8 and len(up) == 1001
+    assert torch.equal(packing.unpack(up, 1000, n), qs[0])
+    mean = torch.stack(qs).sum(0) / n  # the reducer's fp32 average
+    delta = mean - qs[0]
+    down = packing.pack(delta, n)
+    assert down[0] == packing.TAG_SCALED16 and len(down) == 2001
+    returned = qs[0] + packing.unpack(down, 1000, n)
+    assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
+    big = torch.full((10,), 30000.0)
+    assert packing.pack(big, n)[0] == packing.TAG_FP32 and torch.equal(packing.unpack(packing.pack(big, n), 10, n), big)
+    for bad in (b"", b"\x07" + b"\0" * 10, up[:-1], b"\x01" + b"\0" * 20):
+        with pytest.raises(ValueError):
+            packing.unpack(bad, 1000 if bad != b"\x01" + b"\0" * 20 else 10, 0)

@@ -113,6 +113,7 @@ class Child:
         self.averager.set_group_bits(round_bits(m["round"]))
         payload = {"round": m["round"], "layout": self.averager.layout_digest, "state_hash": m["state_hash"],
                    "exponents": exponents.numpy().tobytes(), "member": m["member"], "signature": m["signature"]}
+        sent_before = self.averager.sent.value
         control = self.averager.step(gather=payload, timeout=m["timeout_s"], allow_retries=True, wait=False)
         try:
             gathered = control.result(timeout=m["timeout_s"] + 5.0)
@@ -130,7 +131,7 @@ class Child:
         return {"type": "averaged", "round": m["round"], "group_size": group, "exponents": shared.numpy().tobytes(),
                 "sums": sums.numpy().astype("<i4").tobytes(),
                 "peer_hashes": {str(peer): p["state_hash"] for peer, p in gathered.items()},
-                "seconds": time.monotonic() - started}
+                "seconds": time.monotonic() - started, "sent_bytes": self.averager.sent.value - sent_before}
 
     def fetch(self, timeout_s: float) -> dict[str, Any]:
         try:

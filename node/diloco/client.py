@@ -66,6 +66,7 @@ class Averaged:
     sums: torch.Tensor  # int32, one per element
     peer_hashes: dict[str, bytes]
     seconds: float
+    sent_bytes: int  # packed tensor bytes this member's averager sent (all attempts), framing excluded
 
 
 class AveragerClient:
@@ -225,7 +226,7 @@ class AveragerClient:
             raise AveragerError(f"round {round_} not averaged: {reply['error']}")
         return Averaged(round_, reply["group_size"], torch.frombuffer(bytearray(reply["exponents"]), dtype=torch.int8),
                         torch.frombuffer(bytearray(reply["sums"]), dtype=torch.int32), reply["peer_hashes"],
-                        reply["seconds"])
+                        reply["seconds"], reply["sent_bytes"])
 
 
 def _le_bytes(t: torch.Tensor) -> bytes:

@@ -49,7 +49,7 @@ class RoundRecord:
     tokens_per_s: float
     train_s: float
     allreduce_s: float
-    allreduce_bytes_est: int  # hivemind moves fp32 both ways: 2 * 4 * elements * (n - 1) / n
+    allreduce_bytes: int  # packed tensor bytes this peer sent in the round's all-reduce (framing excluded)
     group_size: int
     solo: bool
     hash_agreement: bool | None
@@ -59,7 +59,7 @@ class RoundRecord:
     def line(self) -> str:
         agree = {True: "agree", False: "DIVERGED", None: "-"}[self.hash_agreement]
         return (f"round {self.round} | steps {self.inner_steps} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s | "
-                f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes_est / 2**20:.1f} MiB | "
+                f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes / 2**20:.2f} MiB | "
                 f"peers {self.group_size}{' (solo)' if self.solo else ''} | hash {self.state_hash[:12]} {agree}")
 
 
@@ -152,11 +152,12 @@ class DilocoPeer:
         before = state_hash(self.state)
         report({"phase": "average", "round": r})
         averaging = time.perf_counter()
-        error, agreement = "", None
+        error, agreement, sent = "", None, 0
         try:
             result = self.client.average(r, x, before, s.round_timeout_s, self.identity)
             shared, sums, group = result.exponents, result.sums, result.group_size
             agreement = all(h == before for h in result.peer_hashes.values())
+            sent = result.sent_bytes
         except AveragerError as exc:  # a group of one: keep training, say so (specs/diloco.md section 1)
             if self.stopping.is_set():
                 raise Stopped(f"stopped in round {r} while averaging") from None
@@ -175,7 +176,7 @@ class DilocoPeer:
         self._publish(digest)
         tokens = s.H * s.batch * (self.corpus.shape[1] - 1)
         return RoundRecord(r, s.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9), train_s, allreduce_s,
-                           int(2 * 4 * self.layout.elements * (group - 1) / group), group, bool(error),
+                           sent, group, bool(error),
                            agreement, digest.hex(), error)
 
     def _save(self) -> bytes:

@@ -20,8 +20,9 @@ import json
 import logging
 import re
 from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.runtime import Node
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def hivemind_prefix(run_id: str) -> str:
@@ -118,23 +120,45 @@ class DilocoService:
         await trio.to_thread.run_sync(client.ensure_running)
         self._advertise(node, client)
 
+    async def _off_loop(self, peer: DilocoPeer, work: Callable[..., T], *args: Any) -> T:
+        """``work`` in a worker thread. If this task is cancelled meanwhile (Ctrl-C, SIGTERM), the peer
+        is told to stop and its child is ended, so the thread returns within an inner step, and it is
+        waited for: a thread abandoned inside torch makes the interpreter abort at exit."""
+        finished = False
+
+        async def stop_on_cancel() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not finished:
+                    peer.stopping.set()
+                    peer.client.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_cancel)
+            try:
+                return await trio.to_thread.run_sync(work, *args)
+            finally:
+                finished = True
+                nursery.cancel_scope.cancel()
+
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         advertised = tuple(m for maddrs in self.advertised_peers(node).values() for m in maddrs)
         initial = tuple(dict.fromkeys(advertised + self.settings.initial_peers))[:64]
         peer = await trio.to_thread.run_sync(self.build, node.identity, initial)
         self.peer = peer
         self._advertise(node, peer.client)
-        if await trio.to_thread.run_sync(peer.sync, self.sync_timeout_s):
-            self.adopted += 1
         log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
                  peer.client.maddrs, len(initial), peer.state.round)
         task_status.started()
         try:
+            if await self._off_loop(peer, peer.sync, self.sync_timeout_s):
+                self.adopted += 1
             while not self.settings.rounds or peer.state.round < self.settings.rounds:
                 await self._merge_if_split(node, peer)
-                if peer.diverged and await trio.to_thread.run_sync(peer.sync, self.sync_timeout_s):
+                if peer.diverged and await self._off_loop(peer, peer.sync, self.sync_timeout_s):
                     self.adopted += 1
-                self.record(await trio.to_thread.run_sync(peer.run_round, self._on_progress, abandon_on_cancel=True))
+                self.record(await self._off_loop(peer, peer.run_round, self._on_progress))
         except Stopped:
             pass
         finally:
