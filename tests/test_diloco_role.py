@@ -1,12 +1,13 @@
 """``intellect-node join --role diloco``: two real nodes (each with its averager child) find each
 other's hivemind address in their signed adverts, train the tiny Llama on the generated corpus,
 end at one state hash, write metrics.jsonl, report in ``status``, and leave no hivemind process
-behind after SIGTERM."""
+behind after SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -23,6 +24,18 @@ round_timeout_s = 30.0
 max_peers = 2
 data = "generated:sequences=1024,seq_len=32"
 """
+
+
+def _gone(group: int) -> None:
+    """The averager child's process group is empty within 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail("the averager child's process group outlived its node")
 
 
 def _rounds(home) -> list[dict]:
@@ -49,18 +62,13 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
         assert all(r["hash_agreement"] for r in ra + rb) and ra[-1]["round"] == 1
         status = a.status()["services"]["diloco"]
         assert status["round"] >= 2 and status["last_round"]["round"] >= 1 and status["hivemind_peer"]
-        group = status["averager_pid"]  # it leads its process group (hivemind's daemons are in it)
-        os.killpg(group, 0)
-        assert swarm.stop("a") == 0
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(group, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the averager child's process group outlived its node")
+        a_group = status["averager_pid"]  # it leads its process group (hivemind's daemons are in it)
+        b_group = b.status()["services"]["diloco"]["averager_pid"]
+        assert swarm.stop("a") == 0  # SIGTERM
+        _gone(a_group)
+        b.process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert b.process.wait(timeout=30) == 0
+        _gone(b_group)
         assert (a.home / "diloco" / "state.safetensors").exists()
     finally:
         swarm.stop_all()
