@@ -163,8 +163,9 @@ def main() -> None:
         for compression in ("int4", "int16"):
             other = dataclasses.replace(s, compression=compression)
             with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-                loss = run_diloco(other, rounds, Path(work))[0]
-            print(f"DiLoCo (ours, {compression}):  held-out loss {loss:.4f}")
+                loss, *_, sent = run_diloco(other, rounds, Path(work))
+            print(f"DiLoCo (ours, {compression}):  held-out loss {loss:.4f}, sent per worker {sent / 2**20:.2f} MiB "
+                  f"({ddp_bytes / sent:.0f}x fewer)")
     ratio = ours_loss / ddp_loss
     print(f"diloco: ours={ours_loss:.4f} peer={ddp_loss:.4f} ratio={ratio:.3f} target={TARGET} "
           f"{'ok' if ratio <= TARGET else 'short'}")

@@ -233,11 +233,25 @@ def test_packing_is_exact_and_small_for_grid_parts_and_deltas() -> None:
     mean = torch.stack(qs).sum(0) / n  # the reducer's fp32 average
     delta = mean - qs[0]
     down = packing.pack(delta, n)
-    assert down[0] == packing.TAG_SCALED16 and len(down) == 2001
+    assert down[0] == packing.TAG_SCALED16 and len(down) == 2001  # |S - n q| <= 2 * 127 * n
     returned = qs[0] + packing.unpack(down, 1000, n)
     assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
     big = torch.full((10,), 30000.0)
     assert packing.pack(big, n)[0] == packing.TAG_FP32 and torch.equal(packing.unpack(packing.pack(big, n), 10, n), big)
-    for bad in (b"", b"\x07" + b"\0" * 10, up[:-1], b"\x01" + b"\0" * 20):
+    for bad, numel in ((b"", 1000), (b"\x07" + b"\0" * 10, 10), (up[:-1], 1000), (b"\x01" + b"\0" * 20, 10),
+                       (b"\x03" + b"\0" * 6, 10)):
         with pytest.raises(ValueError):
-            packing.unpack(bad, 1000 if bad != b"\x01" + b"\0" * 20 else 10, 0)
+            packing.unpack(bad, numel, 0)
+
+
+def test_int4_grid_goes_up_in_half_a_byte_and_back_in_one() -> None:
+    torch.manual_seed(4)
+    n = 4
+    qs = [torch.randint(-7, 8, (1001,)).float() for _ in range(n)]
+    up = packing.pack(qs[0], n)
+    assert up[0] == packing.TAG_INT4 and len(up) == 1 + 501
+    assert torch.equal(packing.unpack(up, 1001, n), qs[0])
+    down = packing.pack(torch.stack(qs).sum(0) / n - qs[1], n)
+    assert down[0] == packing.TAG_SCALED8 and len(down) == 1002
+    returned = qs[1] + packing.unpack(down, 1001, n)
+    assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
