@@ -35,7 +35,7 @@ from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings  # noqa: E402
 from intellect_node.node.diloco.data import CorpusSpec, generate, peer_key, round_batch  # noqa: E402
 from intellect_node.node.diloco.layout import Layout  # noqa: E402
-from intellect_node.node.diloco.peer import DilocoPeer, lm_loss  # noqa: E402
+from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, lm_loss  # noqa: E402
 from intellect_node.node.diloco.settings import DilocoSettings  # noqa: E402
 from intellect_node.node.metagene.presets import build_model  # noqa: E402
 from intellect_node.node.metagene.recipe import Recipe, make_optimizer  # noqa: E402
@@ -57,7 +57,7 @@ def held_out_loss(model: torch.nn.Module, rows: torch.Tensor) -> float:
     return float(torch.stack([lm_loss(model, rows[i:i + 64]) for i in range(0, len(rows), 64)]).mean())
 
 
-def _ddp_worker(rank: int, s: DilocoSettings, rounds: int, port: int, out: "mp.Queue[tuple[float, float]]") -> None:
+def _ddp_worker(rank: int, s: DilocoSettings, rounds: int, port: int, out: mp.Queue[tuple[float, float]]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS)
     train, held = corpus(s)
@@ -116,12 +116,12 @@ def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float
     try:
         started = time.perf_counter()
         for _ in range(rounds):
-            records = [None] * WORKERS
+            records: list[RoundRecord | None] = [None] * WORKERS
 
-            def go(i: int) -> None:
-                records[i] = peers[i].run_round()
+            def go(i: int, out: list[RoundRecord | None]) -> None:
+                out[i] = peers[i].run_round()
 
-            threads = [threading.Thread(target=go, args=(i,)) for i in range(WORKERS)]
+            threads = [threading.Thread(target=go, args=(i, records)) for i in range(WORKERS)]
             for t in threads:
                 t.start()
             for t in threads:

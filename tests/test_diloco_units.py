@@ -1,5 +1,6 @@
-"""DiLoCo's pure parts (specs/diloco.md): the outer step, the exact grid, the state hash, the
-checkpoint and the child's frames, each against hand-computed values or hostile input."""
+"""DiLoCo's pure parts (specs/diloco.md): the outer step, the exact grid and its packing, the state
+hash, the checkpoint, the child's frames, membership signatures, advert addresses, settings and
+data assignment, each against hand-computed values or hostile input."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames, grid, packing
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
+from intellect_node.node.diloco.data import CorpusSpec, generate, peer_key, round_batch
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import refusal, sign_member
 from intellect_node.node.diloco.outer import GlobalState, outer_step
+from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.diloco.state_hash import state_hash
 
 
@@ -255,3 +258,28 @@ def test_int4_grid_goes_up_in_half_a_byte_and_back_in_one() -> None:
     assert down[0] == packing.TAG_SCALED8 and len(down) == 1002
     returned = qs[1] + packing.unpack(down, 1001, n)
     assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
+
+
+def test_settings_from_the_config_section_name_the_bad_key() -> None:
+    s = DilocoSettings.from_section({"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml")
+    assert (s.H, s.levels, s.outer_lr, s.allowlist) == (5, 7, 1, ("12D3KooW",))
+    for bad, message in (({"H": 0}, "H = 0 is out of bounds"), ({"Hx": 1}, "unknown keys \\['Hx'\\]"),
+                         ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
+                         ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp16"}, "unknown compression"),
+                         ({"data": "file:/etc/passwd"}, "only 'generated"), ({"initial_peers": "x"}, "expected a list")):
+        with pytest.raises(ValueError, match=message):
+            DilocoSettings.from_section(bad, "cfg.toml")
+
+
+def test_data_is_a_function_of_seed_round_and_peer() -> None:
+    spec = CorpusSpec.parse("generated:sequences=256,seq_len=8,vocab=16,seed=3")
+    corpus = generate(spec)
+    assert torch.equal(corpus, generate(spec)) and corpus.shape == (256, 9) and int(corpus.max()) < 16
+    a, b = peer_key(Identity.from_seed(b"a" * 32).peer_id), peer_key(Identity.from_seed(b"b" * 32).peer_id)
+    assert torch.equal(round_batch(corpus, 0, 2, a, 1, 4), round_batch(corpus, 0, 2, a, 1, 4))
+    assert not torch.equal(round_batch(corpus, 0, 2, a, 1, 4), round_batch(corpus, 0, 2, b, 1, 4))
+    assert not torch.equal(round_batch(corpus, 0, 2, a, 1, 4), round_batch(corpus, 0, 3, a, 1, 4))
+    one_round = torch.cat([round_batch(corpus, 0, 2, a, step, 4) for step in range(64)])
+    assert len({tuple(row.tolist()) for row in one_round}) == len({tuple(row.tolist()) for row in corpus})  # no repeats
+    with pytest.raises(ValueError, match="needs 260 samples"):
+        round_batch(corpus, 0, 2, a, 64, 4)

@@ -48,7 +48,6 @@ from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import refusal
 from intellect_node.node.diloco.packing import pack, unpack
 
-
 logger = get_logger(__name__)
 
 
@@ -143,7 +142,7 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
     """Each member's checked payload, by peer id; FrameError names the member that sent a bad one
     or one the allowlist refuses (and remembers it, so it is never asked to lead us again)."""
     out = {}
-    for peer_id, raw in zip(group_info.peer_ids, group_info.gathered):
+    for peer_id, raw in zip(group_info.peer_ids, group_info.gathered, strict=True):
         try:
             out[peer_id] = payload = _decode(raw)
         except FrameError as exc:

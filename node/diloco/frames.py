@@ -91,7 +91,7 @@ def integer(low: int, high: int) -> Check:
 
 def number(low: float, high: float) -> Check:
     def check(name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
             raise FrameError(f"{name}: expected a number in [{low}, {high}], got {str(value)[:40]!r}")
         return float(value)
     return check

@@ -56,7 +56,7 @@ class Layout:
     def digest(self) -> bytes:
         """sha256 over names, shapes and the chunk size: peers with different models never average."""
         h = hashlib.sha256(b"intellect-node/diloco-layout/v1\0" + struct.pack(">QQ", CHUNK, len(self.names)))
-        for name, shape in zip(self.names, self.shapes):
+        for name, shape in zip(self.names, self.shapes, strict=True):
             encoded = name.encode()
             h.update(struct.pack(">I", len(encoded)) + encoded + struct.pack(">B", len(shape)))
             h.update(b"".join(struct.pack(">Q", d) for d in shape))
@@ -67,7 +67,7 @@ class Layout:
         if set(tensors) != set(self.names):
             raise ValueError(f"tensors do not match the layout: {sorted(set(tensors) ^ set(self.names))[:5]}")
         parts = []
-        for name, shape in zip(self.names, self.shapes):
+        for name, shape in zip(self.names, self.shapes, strict=True):
             t = tensors[name]
             if tuple(t.shape) != shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)}, layout says {shape}")
@@ -79,7 +79,7 @@ class Layout:
         if flat.shape != (self.elements,):
             raise ValueError(f"a flat vector of {self.elements} elements was expected, got {tuple(flat.shape)}")
         out, offset = {}, 0
-        for name, shape, size in zip(self.names, self.shapes, self.sizes):
+        for name, shape, size in zip(self.names, self.shapes, self.sizes, strict=True):
             out[name] = flat[offset:offset + size].view(shape)
             offset += size
         return out

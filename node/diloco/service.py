@@ -19,8 +19,8 @@ import dataclasses
 import json
 import logging
 import re
-from dataclasses import asdict
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 

@@ -16,6 +16,17 @@ TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, con
 MODELS = {TINY.name: TINY} | PRESETS
 
 
+def _same_kind(default: Any, value: Any) -> bool:
+    """TOML's value fits the field: bools only for bools, whole numbers for ints, numbers for floats."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    return isinstance(value, type(default))
+
+
 @dataclass(frozen=True)
 class DilocoSettings:
     H: int = 50
@@ -75,12 +86,9 @@ class DilocoSettings:
             default = getattr(cls, name)
             if isinstance(default, tuple):
                 if not isinstance(value, list):
-                    raise ValueError(f"{source} [diloco] {name}: expected a list")
+                    raise ValueError(f"{source} [diloco] {name}: expected a list, got {value!r}")
                 value = tuple(value)
-            elif isinstance(default, bool) != isinstance(value, bool) or (
-                    isinstance(default, (int, float)) and not isinstance(value, (int, float))) or (
-                    isinstance(default, str) and not isinstance(value, str)) or (
-                    type(default) is int and not isinstance(value, int)):
+            elif not _same_kind(default, value):
                 raise ValueError(f"{source} [diloco] {name}: {value!r} is not a {type(default).__name__}")
             values[name] = value
         try:

@@ -21,7 +21,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 def state_hash(state: GlobalState) -> bytes:
     h = hashlib.sha256(DOMAIN + struct.pack(">Q", state.round))
     for flat in (state.params, state.momentum):
-        for (name, view), shape in zip(state.layout.views(flat).items(), state.layout.shapes):
+        for (name, view), shape in zip(state.layout.views(flat).items(), state.layout.shapes, strict=True):
             encoded = name.encode()
             h.update(struct.pack(">I", len(encoded)) + encoded + struct.pack(">B", len(shape)))
             h.update(b"".join(struct.pack(">Q", d) for d in shape) + struct.pack(">Q", view.numel()))
