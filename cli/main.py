@@ -343,8 +343,18 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
          out: Annotated[Path | None, typer.Option(help="Directory for metrics.jsonl, reward.png, summary.json and the nodes' homes [default: a temp dir]")] = None,
          async_level: Annotated[int, typer.Option("--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
          validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
-         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True) -> None:
-    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task."""
+         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True,
+         workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama")] = "rl",
+         peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
+         rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10) -> None:
+    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task
+    (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama)."""
+    if workload == "diloco":
+        _diloco_demo(peers, rounds, minutes, out)
+        return
+    if workload != "rl":
+        err.print(f"[red]error:[/red] unknown workload {workload!r}; choose rl or diloco")
+        raise typer.Exit(2)
     from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
     options = DemoOptions(steps=steps, workers=workers, minutes=minutes, out=out, async_level=async_level,
@@ -354,6 +364,20 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json", soft_wrap=True)
+    if summary["stopped_by"].startswith("node died"):
+        raise typer.Exit(1)
+
+
+def _diloco_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> None:
+    from intellect_node.node.demo.diloco import DilocoDemoOptions, run_diloco_demo
+
+    summary = run_diloco_demo(DilocoDemoOptions(peers=peers, rounds=rounds, minutes=minutes, out=out),
+                              log=lambda line: err.print(line, soft_wrap=True, markup=False))
+    agree = "equal" if summary["same_state_hash_there"] else "NOT equal"
+    err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
+              f"{summary['newest_common_round']} {agree} on all, {summary['seconds']:.0f} s; "
+              f"stopped by {summary['stopped_by']}", soft_wrap=True, markup=False)
+    err.print(f"wrote {summary['out']}/metrics.jsonl, loss.png and summary.json", soft_wrap=True, markup=False)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -72,3 +74,16 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
         assert (a.home / "diloco" / "state.safetensors").exists()
     finally:
         swarm.stop_all()
+
+
+def test_demo_workload_diloco_writes_metrics_plot_and_summary(tmp_path) -> None:
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "demo", "--workload", "diloco", "--peers", "2",
+                           "--rounds", "2", "--minutes", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "rounds" and summary["same_state_hash_there"], summary
+    assert (out / "loss.png").stat().st_size > 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {line["node"] for line in lines} == {"peer0", "peer1"} and all(line["group_size"] == 2 for line in lines)

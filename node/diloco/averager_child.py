@@ -43,6 +43,7 @@ class Child:
         self.dht: Any = None
         self.averager: Any = None
         self.rounds = 0
+        self.sent_reported = 0
         self.stop = threading.Event()
 
     @property
@@ -113,7 +114,6 @@ class Child:
         self.averager.set_group_bits(round_bits(m["round"]))
         payload = {"round": m["round"], "layout": self.averager.layout_digest, "state_hash": m["state_hash"],
                    "exponents": exponents.numpy().tobytes(), "member": m["member"], "signature": m["signature"]}
-        sent_before = self.averager.sent.value
         control = self.averager.step(gather=payload, timeout=m["timeout_s"], allow_retries=True, wait=False)
         try:
             gathered = control.result(timeout=m["timeout_s"] + 5.0)
@@ -131,7 +131,14 @@ class Child:
         return {"type": "averaged", "round": m["round"], "group_size": group, "exponents": shared.numpy().tobytes(),
                 "sums": sums.numpy().astype("<i4").tobytes(),
                 "peer_hashes": {str(peer): p["state_hash"] for peer, p in gathered.items()},
-                "seconds": time.monotonic() - started, "sent_bytes": self.averager.sent.value - sent_before}
+                "seconds": time.monotonic() - started, "sent_bytes": self._sent_since_last_reply()}
+
+    def _sent_since_last_reply(self) -> int:
+        """Packed bytes sent since the last reply: a reducer may still be streaming replies to others
+        when its own step completes, so those bytes land in the next round's figure, never lost."""
+        total = self.averager.sent.value
+        sent, self.sent_reported = total - self.sent_reported, total
+        return sent
 
     def fetch(self, timeout_s: float) -> dict[str, Any]:
         try:

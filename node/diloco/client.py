@@ -66,7 +66,7 @@ class Averaged:
     sums: torch.Tensor  # int32, one per element
     peer_hashes: dict[str, bytes]
     seconds: float
-    sent_bytes: int  # packed tensor bytes this member's averager sent (all attempts), framing excluded
+    sent_bytes: int  # packed tensor bytes this member's averager sent since the last round's reply, framing excluded
 
 
 class AveragerClient:

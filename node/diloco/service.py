@@ -8,9 +8,10 @@ a cancelled service) the peer is told to stop, and the child's whole process gro
 Where the hivemind peers come from: the node advertises its child's hivemind address in its
 signed advert (``adverts``), and the child starts from the addresses that the run's other
 ``diloco`` members advertise, plus ``[diloco] initial_peers``. Two nodes that both started alone
-(neither had seen the other's advert yet) would train in two separate hivemind swarms; so at each
-round boundary a node that started alone and now sees another member restarts its child with
-that member as initial peer, if its own node peer id is the larger (exactly one side moves).
+(neither had seen the other's advert yet) would train in two separate hivemind swarms; so at a
+round boundary, a node that started alone, whose last round found no group, and that now sees
+another member restarts its child with that member as initial peer, if its own node peer id is
+the larger (exactly one side moves).
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ class DilocoService:
                 node.update_advert(extra_addr=addr)
 
     async def _merge_if_split(self, node: Node, peer: DilocoPeer) -> None:
-        """A child that started alone joins a member it now sees, if this node's id is the larger."""
+        """A child that started alone, and whose last round found nobody, joins a member it now sees,
+        if this node's id is the larger (others may well have joined it: then its rounds have groups)."""
         client = peer.client
-        if client.settings.initial_peers:
+        if client.settings.initial_peers or self.last is None or not self.last.solo:
             return
         others = self.advertised_peers(node)
         if not others or min(others) > node.peer_id:
