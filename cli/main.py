@@ -188,6 +188,8 @@ def join(
 
 def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | None, data: str | None) -> Any:
     """``[diloco]`` with --model (a preset name) and --data on top; errors name the key."""
+    from rich.markup import escape
+
     from intellect_node.node.diloco.settings import DilocoSettings
 
     section = dict(cfg.sections.get("diloco", {}))
@@ -195,7 +197,7 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     try:
         return DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
     except ValueError as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
