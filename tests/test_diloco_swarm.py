@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from intellect_node.node.diloco import frames
+from intellect_node.node.diloco.client import AveragerError
 from tests.diloco_helpers import identity, make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,9 @@ def test_garbage_on_the_child_socket_is_an_error_not_a_crash(tmp_path) -> None:
                 raw.sendall(garbage)
                 reply = frames.receive(raw, 1 << 20)
                 assert reply["type"] == "error" and reply["error"], reply
+        # a well-formed request hivemind itself refuses (a timeout shorter than matchmaking) fails cleanly
+        with pytest.raises(AveragerError, match="not averaged"):
+            client.average(0, torch.zeros(peer.layout.elements), bytes(32), 1.0, identity("p0"))
         status = client.status()
         assert client.process.pid == pid and client.restarts == 0
         assert status["libp2p_loaded"] is False and status["peer_id"] == client.peer_id

@@ -114,7 +114,10 @@ class Child:
         self.averager.set_group_bits(round_bits(m["round"]))
         payload = {"round": m["round"], "layout": self.averager.layout_digest, "state_hash": m["state_hash"],
                    "exponents": exponents.numpy().tobytes(), "member": m["member"], "signature": m["signature"]}
-        control = self.averager.step(gather=payload, timeout=m["timeout_s"], allow_retries=True, wait=False)
+        try:
+            control = self.averager.step(gather=payload, timeout=m["timeout_s"], allow_retries=True, wait=False)
+        except Exception as exc:  # hivemind refused the request itself (e.g. a timeout shorter than matchmaking)
+            return {"type": "failed", "round": m["round"], "error": f"{type(exc).__name__}: {exc}"[:2000]}
         try:
             gathered = control.result(timeout=m["timeout_s"] + 5.0)
         except Exception as exc:  # hivemind's failures: no group, all-reduce failed on every retry, timeout
@@ -248,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                 answer.put(child.handle(message))
             except frames.FrameError as exc:
                 answer.put(exc)
+            except Exception as exc:  # hivemind failed under a valid request: say so, keep serving
+                log.exception("request %s failed", message.get("type"))
+                answer.put(frames.FrameError(f"{message.get('type')} failed: {type(exc).__name__}: {exc}"[:2000]))
     finally:
         server.close()
         args.socket.unlink(missing_ok=True)
