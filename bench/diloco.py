@@ -8,7 +8,8 @@ workers' identities), the same inner AdamW and the same token budget.
 Figures: held-out loss (rows of the generated corpus that no worker trains on), bytes each worker
 sends (DDP: computed, ring all-reduce of fp32 gradients, 2 (n-1)/n 4P per step; ours: measured,
 the packed tensor bytes our averagers sent, averaged over workers, framing excluded), wall time,
-and our compute utilization (inner-step time / wall time). No bandwidth limit is applied (loopback). Without
+and our compute utilization (inner-step time / wall time). No bandwidth limit is applied (loopback). It also runs
+the overlapped variant (the outer all-reduce of round r travels while round r+1 trains). Without
 ``--quick`` it also runs our int4 and int16 grids (error feedback on) for their held-out loss.
 The last line is ``diloco: ours=<held-out loss> peer=<DDP held-out loss> ratio=<x> target=1.02 ok|short``.
 """
@@ -98,6 +99,18 @@ def run_ddp(s: DilocoSettings, rounds: int) -> tuple[float, float]:
     return result
 
 
+def tally(records: list[RoundRecord | None], compute: list[float], averaging: list[float]) -> int:
+    """Check one round's records (none yet: the first overlapped round) and add them up."""
+    if all(r is None for r in records):
+        return 0
+    if any(r is None or r.group_size != WORKERS or r.state_hash != records[0].state_hash for r in records):
+        raise RuntimeError(f"a round was not averaged by every worker: {records}")
+    for i, r in enumerate(records):
+        compute[i] += r.train_s
+    averaging.append(max(r.allreduce_s for r in records))
+    return sum(r.allreduce_bytes for r in records)
+
+
 def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float, float, list[float], float]:
     train, held = corpus(s)
     peers: list[DilocoPeer] = []
@@ -126,12 +139,8 @@ def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float
                 t.start()
             for t in threads:
                 t.join()
-            if any(r is None or r.group_size != WORKERS or r.state_hash != records[0].state_hash for r in records):
-                raise RuntimeError(f"a round was not averaged by every worker: {records}")
-            for i, r in enumerate(records):
-                compute[i] += r.train_s
-            averaging.append(max(r.allreduce_s for r in records))
-            sent += sum(r.allreduce_bytes for r in records)
+            sent += tally(records, compute, averaging)
+        sent += tally([p.finish() for p in peers], compute, averaging)  # overlap: the last round in flight
         wall = time.perf_counter() - started
         return held_out_loss(peers[0].model, held), wall, min(compute) / wall, averaging, sent / WORKERS
     finally:
@@ -159,6 +168,10 @@ def main() -> None:
     print(f"DiLoCo (ours, H={h}):     held-out loss {ours_loss:.4f}, wall {ours_wall:.1f} s, "
           f"sent per worker {ours_bytes / 2**20:.2f} MiB ({ddp_bytes / ours_bytes:.0f}x fewer), "
           f"utilization {utilization:.0%}, averaging median {sorted(averaging)[len(averaging) // 2]:.2f} s")
+    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
+        loss, wall, overlapped_utilization, waits, _ = run_diloco(dataclasses.replace(s, overlap=True), rounds, Path(work))
+    print(f"DiLoCo (ours, overlapped): held-out loss {loss:.4f}, wall {wall:.1f} s, utilization {overlapped_utilization:.0%}, "
+          f"waiting for the average median {sorted(waits)[len(waits) // 2]:.2f} s")
     if not args.quick:  # the grid's levels at equal tokens (error feedback on)
         for compression in ("int4", "int16"):
             other = dataclasses.replace(s, compression=compression)

@@ -196,3 +196,21 @@ def test_a_joiner_takes_the_swarm_state_and_averages_with_it(tmp_path) -> None:
         assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
     finally:
         _close(peers)
+
+
+def test_overlapped_rounds_keep_the_outer_state_bit_identical(tmp_path) -> None:
+    s = settings(overlap=True)
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
+    try:
+        assert run_rounds_together(peers) == [None, None, None]  # round 0 trained and sent, nothing applied yet
+        for expected_round in (0, 1):
+            records = run_rounds_together(peers)
+            assert all(not isinstance(r, BaseException) and r is not None for r in records), records
+            assert [r.group_size for r in records] == [3, 3, 3] and all(r.round == expected_round for r in records)
+            assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
+        assert all(torch.equal(first.state.params, p.state.params) for p in peers[1:])
+        assert all(torch.equal(first.state.momentum, p.state.momentum) for p in peers[1:])
+        assert first.pending is not None  # round 2's average is in flight while round 3 would train
+    finally:
+        _close(peers)

@@ -78,6 +78,7 @@ class AveragerClient:
         self.peer_id = ""
         self.maddrs: list[str] = []
         self._busy = threading.Lock()  # one request at a time; close() from another thread does not wait for it
+        self._life = threading.Lock()  # guards swapping out the connection and the process
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -139,25 +140,28 @@ class AveragerClient:
         self._stop_process(grace_s=3.0 if graceful else 0.0)
 
     def _stop_process(self, grace_s: float = 0.0) -> None:
-        if self.conn is not None:
+        """Close the connection and end the child's group; safe from two threads at once (``close``
+        from the node while a request in flight fails on the closed connection)."""
+        with self._life:
+            conn, self.conn = self.conn, None
+            process, self.process = self.process, None
+        if conn is not None:
             try:
-                self.conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on a reply
+                conn.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on a reply
             except OSError:
                 pass
-            self.conn.close()
-            self.conn = None
-        if self.process is None:
+            conn.close()
+        if process is None:
             return
         try:
-            self.process.wait(timeout=grace_s)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the child leads its group: hivemind's daemons too
+            os.killpg(process.pid, signal.SIGKILL)  # the child leads its group: hivemind's daemons too
         except ProcessLookupError:
             pass
-        self.process.wait()
-        self.process = None
+        process.wait()
 
     # --- requests -------------------------------------------------------------------------
 
@@ -167,12 +171,13 @@ class AveragerClient:
 
     def _exchange(self, message: dict[str, Any], timeout_s: float, replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """One request and its checked reply; a broken connection drops the child (restarted on next use)."""
-        if self.conn is None:
+        conn = self.conn
+        if conn is None:
             raise AveragerError("the averager child is not running")
-        self.conn.settimeout(timeout_s)
         try:
-            frames.send(self.conn, message)
-            reply = frames.receive(self.conn, frames.payload_limit(self.layout.elements))
+            conn.settimeout(timeout_s)
+            frames.send(conn, message)
+            reply = frames.receive(conn, frames.payload_limit(self.layout.elements))
             if reply["type"] == "error":
                 raise AveragerError(f"the averager child refused {message['type']}: "
                                     f"{frames.validate(reply, frames.ERROR)['error']}")

@@ -68,6 +68,42 @@ def lm_loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What averaging one round gave: the group's shared grid and exact sums (or this peer's own)."""
+
+    x: torch.Tensor
+    exponents: torch.Tensor
+    sums: torch.Tensor
+    group: int
+    error: str
+    agreement: bool | None
+    sent: int
+    seconds: float
+
+
+class Pending:
+    """A round's averaging running in a thread while the next round trains (``overlap``)."""
+
+    def __init__(self, average: Callable[[torch.Tensor], Outcome], x: torch.Tensor) -> None:
+        self._result: Outcome | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(average, x), daemon=True, name="diloco-average")
+        self._thread.start()
+
+    def _run(self, average: Callable[[torch.Tensor], Outcome], x: torch.Tensor) -> None:
+        try:
+            self._result = average(x)
+        except BaseException as exc:  # handed to the round that waits for it
+            self._result = exc
+
+    def result(self) -> Outcome:
+        self._thread.join()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        assert self._result is not None
+        return self._result
+
+
 class Stopped(Exception):
     """The peer was asked to stop: the round in progress is dropped, nothing is applied or saved."""
 
@@ -96,6 +132,8 @@ class DilocoPeer:
             self.residual, self.tokens = torch.zeros(self.layout.elements), 0
         self._load_global()
         self.diverged = False  # our last round was solo or our hash disagreed: the swarm's state wins
+        self.pending: Pending | None = None  # overlap: the previous round's averaging, in flight
+        self.anchor = self.layout.flatten(self.named)  # overlap: local params when that round was sent
 
     def sync(self, timeout_s: float) -> bool:
         """Adopt the global state a live peer serves, hash-checked, when it is ahead of ours (or at our
@@ -127,16 +165,15 @@ class DilocoPeer:
             for name, view in self.layout.views(self.state.params).items():
                 self.named[name].copy_(view)
 
-    def run_round(self, on_progress: Callable[[dict[str, Any]], None] | None = None) -> RoundRecord:
-        s, r = self.settings, self.state.round
-        report = on_progress or (lambda _: None)
-        started = time.perf_counter()
+    def _train(self, round_: int, report: Callable[[dict[str, Any]], None]) -> list[float]:
+        """H inner AdamW steps on this peer's samples of ``round_``; the losses."""
+        s = self.settings
         self.model.train()
         losses = []
         for step in range(s.H):
             if self.stopping.is_set():
-                raise Stopped(f"stopped in round {r} at inner step {step}")
-            rows = round_batch(self.corpus, s.seed, r, self.key, step, s.batch)
+                raise Stopped(f"stopped in round {round_} at inner step {step}")
+            rows = round_batch(self.corpus, s.seed, round_, self.key, step, s.batch)
             loss = lm_loss(self.model, rows)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -144,41 +181,112 @@ class DilocoPeer:
             self.optimizer.step()
             losses.append(float(loss.detach()))
             self.tokens += rows[:, 1:].numel()
-            report({"phase": "train", "round": r, "step": step + 1, "loss": losses[-1]})
-        train_s = time.perf_counter() - started
+            report({"phase": "train", "round": round_, "step": step + 1, "loss": losses[-1]})
+        return losses
+
+    def _pseudo_gradient(self) -> torch.Tensor:
         x = self.state.params - self.layout.flatten(self.named)
-        if s.error_feedback:
-            x = x + self.residual
+        return x + self.residual if self.settings.error_feedback else x
+
+    def _average(self, x: torch.Tensor) -> Outcome:
+        """The round's exact group result for ``x``, or this peer's own (a group of one) on failure."""
+        s, r = self.settings, self.state.round
         before = state_hash(self.state)
-        report({"phase": "average", "round": r})
-        averaging = time.perf_counter()
-        error, agreement, sent = "", None, 0
+        started = time.perf_counter()
         try:
             result = self.client.average(r, x, before, s.round_timeout_s, self.identity)
-            shared, sums, group = result.exponents, result.sums, result.group_size
             agreement = all(h == before for h in result.peer_hashes.values())
-            sent = result.sent_bytes
+            return Outcome(x, result.exponents, result.sums, result.group_size, "", agreement, result.sent_bytes,
+                           time.perf_counter() - started)
         except AveragerError as exc:  # a group of one: keep training, say so (specs/diloco.md section 1)
             if self.stopping.is_set():
                 raise Stopped(f"stopped in round {r} while averaging") from None
-            error = str(exc)[:500]
-            log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, error)
-            shared, group = grid.exponents(x, s.levels), 1
-            sums = grid.quantize(x, shared, s.levels).to(torch.int32)
-        allreduce_s = time.perf_counter() - averaging
-        averaged = grid.average(sums, shared, group)
-        if s.error_feedback:
-            self.residual = grid.residual(x, grid.quantize(x, shared, s.levels), shared)
-        outer_step(self.state, averaged, s.outer_lr, s.outer_momentum)
-        self._load_global()
-        digest = self._save()
-        self.diverged = bool(error) or agreement is False
-        self._publish(digest)
-        tokens = s.H * s.batch * (self.corpus.shape[1] - 1)
-        return RoundRecord(r, s.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9), train_s, allreduce_s,
-                           sent, group, bool(error),
-                           agreement, digest.hex(), error)
+            log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, exc)
+            shared = grid.exponents(x, s.levels)
+            return Outcome(x, shared, grid.quantize(x, shared, s.levels).to(torch.int32), 1, str(exc)[:500], None, 0,
+                           time.perf_counter() - started)
 
+    def _apply(self, outcome: Outcome) -> bytes:
+        """The outer step with the group's average, the residual, the checkpoint and the served state."""
+        s = self.settings
+        if s.error_feedback:
+            self.residual = grid.residual(outcome.x, grid.quantize(outcome.x, outcome.exponents, s.levels),
+                                          outcome.exponents)
+        outer_step(self.state, grid.average(outcome.sums, outcome.exponents, outcome.group), s.outer_lr,
+                   s.outer_momentum)
+        digest = self._save()
+        self.diverged = bool(outcome.error) or outcome.agreement is False
+        self._publish(digest)
+        return digest
+
+    def _record(self, round_: int, losses: list[float], train_s: float, outcome: Outcome, digest: bytes,
+                waited_s: float) -> RoundRecord:
+        tokens = self.settings.H * self.settings.batch * (self.corpus.shape[1] - 1)
+        return RoundRecord(round_, self.settings.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9),
+                           train_s, waited_s, outcome.sent, outcome.group, bool(outcome.error), outcome.agreement,
+                           digest.hex(), outcome.error)
+
+    def run_round(self, on_progress: Callable[[dict[str, Any]], None] | None = None) -> RoundRecord | None:
+        """One round: with ``overlap``, the delayed variant below; else train, average, step (blocking)."""
+        report = on_progress or (lambda _: None)
+        if self.settings.overlap:
+            return self._overlapped_round(report)
+        r, started = self.state.round, time.perf_counter()
+        losses = self._train(r, report)
+        train_s = time.perf_counter() - started
+        report({"phase": "average", "round": r})
+        outcome = self._average(self._pseudo_gradient())
+        digest = self._apply(outcome)
+        self._load_global()
+        return self._record(r, losses, train_s, outcome, digest, outcome.seconds)
+
+    def finish(self) -> RoundRecord | None:
+        """Overlap: wait for the round in flight and apply it (the run's last outer step)."""
+        if self.pending is None:
+            return None
+        waited = time.perf_counter()
+        outcome = self.pending.result()
+        self.pending = None
+        applied = self.state.round
+        progress = self.layout.flatten(self.named) - self.anchor
+        digest = self._apply(outcome)
+        with torch.no_grad():
+            for name, view in self.layout.views(self.state.params + progress).items():
+                self.named[name].copy_(view)
+        return self._record(applied, [float("nan")], 0.0, outcome, digest, time.perf_counter() - waited)
+
+    def _overlapped_round(self, report: Callable[[dict[str, Any]], None]) -> RoundRecord | None:
+        """One-round-delayed outer step: the average of round r travels while round r+1 trains.
+
+        Round r+1's inner steps start from round r's local end point instead of waiting for
+        θ_{r+1}; when θ_{r+1} arrives, the progress made meanwhile is kept on top of it
+        (local := θ_{r+1} + (φ - φ_sent)), and round r+1's pseudo-gradient is that progress. The
+        outer state (θ, m, round) is still the same bits on every peer; only local params lag.
+        Returns the record of the outer step applied now, or None on the first call."""
+        training = self.state.round + (1 if self.pending is not None else 0)
+        started = time.perf_counter()
+        losses = self._train(training, report)
+        train_s = time.perf_counter() - started
+        record = None
+        if self.pending is not None:
+            report({"phase": "average", "round": self.state.round})
+            waited = time.perf_counter()
+            outcome = self.pending.result()
+            self.pending = None
+            waited_s = time.perf_counter() - waited
+            progress = self.layout.flatten(self.named) - self.anchor
+            applied = self.state.round
+            digest = self._apply(outcome)
+            if self.diverged:  # start over from θ; the next round re-syncs before it launches anything
+                self._load_global()
+                return self._record(applied, losses, train_s, outcome, digest, waited_s)
+            with torch.no_grad():
+                for name, view in self.layout.views(self.state.params + progress).items():
+                    self.named[name].copy_(view)
+            record = self._record(applied, losses, train_s, outcome, digest, waited_s)
+        self.anchor = self.layout.flatten(self.named)
+        self.pending = Pending(self._average, self._pseudo_gradient())
+        return record
     def _save(self) -> bytes:
         if self.checkpoint is None:
             return state_hash(self.state)

@@ -160,7 +160,12 @@ class DilocoService:
                 await self._merge_if_split(node, peer)
                 if peer.diverged and await self._off_loop(peer, peer.sync, self.sync_timeout_s):
                     self.adopted += 1
-                self.record(await self._off_loop(peer, peer.run_round, self._on_progress))
+                record = await self._off_loop(peer, peer.run_round, self._on_progress)
+                if record is not None:  # the first overlapped round applies nothing yet
+                    self.record(record)
+            last = await self._off_loop(peer, peer.finish)  # overlap: the round still in flight
+            if last is not None:
+                self.record(last)
         except Stopped:
             pass
         finally:
