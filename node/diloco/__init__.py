@@ -20,7 +20,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
   imports libp2p (the two cannot share a process).
 - ``client``: the node side: starts the child, restarts it if it died, ends its process group.
-- ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step, the checkpoint.
+- ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step (blocking, or one
+  round late with the all-reduce overlapping the next round), the checkpoint, re-sync.
 - ``service``: the ``diloco`` role in a node: rounds in a worker thread, the progress line,
   ``<home>/diloco/metrics.jsonl``, ``status``.
 """
