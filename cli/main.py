@@ -41,7 +41,7 @@ RunOpt = Annotated[str | None, typer.Option("--run-id", help="Run to join [defau
 BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="Bootstrap peer multiaddr (.../p2p/<id>); repeatable")]
 ListenOpt = Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
 LogOpt = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")]
-ROLE_CHOICES = ("inference", "trainer", "validator")
+ROLE_CHOICES = ("inference", "trainer", "validator", "diloco")
 
 
 def _config(**flags: Any) -> NodeConfig:
@@ -55,7 +55,7 @@ def _config(**flags: Any) -> NodeConfig:
 
 def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
          inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
-         trainer: Any = None) -> None:
+         trainer: Any = None, diloco: Any = None) -> None:
     from intellect_node.node.app.roles import RoleOptions
     from intellect_node.node.app.run import run_node, setup_logging
     from intellect_node.node.swarm.bootstrap import config_line
@@ -76,7 +76,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
 
     expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
     try:
-        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted))
+        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted, diloco))
     except expected as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -122,7 +122,7 @@ def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = N
 
 @app.command()
 def join(
-    role: Annotated[list[str], typer.Option("--role", help="inference, trainer or validator; repeatable")],
+    role: Annotated[list[str], typer.Option("--role", help="inference, trainer, validator or diloco; repeatable")],
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
     new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
@@ -143,6 +143,7 @@ def join(
     node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
     master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
     master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
+    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the corpus, generated:sequences=N,seq_len=L,vocab=V,seed=S ([diloco] data)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -196,8 +197,24 @@ def join(
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,
                                      trusted=tuple(trust_validator or ()))
+    diloco = _diloco_settings(cfg, config, model, data) if "diloco" in role else None
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
-         trusted=tuple(trust_validator or ()), trainer=training)
+         trusted=tuple(trust_validator or ()), trainer=training, diloco=diloco)
+
+
+def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | None, data: str | None) -> Any:
+    """``[diloco]`` with --model (a preset name) and --data on top; errors name the key."""
+    from rich.markup import escape
+
+    from intellect_node.node.diloco.settings import DilocoSettings
+
+    section = dict(cfg.sections.get("diloco", {}))
+    section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
+    try:
+        return DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+    except ValueError as exc:
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
@@ -308,6 +325,11 @@ def _format_service(name: str, s: dict[str, Any]) -> str:
     if name == "trainer":
         waiting = "-" if s["waiting_share"] is None else f"{s['waiting_share']:.0%}"
         return f"step {s['step']}, {s['pooled_groups']} groups pooled, waiting {waiting} of the time"
+    if name == "diloco":
+        last = s["last_round"] or {}
+        return (f"round {s['round']} ({s['phase']}, inner step {s['inner_step'] or '-'}), last loss "
+                f"{last.get('loss', float('nan')):.4f}, peers {last.get('group_size', '-')}, "
+                f"{s['solo_rounds']} solo rounds; hivemind {', '.join(s['hivemind_maddrs']) or '-'}")
     if name == "shards":
         complete = [int(step) for step, c in s["steps"].items() if c["complete"]]
         return f"newest step held {max(complete) if complete else '-'}, served {s['uploaded_bytes'] / 2**20:,.1f} MiB"
@@ -356,8 +378,18 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
          out: Annotated[Path | None, typer.Option(help="Directory for metrics.jsonl, reward.png, summary.json and the nodes' homes [default: a temp dir]")] = None,
          async_level: Annotated[int, typer.Option("--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
          validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
-         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True) -> None:
-    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task."""
+         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True,
+         workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama")] = "rl",
+         peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
+         rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10) -> None:
+    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task
+    (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama)."""
+    if workload == "diloco":
+        _diloco_demo(peers, rounds, minutes, out)
+        return
+    if workload != "rl":
+        err.print(f"[red]error:[/red] unknown workload {workload!r}; choose rl or diloco")
+        raise typer.Exit(2)
     from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
     options = DemoOptions(steps=steps, workers=workers, minutes=minutes, out=out, async_level=async_level,
@@ -367,6 +399,20 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json", soft_wrap=True)
+    if summary["stopped_by"].startswith("node died"):
+        raise typer.Exit(1)
+
+
+def _diloco_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> None:
+    from intellect_node.node.demo.diloco import DilocoDemoOptions, run_diloco_demo
+
+    summary = run_diloco_demo(DilocoDemoOptions(peers=peers, rounds=rounds, minutes=minutes, out=out),
+                              log=lambda line: err.print(line, soft_wrap=True, markup=False))
+    agree = "equal" if summary["same_state_hash_there"] else "NOT equal"
+    err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
+              f"{summary['newest_common_round']} {agree} on all, {summary['seconds']:.0f} s; "
+              f"stopped by {summary['stopped_by']}", soft_wrap=True, markup=False)
+    err.print(f"wrote {summary['out']}/metrics.jsonl, loss.png and summary.json", soft_wrap=True, markup=False)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
 

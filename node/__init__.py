@@ -5,6 +5,8 @@
 - ``shards``: the checkpoint overlay (SHARDCAST, done right): signed manifests, verified shards.
 - ``rollouts``: rollout batches between nodes: the delivery protocol and the durable inbox.
 - ``roles``: one sub-package per role (``inference``, ``validator``, ``trainer``).
+- ``diloco``: DiLoCo pretraining on hivemind: exact group averaging, the outer step, the averager
+  child process and the ``diloco`` role.
 - ``engine``: generation and prefill engines (torch, vLLM) and TOPLOC proof building.
 - ``tasks``: task sets and reward verifiers (toy, math, code sandbox).
 - ``app``: one node process: configuration, role assembly, logging, signals.

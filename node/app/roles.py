@@ -16,6 +16,7 @@ from intellect_node.node.app.config import InferenceOptions, NodeConfig
 from intellect_node.node.shards.config import ShardConfig
 
 if TYPE_CHECKING:
+    from intellect_node.node.diloco.settings import DilocoSettings
     from intellect_node.node.roles.trainer.service import TrainerOptions
     from intellect_node.node.roles.validator.service import ValidatorOptions
     from intellect_node.node.rollouts.exchange import RolloutReceiver
@@ -35,6 +36,7 @@ class RoleOptions:
     validator: ValidatorOptions | None = None
     trainer: TrainerOptions | None = None
     trusted_validators: tuple[str, ...] = ()
+    diloco: DilocoSettings | None = None
 
 
 @dataclass
@@ -97,11 +99,21 @@ def _inference(a: Assembly) -> None:
                                       async_window=a.config.run.async_level))
 
 
+def _diloco(a: Assembly) -> None:
+    """DiLoCo pretraining: inner steps here, the exact group average in a hivemind child process."""
+    if a.options.diloco is None:
+        return
+    from intellect_node.node.diloco.service import DilocoService
+
+    a.services.append(DilocoService(a.config.layout.diloco, a.config.run_id, a.options.diloco))
+
+
 # In this order: the trainer's verifier must exist before the validator role looks for one.
 ROLE_BUILDERS: dict[str, Callable[[Assembly], None]] = {
     "trainer": _trainer,
     "validator": _validator,
     "inference": _inference,
+    "diloco": _diloco,
 }
 
 

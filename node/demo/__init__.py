@@ -2,6 +2,8 @@
 
 - ``swarm``: ``intellect-node demo``: bootstrap, trainer, inference nodes and a validator as
   processes on 127.0.0.1, learning a toy task.
+- ``diloco``: ``intellect-node demo --workload diloco``: DiLoCo nodes on 127.0.0.1 pretraining the
+  tiny Llama; metrics.jsonl, loss.png, summary.json.
 - ``local_swarm``: starting and stopping real node processes on 127.0.0.1.
 - ``dashboard``: the live terminal view.
 - ``plot``: reward.png from metrics.jsonl.

@@ -71,6 +71,11 @@ class HomeLayout:
         return self.root / "trainer"
 
     @property
+    def diloco(self) -> Path:
+        """The DiLoCo role's checkpoint, metrics.jsonl, and its averager child's socket and log."""
+        return self.root / "diloco"
+
+    @property
     def models(self) -> Path:
         """Models built or imported on this machine (``tiny`` is built here on first use)."""
         return self.root / "models"

@@ -1,0 +1,27 @@
+"""DiLoCo on hivemind (specs/diloco.md): inner AdamW steps, an exact group average of
+pseudo-gradients, the same outer Nesterov step on every peer. One job per module:
+
+- ``layout``: the canonical order of a model's tensors, flat fp32 vectors, chunks, the layout hash.
+- ``grid``: the shared int grid that makes the all-reduce exact (int4, int8, int16 with per-chunk
+  power-of-two scales), sum recovery, the average, error feedback.
+- ``outer``: the global state (outer params, outer momentum, round) and the outer Nesterov step.
+- ``state_hash``: sha256 of the global state, equal on every honest peer after each outer step.
+- ``checkpoint``: save and resume at a round boundary (global state, residual, inner AdamW),
+  durably, with every field checked on load.
+- ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
+  before decoding, each message checked against its schema.
+- ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
+- ``data``: the generated corpus and a peer's samples for (seed, round, peer id).
+- ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back.
+- ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
+  the allowlist check.
+- ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
+  and refuses partial all-reduces (runs inside the child only).
+- ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
+  imports libp2p (the two cannot share a process).
+- ``client``: the node side: starts the child, restarts it if it died, ends its process group.
+- ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step (blocking, or one
+  round late with the all-reduce overlapping the next round), the checkpoint, re-sync.
+- ``service``: the ``diloco`` role in a node: rounds in a worker thread, the progress line,
+  ``<home>/diloco/metrics.jsonl``, ``status``.
+"""

@@ -1,0 +1,231 @@
+"""hivemind's ``DecentralizedAverager``, made exact and all-or-nothing for DiLoCo rounds.
+
+Runs inside the averager child only (it imports hivemind). Three changes, each for
+specs/diloco.md sections 2 and 4:
+
+- Before the all-reduce, every member's gather payload is checked (round, layout, exponents) and
+  this member's contribution is quantized onto the group's shared grid, from the raw values the
+  child left in shared memory. A retry quantizes again from the same raw values.
+- After the all-reduce, a part that a failed peer was to reduce (hivemind silently keeps the local
+  values) or a banned sender (a part averaged over fewer peers) makes the attempt an error, so
+  hivemind matches again with the survivors instead of handing back a mixed result.
+- The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
+  group would send survivors of a failed attempt to different keys.
+- The parts and deltas travel packed (``GridWire``, ``packing``): int8 up and scaled int16 down
+  for the int8 and int4 grids, exactly, instead of fp32 both ways; the bytes sent are counted.
+- With an allowlist (``membership``), a leader refuses the join of a peer whose payload is not
+  signed by a listed node for its hivemind peer id, and a member that finds such a peer in its
+  group fails the attempt and never asks that peer to lead it again (``AllowlistMatchmaking``).
+
+The child runs one averager, so the allowlist and the refused peers are this module's state
+(hivemind builds its ``Matchmaking`` itself, from the class name in its own module).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import threading
+from typing import Any
+
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging import averager as hivemind_averager
+from hivemind.averaging import matchmaking as hivemind_matchmaking
+from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.compression import serialization as hivemind_serialization
+from hivemind.compression.base import CompressionBase, CompressionInfo
+from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.utils import get_logger
+from hivemind.utils.asyncio import as_aiter, azip
+from hivemind.utils.timed_storage import get_dht_time
+
+from intellect_node.node.diloco import grid
+from intellect_node.node.diloco.frames import FrameError, blob, gather_payload, integer, validate
+from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.membership import refusal
+from intellect_node.node.diloco.packing import pack, unpack
+
+logger = get_logger(__name__)
+
+
+class PartialAllReduce(AllreduceException):
+    """Some part of the all-reduce was not averaged over the whole group."""
+
+
+class RoundKeys(GroupKeyManager):
+    """Keeps the group key the caller set (the round) after a group assembles."""
+
+    async def update_key_on_group_assembled(self, group_info: GroupInfo) -> None:
+        return None
+
+
+ALLOWLIST: frozenset[str] = frozenset()  # node peer ids; empty: anyone (set once by ExactAverager)
+CHUNKS = 0
+REFUSED: set[str] = set()  # hivemind peer ids refused in this process's life
+GROUP_SIZE = 0  # the group of the all-reduce in progress (the packed deltas are scaled by it)
+SENT: Any = None  # a shared counter of the packed bytes this member's averager sent
+
+
+class GridWire(CompressionBase):
+    """``packing``'s exact format inside hivemind's all-reduce. It takes hivemind's BLOCKWISE_8BIT
+    slot (that codec needs bitsandbytes, which we never install): hivemind decodes a part by the
+    type named in it, from one registry, so only our children, which all register this, read it."""
+
+    compression_type = runtime_pb2.CompressionType.BLOCKWISE_8BIT
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> Any:
+        buffer = pack(tensor, GROUP_SIZE)
+        if SENT is not None:
+            with SENT.get_lock():
+                SENT.value += len(buffer)
+        return runtime_pb2.Tensor(compression=self.compression_type, buffer=buffer, size=tensor.shape,
+                                  dtype="float32", requires_grad=False)
+
+    def extract(self, serialized_tensor: Any) -> torch.Tensor:
+        shape = tuple(serialized_tensor.size)
+        if len(shape) > 8 or any(d < 0 for d in shape) or math.prod(shape) > 2**31:
+            raise ValueError(f"a packed part claims shape {shape[:9]}")
+        return unpack(serialized_tensor.buffer, math.prod(shape), GROUP_SIZE).reshape(shape)
+
+    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
+        return 0.25
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    """One member's gather payload, checked against the schema (FrameError otherwise)."""
+    try:
+        _, _, user_bytes = DecentralizedAverager.serializer.loads(raw)
+        payload = DecentralizedAverager.serializer.loads(user_bytes)
+    except (ValueError, TypeError) as exc:
+        raise FrameError(f"undecodable payload: {exc}") from None
+    if not isinstance(payload, dict):
+        raise FrameError("the payload is not a map")
+    return validate({"type": "gather"} | payload, gather_payload(CHUNKS))
+
+
+class AllowlistMatchmaking(hivemind_matchmaking.Matchmaking):
+    def _check_reasons_to_reject(self, request: Any, context: Any) -> Any:
+        reason = super()._check_reasons_to_reject(request, context)
+        if reason is not None or not ALLOWLIST:
+            return reason
+        peer = str(context.remote_id)
+        try:
+            why = refusal(_decode(request.gather), peer, ALLOWLIST)
+        except FrameError as exc:
+            why = str(exc)
+        if why is None:
+            return None
+        REFUSED.add(peer)
+        logger.warning("refused %s: %s", peer, why)
+        return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+
+    async def _request_join_group(self, leader: Any) -> GroupInfo | None:
+        if str(leader) in REFUSED:
+            return None
+        return await super()._request_join_group(leader)
+
+
+hivemind_matchmaking.GroupKeyManager = RoundKeys  # this process runs only our averager
+hivemind_averager.Matchmaking = AllowlistMatchmaking
+hivemind_serialization._BASE_COMPRESSION_TYPES["BLOCKWISE_8BIT"] = GridWire()
+
+
+def round_bits(round_: int) -> str:
+    """The group bits of a round: peers of different rounds never share a key."""
+    return format(round_, "032b")
+
+
+def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
+    """Each member's checked payload, by peer id; FrameError names the member that sent a bad one
+    or one the allowlist refuses (and remembers it, so it is never asked to lead us again)."""
+    out = {}
+    for peer_id, raw in zip(group_info.peer_ids, group_info.gathered, strict=True):
+        try:
+            out[peer_id] = payload = _decode(raw)
+        except FrameError as exc:
+            raise FrameError(f"member {peer_id}: bad gather payload: {exc}") from None
+        why = refusal(payload, str(peer_id), ALLOWLIST)
+        if why is not None:
+            REFUSED.add(str(peer_id))
+            raise FrameError(f"member {peer_id} refused: {why}")
+    return out
+
+
+STATE_METADATA = {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32)}
+
+
+class ExactAverager(DecentralizedAverager):
+    def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str], **kwargs: Any) -> None:
+        global ALLOWLIST, CHUNKS, SENT
+        ALLOWLIST, CHUNKS = allowlist, layout.chunks
+        self.sent = SENT = mp.Value("q", 0)
+        self.layout, self.layout_digest, self.levels = layout, layout_digest, levels
+        self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
+        self.state: tuple[dict[str, Any], torch.Tensor, torch.Tensor] | None = None  # the newest published
+        self.state_lock = threading.Lock()
+        super().__init__([torch.zeros(layout.elements)], allow_state_sharing=True, compression=GridWire(), **kwargs)
+
+    def publish(self, metadata: dict[str, Any], params: torch.Tensor, momentum: torch.Tensor) -> None:
+        """Serve this global state to joiners (host process); newer rounds are preferred by them."""
+        with self.state_lock:
+            self.state = (metadata, params, momentum)
+        self.state_sharing_priority = float(metadata["round"])
+
+    def get_current_state(self) -> tuple[Any, list[torch.Tensor], None]:
+        """hivemind's state download, called in the host process: the published state, or nothing."""
+        with self.state_lock:
+            if self.state is None:
+                return None, [], None
+            metadata, params, momentum = self.state
+            return metadata, [params, momentum], None
+
+    def fetch(self, timeout_s: float) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor] | None:
+        """The newest state a peer serves, its shapes and metadata checked; None when nobody answers."""
+        got = self.load_state_from_peers(timeout=timeout_s)
+        if got is None:
+            return None
+        metadata, tensors = got
+        if not isinstance(metadata, dict):
+            raise FrameError("a peer served state metadata that is not a map")
+        checked = validate({"type": "state"} | metadata, STATE_METADATA)
+        if len(tensors) != 2 or any(t.dtype != torch.float32 or t.shape != (self.layout.elements,) for t in tensors):
+            raise FrameError("a peer served tensors that do not match this model")
+        return checked, tensors[0], tensors[1]
+
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
+        try:
+            payloads = read_payloads(group_info)
+        except FrameError as exc:
+            raise PartialAllReduce(str(exc)) from None
+        mine = payloads[self.peer_id]
+        if any(p["round"] != mine["round"] or p["layout"] != self.layout_digest for p in payloads.values()):
+            raise PartialAllReduce("a member is in another round or has another model")
+        if len(payloads) > grid.max_group(self.levels):
+            raise PartialAllReduce(f"a group of {len(payloads)} is over this grid's exact limit")
+        shared = grid.shared_exponents([torch.frombuffer(bytearray(p["exponents"]), dtype=torch.int8)
+                                        for p in payloads.values()])
+        global GROUP_SIZE
+        GROUP_SIZE = len(payloads)
+        with self.get_tensors() as tensors:
+            tensors[0].copy_(grid.quantize(self.raw, shared, self.levels))
+        return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+
+    async def _run_allreduce_inplace_(self, tensors: Any, group_info: GroupInfo, group_id: bytes | None = None,
+                                      **kwargs: Any) -> None:
+        """hivemind's own loop, then the check it lacks: every part averaged over every member."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = AllReduceRunner(p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
+                                 group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
+        self._running_groups[group_id].set_result(runner)
+        if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
+            raise PartialAllReduce("auxiliary peers take no part in DiLoCo rounds")
+        async for tensor, update in azip(as_aiter(*tensors), runner):
+            tensor.add_(update, alpha=self._averaging_alpha)
+            self.last_updated = get_dht_time()
+            self._state_updated.set()
+        if runner.tensor_part_container.failed_size or runner.banned_senders:
+            raise PartialAllReduce(f"{runner.tensor_part_container.failed_size} elements not averaged, "
+                                   f"{len(runner.banned_senders)} senders dropped")

@@ -1,0 +1,89 @@
+"""``intellect-node join --role diloco``: two real nodes (each with its averager child) find each
+other's hivemind address in their signed adverts, train the tiny Llama on the generated corpus,
+end at one state hash, write metrics.jsonl, report in ``status``, and leave no hivemind process
+behind after SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
+
+pytestmark = pytest.mark.slow
+
+DILOCO = """[diloco]
+H = 4
+batch = 4
+matchmaking_s = 2.0
+round_timeout_s = 30.0
+max_peers = 2
+data = "generated:sequences=1024,seq_len=32"
+"""
+
+
+def _gone(group: int) -> None:
+    """The averager child's process group is empty within 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail("the averager child's process group outlived its node")
+
+
+def _rounds(home) -> list[dict]:
+    path = home / "diloco" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
+    swarm = LocalSwarm(tmp_path, run_id="diloco-test")
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / "config.toml").write_text(DILOCO)
+        a = swarm.start("a", ["join", "--role", "diloco", "--new-swarm"])
+        wait_until(lambda: a.status()["services"]["diloco"]["hivemind_maddrs"], timeout_s=60)
+        own = [m for m in a.status()["members"] if m["peer_id"] == a.peer_id][0]
+        assert any("/hivemind/" in addr for addr in own["addrs"])  # in its signed advert
+        (tmp_path / "b").mkdir()
+        (tmp_path / "b" / "config.toml").write_text(DILOCO)  # no initial_peers: b reads a's advert
+        b = swarm.start("b", ["join", "--role", "diloco", "--bootstrap", a.addr])
+        wait_until(lambda: len(_rounds(a.home)) >= 2 and len(_rounds(b.home)) >= 2, timeout_s=90, poll_s=0.5)
+        ra, rb = _rounds(a.home)[:2], _rounds(b.home)[:2]
+        assert [r["group_size"] for r in ra + rb] == [2, 2, 2, 2], ra + rb
+        assert [r["state_hash"] for r in ra] == [r["state_hash"] for r in rb]
+        assert all(r["hash_agreement"] for r in ra + rb) and ra[-1]["round"] == 1
+        status = a.status()["services"]["diloco"]
+        assert status["round"] >= 2 and status["last_round"]["round"] >= 1 and status["hivemind_peer"]
+        a_group = status["averager_pid"]  # it leads its process group (hivemind's daemons are in it)
+        b_group = b.status()["services"]["diloco"]["averager_pid"]
+        assert swarm.stop("a") == 0  # SIGTERM
+        _gone(a_group)
+        b.process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert b.process.wait(timeout=30) == 0
+        _gone(b_group)
+        assert (a.home / "diloco" / "state.safetensors").exists()
+    finally:
+        swarm.stop_all()
+
+
+def test_demo_workload_diloco_writes_metrics_plot_and_summary(tmp_path) -> None:
+    out = tmp_path / "demo"
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "demo", "--workload", "diloco", "--peers", "2",
+                           "--rounds", "2", "--minutes", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "rounds" and summary["same_state_hash_there"], summary
+    assert (out / "loss.png").stat().st_size > 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {line["node"] for line in lines} == {"peer0", "peer1"} and all(line["group_size"] == 2 for line in lines)
