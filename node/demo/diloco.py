@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, death_report
 
 POLL_S = 1.0
 
@@ -146,10 +146,9 @@ def _watch(nodes: list[NodeProcess], options: DilocoDemoOptions, started: float,
             reported = common
         if min(len(lines) for lines in by_node.values()) >= options.rounds:
             return "rounds"
-        dead = [node for node in nodes if node.process.poll() is not None]
-        if dead:
-            return "node died: " + ", ".join(f"{n.name} (exit {n.process.returncode}, log {n.home / 'node.log'})"
-                                             for n in dead)
+        died = death_report(nodes)
+        if died:
+            return died
         if time.monotonic() >= deadline:
             return "minutes"
         time.sleep(POLL_S)

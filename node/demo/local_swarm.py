@@ -53,6 +53,14 @@ def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.25) -> float:
     return time.monotonic() - start
 
 
+def death_report(nodes: Iterable[NodeProcess]) -> str | None:
+    """Why a demo must stop because nodes exited on their own (name, exit code, log), or None."""
+    dead = [node for node in nodes if node.process.poll() is not None]
+    if not dead:
+        return None
+    return "node died: " + ", ".join(f"{n.name} (exit {n.process.returncode}, log {n.home / 'node.log'})" for n in dead)
+
+
 def _node_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "intellect_node.cli.main", *args]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
-from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess
+from intellect_node.node.demo.local_swarm import LocalSwarm, death_report
 from intellect_node.node.demo.plot import write_reward_plot
 
 POLL_S = 1.0
@@ -65,9 +65,6 @@ class DemoSwarm:
             except ValueError:  # the line being written right now
                 break
         return lines
-
-    def dead(self) -> list[NodeProcess]:
-        return [n for n in self.swarm.nodes.values() if n.process.poll() is not None]
 
 
 def _peer_id(home: Path) -> str:
@@ -189,10 +186,9 @@ def _watch(demo: DemoSwarm, options: DemoOptions, started: float) -> str:
             trained = [line for line in lines if "task_reward" in line]
             if trained and trained[-1]["step"] >= options.steps:
                 return "steps"
-            dead = demo.dead()
-            if dead:
-                return "node died: " + ", ".join(f"{n.name} (exit {n.process.returncode}, log {n.home / 'node.log'})"
-                                                 for n in dead)
+            died = death_report(demo.swarm.nodes.values())
+            if died:
+                return died
             if time.monotonic() >= deadline:
                 return "minutes"
             time.sleep(POLL_S)
