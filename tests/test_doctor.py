@@ -16,6 +16,7 @@ from intellect_node.node.app.doctor import (
     check_identity,
     check_listen,
     check_peers,
+    dialback_check,
     check_reachability,
     skew_check,
 )
@@ -106,3 +107,15 @@ def test_cli_json_and_exit_status(tmp_path):
     checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert checks["config"]["level"] == FAIL and "bootstrap" in checks["config"]["detail"]
     assert {"identity", "listen port", "reachability", "disk", "gpu", "engine", "bootstrap"} <= set(checks)
+
+
+async def test_a_bootstrap_peer_dials_the_machine_back(tmp_path, nursery):
+    """The dial-back check: a live peer reaches a listening port (OK, with the IP it saw); the
+    verdict for a port nobody can reach names NAT and what the node does about it."""
+    node = make_node(tmp_path, "boot", "doctor-test")
+    addrs = await nursery.start(node.run)
+    checks = await check_peers(addrs[:1], timeout_s=5.0)
+    dialback = next(c for c in checks if c.name == "dial-back")
+    assert dialback.level == OK and "127.0.0.1" in dialback.detail and node.peer_id in dialback.detail
+    nated = dialback_check(node.peer_id, False, "203.0.113.9", 4001)
+    assert nated.level == WARN and "relay" in nated.detail and "4001" in nated.fix

@@ -33,6 +33,7 @@ from intellect_node.node.swarm.host import (
     claim_listen_addrs,
     dialable_hosts,
 )
+from intellect_node.node.swarm.reachability import REACHABLE, REFUSED, ask, tcp_port
 from intellect_node.node.swarm.streams import read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.framing import (
@@ -97,7 +98,7 @@ def check_listen(listen: list[str]) -> Check:
 
 
 def check_reachability(listen: list[str]) -> Check:
-    """Whether peers could dial this node, judged from its addresses (no peer can be asked to dial back yet)."""
+    """Whether peers could dial this node, judged from its addresses (the dial-back check asks a peer)."""
     hosts = [host for addr in listen if (m := re.fullmatch(r"/ip4/([0-9.]+)/tcp/[0-9]+", addr))
              for host in dialable_hosts(m[1])]
     public = [host for host in hosts if ipaddress.ip_address(host).is_global]
@@ -144,15 +145,19 @@ def check_gpu() -> list[Check]:
     return [gpu, engine]
 
 
-async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S) -> list[Check]:
-    """Dial every bootstrap peer at once (bounded), and read clock skew from the first that answers."""
+async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S,
+                      listen: str = "/ip4/127.0.0.1/tcp/0") -> list[Check]:
+    """Dial every bootstrap peer at once (bounded), read clock skew from the first that answers,
+    and ask it to dial this machine back on ``listen``'s port (the node's own, when it is free:
+    the answer is then the one the node would get, node/swarm/reachability.py)."""
     if not bootstrap:
         return [Check("bootstrap", WARN, "no bootstrap peers configured",
                       f"ask the run's operators for the line `intellect-node bootstrap` prints, e.g. {config_line(['/dns4/HOST/tcp/4001/p2p/PEER_ID'])}")]
     host = build_host(Identity.generate())
     attempts: list[Attempt] = []
     skew: Check | None = None
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    dialback: Check | None = None
+    async with host.run(listen_addrs=[multiaddr.Multiaddr(listen)]):
         async def attempt(addr: str) -> None:
             attempts.append(await dial(host, addr, "bootstrap", timeout_s))
 
@@ -164,13 +169,32 @@ async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S) -
                 skew = await _clock_skew(host, reached)
             if skew is not None:
                 break
+        port = tcp_port([str(a) for a in host.get_addrs()])
+        for reached in (a for a in attempts if a.ok and a.peer is not None):
+            answer = await ask(host, reached.peer.peer_id, port) if port else None
+            if answer is not None and answer[0] != REFUSED:
+                dialback = dialback_check(reached.peer.peer_id.to_base58(), answer[0] == REACHABLE, answer[1], port)
+                break
     answered = any(a.ok for a in attempts)
     checks = [Check("bootstrap", OK, f"{a.addr} answers") if a.ok else
               Check("bootstrap", WARN if answered else FAIL, a.line(),
                     "check the address with the run's operators; a firewall must allow outbound TCP")
               for a in sorted(attempts, key=lambda a: a.addr)]
     return checks + [skew or Check("clock", WARN, "no peer answered with its advert: clock skew unknown",
-                                   "keep the clock synchronised (NTP)")]
+                                   "keep the clock synchronised (NTP)"),
+                     dialback or Check("dial-back", WARN, "no peer answered a dial-back request: reachability unknown",
+                                       "a node finds out after joining (`status` -> reachability)")]
+
+
+def dialback_check(peer: str, reached: bool, observed_ip: str, port: int) -> Check:
+    """What a peer's dial-back says about joining: public, or behind NAT (then relays and peers)."""
+    if reached:
+        return Check("dial-back", OK, f"{peer} reached this machine at {observed_ip}:{port}: publicly dialable")
+    return Check("dial-back", WARN,
+                 f"{peer} could not reach {observed_ip}:{port}: behind NAT or a firewall. The node still joins: it "
+                 "reserves slots on public relays (circuit relay v2), fetches checkpoints from reachable peers and "
+                 "delivers rollouts over its own connections",
+                 f"to be dialable, forward TCP port {port} to this machine")
 
 
 async def _clock_skew(host: Any, attempt: Attempt) -> Check | None:
@@ -211,6 +235,10 @@ def skew_check(peer: str, ahead_s: float, lifetime_s: float = 120.0) -> Check:
 
 def run_checks(flags: dict[str, Any], config_file: Path | None, timeout_s: float = DIAL_TIMEOUT_S) -> list[Check]:
     config_check, config = check_config(flags, config_file)
-    checks = [config_check, check_identity(config.layout.identity_key), check_listen(config.listen),
+    listen = check_listen(config.listen)
+    checks = [config_check, check_identity(config.layout.identity_key), listen,
               check_reachability(config.listen), check_disk(config.home), *check_gpu()]
-    return checks + trio.run(check_peers, list(config.bootstrap), timeout_s)
+    # the dial-back tests the node's own port when it is free and fixed; else any port of this machine
+    own = next((a for a in config.listen if re.fullmatch(r"/ip4/[0-9.]+/tcp/[1-9][0-9]*", a)), None)
+    probe = own if listen.level == OK and own is not None else "/ip4/0.0.0.0/tcp/0"
+    return checks + trio.run(check_peers, list(config.bootstrap), timeout_s, probe)
