@@ -132,7 +132,8 @@ def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path)
             # answered yet does not matter to delivery (it rides on its outbound connections)
             trainer_status = trainer.status()["services"]["trainer"]
             assert trainer_status["step"] >= 1
-            rejections = trainer.status()["rejections"]
-            assert not {r for r in rejections if r not in ("stale_step", "unknown_type", "no_slot")}, rejections
+            verification = trainer_status["verification"]  # the trainer's own checks of the worker's batches
+            assert verification["accepted_groups"] >= 4
+            assert not {r for r in verification["rejected_groups"] if r != "stale_step"}, verification
         finally:
             swarm.stop_all()
