@@ -143,7 +143,7 @@ def join(
     node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
     master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
     master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
-    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the corpus, generated:sequences=N,seq_len=L,vocab=V,seed=S ([diloco] data)")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] (a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -211,7 +211,10 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     section = dict(cfg.sections.get("diloco", {}))
     section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
     try:
-        return DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        settings = DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        if settings.data.startswith("metagene:"):
+            settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
+        return settings
     except ValueError as exc:
         err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
