@@ -143,7 +143,7 @@ def join(
     node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
     master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
     master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
-    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the corpus, generated:sequences=N,seq_len=L,vocab=V,seed=S ([diloco] data)")] = None,
+    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] (a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -211,7 +211,10 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     section = dict(cfg.sections.get("diloco", {}))
     section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
     try:
-        return DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        settings = DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        if settings.data.startswith("metagene:"):
+            settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
+        return settings
     except ValueError as exc:
         err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -379,16 +382,19 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
          async_level: Annotated[int, typer.Option("--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
          validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
          dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True,
-         workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama")] = "rl",
+         workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama; metagene: DiLoCo peers pretraining a genomic model on a generated metagenome")] = "rl",
          peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
          rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10) -> None:
     """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task
-    (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama)."""
+    (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
         _diloco_demo(peers, rounds, minutes, out)
         return
+    if workload == "metagene":
+        _metagene_demo(peers, rounds, minutes, out)
+        return
     if workload != "rl":
-        err.print(f"[red]error:[/red] unknown workload {workload!r}; choose rl or diloco")
+        err.print(f"[red]error:[/red] unknown workload {workload!r}; choose rl, diloco or metagene")
         raise typer.Exit(2)
     from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
@@ -412,6 +418,22 @@ def _diloco_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> N
     err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
               f"{summary['newest_common_round']} {agree} on all, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True, markup=False)
+    err.print(f"wrote {summary['out']}/metrics.jsonl, loss.png and summary.json", soft_wrap=True, markup=False)
+    if summary["stopped_by"].startswith("node died"):
+        raise typer.Exit(1)
+
+
+def _metagene_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> None:
+    from intellect_node.node.demo.metagene import MetageneDemoOptions, run_metagene_demo
+
+    summary = run_metagene_demo(MetageneDemoOptions(peers=peers, rounds=rounds, minutes=minutes, out=out),
+                                log=lambda line: err.print(line, soft_wrap=True, markup=False))
+    after = summary.get("after", {})
+    err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
+              f"{summary['newest_common_round']} {'equal' if summary['same_state_hash_there'] else 'NOT equal'} on all; "
+              f"held-out perplexity {summary['before']['perplexity']} -> {after.get('perplexity')}, probe MCC "
+              f"{summary['probe_mcc_before']} -> {summary['probe_mcc_after']} (4-mer baseline {summary['kmer_mcc']}); "
+              f"{summary['seconds']:.0f} s, stopped by {summary['stopped_by']}", soft_wrap=True, markup=False)
     err.print(f"wrote {summary['out']}/metrics.jsonl, loss.png and summary.json", soft_wrap=True, markup=False)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)

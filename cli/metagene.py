@@ -72,6 +72,29 @@ def tokenizer(reads: ReadsOpt, out: Annotated[Path, typer.Option("--out", help="
 
 
 @metagene_app.command()
+def store(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tokenizer", help="Directory written by `metagene tokenizer`")],
+          out: Annotated[Path, typer.Option("--out", help="Directory for the tokenized read store (DiLoCo: --data metagene:store=DIR)")],
+          min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
+    """Tokenize filtered reads into the flat store DiLoCo peers draw from (every peer needs the same one)."""
+    from intellect_node.node.metagene.dataset import tokenize_reads
+    from intellect_node.node.metagene.reads import ReadFormatError
+    from intellect_node.node.metagene.tokenizer import load_tokenizer, save_tokenizer
+
+    try:
+        tok = load_tokenizer(tokenizer_dir)
+        stream, parse, kept = _filtered(reads, min_quality, max_n, min_length, on_bad)
+        built = tokenize_reads(stream, tok)
+        if not len(built):
+            raise ValueError("no reads left after filtering")
+    except (ReadFormatError, ValueError, FileNotFoundError) as exc:
+        raise _fail(exc) from None
+    built.save(out)
+    save_tokenizer(tok, out / "tokenizer")  # the ids' meaning travels with the store
+    print(json.dumps({"out": str(out), "reads": len(built), "tokens": int(built.offsets[-1]),
+                      "sources": built.source_names, "skipped_bad_letters": parse.bad_reads}))
+
+
+@metagene_app.command()
 def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tokenizer", help="Directory written by `metagene tokenizer`")],
              out: Annotated[Path, typer.Option("--out", help="Directory for the HF-layout model and metrics.jsonl")],
              preset: Annotated[str, typer.Option(help="tiny, small, base or metagene-7b")] = "tiny",

@@ -266,7 +266,9 @@ def test_settings_from_the_config_section_name_the_bad_key() -> None:
     for bad, message in (({"H": 0}, "H = 0 is out of bounds"), ({"Hx": 1}, "unknown keys \\['Hx'\\]"),
                          ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
                          ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp16"}, "unknown compression"),
-                         ({"data": "file:/etc/passwd"}, "only 'generated"), ({"initial_peers": "x"}, "expected a list")):
+                         ({"data": "file:/etc/passwd"}, "expected 'generated"),
+                         ({"data": "metagene:seq_len=64"}, "needs store=DIR"),
+                         ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"), ({"initial_peers": "x"}, "expected a list")):
         with pytest.raises(ValueError, match=message):
             DilocoSettings.from_section(bad, "cfg.toml")
 

@@ -4,6 +4,8 @@
   processes on 127.0.0.1, learning a toy task.
 - ``diloco``: ``intellect-node demo --workload diloco``: DiLoCo nodes on 127.0.0.1 pretraining the
   tiny Llama; metrics.jsonl, loss.png, summary.json.
+- ``metagene``: ``intellect-node demo --workload metagene``: a generated metagenome, its tokenizer
+  and read store, then the DiLoCo demo on it; held-out perplexity and probe MCC before and after.
 - ``local_swarm``: starting and stopping real node processes on 127.0.0.1.
 - ``dashboard``: the live terminal view.
 - ``plot``: reward.png from metrics.jsonl.

@@ -33,14 +33,18 @@ class DilocoDemoOptions:
     minutes: float = 5.0
     compression: str = "int8"
     out: Path | None = None
+    batch: int = 8
+    data: str = "generated:sequences=8192,seq_len=64"
+    model: str = ""  # a preset name; empty: the [diloco] default
+    title: str = "intellect-node demo: DiLoCo"
 
     def config(self) -> str:
         """Every node's ``[diloco]`` section (the same values on all, as the spec requires)."""
         # no rounds limit in the nodes: a node that stopped early would no longer serve its state
         # to a late joiner; the demo stops them all once each has done ``rounds``
-        return (f"[diloco]\nH = {self.H}\nbatch = 8\ncompression = \"{self.compression}\"\n"
+        return (f"[diloco]\nH = {self.H}\nbatch = {self.batch}\ncompression = \"{self.compression}\"\n"
                 f"matchmaking_s = 10.0\nround_timeout_s = 60.0\nmax_peers = {self.peers}\n"
-                "data = \"generated:sequences=8192,seq_len=64\"\n")
+                f"data = {json.dumps(self.data)}\n" + (f"model = {json.dumps(self.model)}\n" if self.model else ""))
 
 
 def _records(node: NodeProcess) -> list[dict[str, Any]]:
@@ -79,7 +83,7 @@ def summarize(by_node: dict[str, list[dict[str, Any]]], seconds: float, stopped_
             "seconds": round(seconds, 1), "stopped_by": stopped_by}
 
 
-def write_loss_plot(by_node: dict[str, list[dict[str, Any]]], path: Path) -> None:
+def write_loss_plot(by_node: dict[str, list[dict[str, Any]]], path: Path, title: str = "intellect-node demo: DiLoCo") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +96,7 @@ def write_loss_plot(by_node: dict[str, list[dict[str, Any]]], path: Path) -> Non
     axis.set_ylabel("mean inner loss")
     axis.grid(alpha=0.3)
     axis.legend(loc="upper right")
-    axis.set_title("intellect-node demo: DiLoCo")
+    axis.set_title(title)
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
@@ -123,7 +127,7 @@ def run_diloco_demo(options: DilocoDemoOptions, log: Callable[[str], None]) -> d
     summary = summarize(by_node, time.monotonic() - started, stopped_by)
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for lines in by_node.values() for r in lines))
     if any(by_node.values()):
-        write_loss_plot(by_node, root / "loss.png")
+        write_loss_plot(by_node, root / "loss.png", options.title)
     (root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     summary["out"] = str(root)
     return summary

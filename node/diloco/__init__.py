@@ -11,7 +11,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
-- ``data``: the generated corpus and a peer's samples for (seed, round, peer id).
+- ``data``: a peer's samples for (seed, round, peer id) and their loss, from the generated corpus
+  or a METAGENE tokenized read store (``metagene:store=DIR``, through node/metagene's feed and loss).
 - ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back.
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
   the allowlist check.

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import grid
@@ -28,7 +27,7 @@ from intellect_node.node.diloco.checkpoint import (
     save_checkpoint,
 )
 from intellect_node.node.diloco.client import AveragerClient, AveragerError
-from intellect_node.node.diloco.data import peer_key, round_batch
+from intellect_node.node.diloco.data import GeneratedData, PeerData, peer_key
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.outer import GlobalState, outer_step
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -61,11 +60,6 @@ class RoundRecord:
         return (f"round {self.round} | steps {self.inner_steps} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s | "
                 f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes / 2**20:.2f} MiB | "
                 f"peers {self.group_size}{' (solo)' if self.solo else ''} | hash {self.state_hash[:12]} {agree}")
-
-
-def lm_loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=rows[:, :-1]).logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -109,9 +103,12 @@ class Stopped(Exception):
 
 
 class DilocoPeer:
-    def __init__(self, model: torch.nn.Module, settings: DilocoSettings, client: AveragerClient, corpus: torch.Tensor,
-                 identity: Identity, checkpoint: Path | None = None) -> None:
-        self.model, self.settings, self.client, self.corpus = model, settings, client, corpus
+    def __init__(self, model: torch.nn.Module, settings: DilocoSettings, client: AveragerClient,
+                 data: PeerData | torch.Tensor, identity: Identity, checkpoint: Path | None = None) -> None:
+        """``data``: a source from ``settings.open_data()``, or the generated corpus's rows."""
+        self.model, self.settings, self.client = model, settings, client
+        self.data = GeneratedData(data, settings.seed, settings.batch) if isinstance(data, torch.Tensor) else data
+        self.round_tokens = 0  # target tokens of the last trained round
         self.identity = identity  # the node's key: names this peer's data and signs it into rounds
         self.key = peer_key(identity.peer_id)
         self.checkpoint = checkpoint
@@ -169,18 +166,18 @@ class DilocoPeer:
         """H inner AdamW steps on this peer's samples of ``round_``; the losses."""
         s = self.settings
         self.model.train()
-        losses = []
+        losses, self.round_tokens = [], 0
         for step in range(s.H):
             if self.stopping.is_set():
                 raise Stopped(f"stopped in round {round_} at inner step {step}")
-            rows = round_batch(self.corpus, s.seed, round_, self.key, step, s.batch)
-            loss = lm_loss(self.model, rows)
+            loss, tokens = self.data.loss(self.model, self.data.draw(round_, self.key, step))
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.clip)
             self.optimizer.step()
             losses.append(float(loss.detach()))
-            self.tokens += rows[:, 1:].numel()
+            self.tokens += tokens
+            self.round_tokens += tokens
             report({"phase": "train", "round": round_, "step": step + 1, "loss": losses[-1]})
         return losses
 
@@ -221,7 +218,7 @@ class DilocoPeer:
 
     def _record(self, round_: int, losses: list[float], train_s: float, outcome: Outcome, digest: bytes,
                 waited_s: float) -> RoundRecord:
-        tokens = self.settings.H * self.settings.batch * (self.corpus.shape[1] - 1)
+        tokens = self.round_tokens
         return RoundRecord(round_, self.settings.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9),
                            train_s, waited_s, outcome.sent, outcome.group, bool(outcome.error), outcome.agreement,
                            digest.hex(), outcome.error)

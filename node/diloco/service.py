@@ -29,7 +29,6 @@ import trio
 
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings
-from intellect_node.node.diloco.data import CorpusSpec, generate
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, Stopped
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -65,8 +64,9 @@ class DilocoService:
         return min(self.settings.round_timeout_s, 30.0)
 
     def build(self, identity: Identity, initial_peers: tuple[str, ...]) -> DilocoPeer:
-        """The model (θ0 from the run's seed: equal on every peer), the corpus, the child, the peer."""
+        """The model (θ0 from the run's seed: equal on every peer), the data, the child, the peer."""
         s = self.settings
+        data = s.open_data()  # a bad store fails here, before any child starts
         self.home.mkdir(parents=True, exist_ok=True)
         model = build_model(s.preset, seed=s.seed)
         client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
@@ -75,7 +75,7 @@ class DilocoService:
                                               str(self.home / "hivemind.key"), s.allowlist),
                                 self.home / "averager.log")
         client.ensure_running()
-        return DilocoPeer(model, s, client, generate(CorpusSpec.parse(s.data)), identity, self.home / "state.safetensors")
+        return DilocoPeer(model, s, client, data, identity, self.home / "state.safetensors")
 
     def _on_progress(self, progress: dict[str, Any]) -> None:
         self.progress = progress

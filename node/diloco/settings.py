@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from intellect_node.node.diloco.data import CorpusSpec
+from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, parse_data
 from intellect_node.node.diloco.grid import levels_for
 from intellect_node.node.metagene.presets import PRESETS, Preset
 
@@ -54,7 +54,9 @@ class DilocoSettings:
 
     def __post_init__(self) -> None:
         levels_for(self.compression)
-        CorpusSpec.parse(self.data)
+        if isinstance(parse_data(self.data), MetageneSpec) and self.model not in PRESETS:
+            raise ValueError(f"[diloco] model = {self.model!r}: metagene data needs a preset whose vocabulary fits "
+                             f"its tokenizer (1024): one of {', '.join(PRESETS)}")
         checks = {"H": 1 <= self.H <= 100_000, "inner_lr": 0 < self.inner_lr < 1, "weight_decay": 0 <= self.weight_decay < 1,
                   "betas": all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2,
                   "outer_lr": 0 < self.outer_lr <= 10, "outer_momentum": 0 <= self.outer_momentum < 1,
@@ -70,6 +72,10 @@ class DilocoSettings:
     @property
     def preset(self) -> Preset:
         return MODELS[self.model]
+
+    def open_data(self) -> PeerData:
+        """The data source ``data`` names, for this run's seed, batch, round length and model."""
+        return open_data(self.data, self.seed, self.batch, self.H, self.preset.context, self.preset.vocab)
 
     @property
     def levels(self) -> int:

@@ -9,8 +9,10 @@
 - ``dataset``: tokenized reads in flat arrays, addressable by index, saved memory-mapped;
   content-keyed held-out split.
 - ``sequences``: read -> training item (<= 512 tokens + EOS), packing, the document mask.
-- ``sharding``: which reads a peer trains on in a round: a keyed permutation of (seed, round, peer).
-- ``feed``: a peer's batches for a round (what the DiLoCo role calls).
+- ``sharding``: which reads a peer trains on in a round: a keyed permutation of (seed, round, peer);
+  for elastic DiLoCo peers (no rank), a block of the round's permutation chosen by the peer's key.
+- ``feed``: a peer's batches for a round (``peer_step_batch`` is what the DiLoCo role's
+  ``metagene:store=DIR`` data calls, node/diloco/data.py).
 - ``presets``: Llama-shaped model presets, tiny to the METAGENE-1 7B configuration.
 - ``loss``: cross entropy plus z-loss 2e-4.
 - ``recipe``: AdamW, warm-up, cosine to a floor, clipping (METAGENE-1's numbers).
