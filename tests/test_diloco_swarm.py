@@ -63,7 +63,13 @@ def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_pat
     first = make_peer(tmp_path, "p0", s)
     peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
     try:
-        records = run_rounds_together(peers)
+        # the subject is the kill below: a first round whose matchmaking a loaded machine split
+        # (seen in CI beside other heavy tests: groups [2, 2, 3]) is followed by another, which
+        # re-syncs whoever diverged, until all three average together
+        for _ in range(3):
+            records = run_rounds_together(peers)
+            if [getattr(r, "group_size", r) for r in records] == [3, 3, 3]:
+                break
         assert [getattr(r, "group_size", r) for r in records] == [3, 3, 3]
         victim = peers[2].client.process
 
@@ -87,7 +93,8 @@ def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_pat
         assert records[2].solo and records[2].group_size == 1  # the victim trained on alone and said so
         victim_peer = peers[2]
         assert victim_peer.diverged and victim_peer.sync(20.0)  # its restarted child fetches the swarm's state
-        assert torch.equal(victim_peer.state.params, peers[0].state.params) and victim_peer.state.round == 2
+        assert torch.equal(victim_peer.state.params, peers[0].state.params)
+        assert victim_peer.state.round == peers[0].state.round
     finally:
         _close(peers)
 
