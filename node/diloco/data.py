@@ -37,6 +37,21 @@ MAX_SEQUENCES = 1 << 24
 SUCCESSORS = 4
 
 
+def spec_items(spec: str, kind: str, numeric: set[str], text: set[str], expected: str) -> dict[str, str]:
+    """The ``key=value`` items of a ``kind:key=value,...`` data spec: only the named keys, whole
+    numbers for ``numeric``, a clear error naming the item otherwise."""
+    head, _, rest = spec.partition(":")
+    if head != kind:
+        raise ValueError(f"data spec {spec!r}: expected {expected}")
+    values: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in numeric | text or not value or (key in numeric and not value.isdigit()):
+            raise ValueError(f"data spec {spec!r}: bad item {item!r} (keys: {', '.join(sorted(numeric | text))})")
+        values[key] = value
+    return values
+
+
 @dataclass(frozen=True)
 class CorpusSpec:
     sequences: int = 4096
@@ -52,16 +67,9 @@ class CorpusSpec:
     @classmethod
     def parse(cls, spec: str) -> CorpusSpec:
         """``generated:key=value,...`` with keys sequences, seq_len, vocab, seed."""
-        kind, _, rest = spec.partition(":")
-        if kind != "generated":
-            raise ValueError(f"data spec {spec!r}: expected 'generated:...' or 'metagene:store=DIR[,seq_len=L]'")
-        values: dict[str, int] = {}
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            if key not in {"sequences", "seq_len", "vocab", "seed"} or not value.isdigit():
-                raise ValueError(f"data spec {spec!r}: bad item {item!r} (keys: sequences, seq_len, vocab, seed)")
-            values[key] = int(value)
-        return cls(**values)
+        values = spec_items(spec, "generated", {"sequences", "seq_len", "vocab", "seed"}, set(),
+                            "'generated:...' or 'metagene:store=DIR[,seq_len=L]'")
+        return cls(**{key: int(value) for key, value in values.items()})
 
 
 def generate(spec: CorpusSpec) -> torch.Tensor:
@@ -129,15 +137,7 @@ class MetageneSpec:
 
     @classmethod
     def parse(cls, spec: str) -> MetageneSpec:
-        kind, _, rest = spec.partition(":")
-        if kind != "metagene":
-            raise ValueError(f"data spec {spec!r}: not a metagene spec")
-        values: dict[str, str] = {}
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            if key not in {"store", "seq_len"} or not value or (key == "seq_len" and not value.isdigit()):
-                raise ValueError(f"data spec {spec!r}: bad item {item!r} (keys: store=DIR, seq_len=L)")
-            values[key] = value
+        values = spec_items(spec, "metagene", {"seq_len"}, {"store"}, "'metagene:store=DIR[,seq_len=L]'")
         if "store" not in values:
             raise ValueError(f"data spec {spec!r}: needs store=DIR (a directory written by `intellect-node metagene store`)")
         seq_len = int(values.get("seq_len", 512))
