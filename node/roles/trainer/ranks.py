@@ -112,6 +112,18 @@ class LeadLearner:
 def release() -> None:
     """Rank 0, once its node is done: the followers return from ``follow``, wherever they wait."""
     _announce(None)
+    _close_channel()
+
+
+def _close_channel() -> None:
+    """Every rank, at the release: meet once more, then tear the announcement group down here and
+    now. Left to interpreter exit, a group's gloo threads were once destroyed still joinable
+    (``terminate called without an active exception``: a follower killed by SIGABRT in CI)."""
+    global _announcements
+    if _announcements is not None:
+        dist.barrier(group=_announcements)
+        dist.destroy_process_group(_announcements)
+        _announcements = None
 
 
 def follow() -> None:
@@ -121,6 +133,7 @@ def follow() -> None:
 
     setup = _announce()
     if setup is None:
+        _close_channel()
         return
     model = AutoModelForCausalLM.from_config(setup["config"])
     reference = AutoModelForCausalLM.from_config(setup["config"]).eval() if setup["reference"] else None
@@ -128,6 +141,7 @@ def follow() -> None:
     while True:
         message = _announce()
         if message is None:
+            _close_channel()
             return
         command, groups = message
         if command == "step":
