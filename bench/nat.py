@@ -53,9 +53,7 @@ def _status(node: NodeProcess) -> dict[str, Any]:
 
 def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int) -> dict[str, Any]:
     """One swarm, one checkpoint; seconds until every fetcher verified it, plus relay figures."""
-    homes = nated
-    publics = 2 + fetchers - nated
-    with SmallInternet(publics=publics, homes=max(homes, 1)) as net:
+    with SmallInternet(publics=2 + fetchers - nated, homes=max(nated, 1)) as net:
         run = f"nat-bench-{seed}"
         swarm = LocalSwarm(root, run_id=run, timing=FAST)
         publisher = ShardSwarm(root, run, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(2 * MIB)})
