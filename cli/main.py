@@ -375,7 +375,7 @@ def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
 
 
 @app.command()
-def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer steps", min=1)] = 100,
+def demo(steps: Annotated[int | None, typer.Option(help="Also stop after this many trainer steps [default: stop by --minutes only]", min=1)] = None,
          workers: Annotated[int, typer.Option(help="Inference nodes", min=1)] = 2,
          minutes: Annotated[float, typer.Option(help="Stop after this many minutes", min=0.1)] = 10.0,
          out: Annotated[Path | None, typer.Option(help="Directory for metrics.jsonl, reward.png, summary.json and the nodes' homes [default: a temp dir]")] = None,
@@ -404,7 +404,8 @@ def demo(steps: Annotated[int, typer.Option(help="Stop after this many trainer s
     err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
-    err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json", soft_wrap=True)
+    err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json (with a CPU profile per node); "
+              f"bench/RESULTS.md's Learning section has the figures of the 10-minute run to compare with", soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
 

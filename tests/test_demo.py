@@ -35,3 +35,10 @@ def test_demo_swarm_learns_toy_reversal(tmp_path) -> None:
     assert summary["accepted_groups"] > 0
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == STEPS
+    # the profile: every node's CPU time, and what the producing roles made with it
+    profile = summary["profile"]
+    assert set(profile) == {"bootstrap", "trainer", "inference0", "inference1", "validator"}
+    assert all(entry["cpu_s"] > 0 for entry in profile.values()), profile
+    assert all(profile[name]["inference"]["tokens"] > 0 for name in ("inference0", "inference1")), profile
+    assert profile["validator"]["validator"]["rows_verified"] > 0, profile
+    assert profile["trainer"]["trainer_verification"]["rows_verified"] > 0, profile

@@ -28,7 +28,9 @@ def render(renderable) -> str:
 
 def test_training_table_shows_progress_counts_and_rate() -> None:
     text = render(training_table(lines(), DemoOptions(steps=10), elapsed_s=75))
-    assert "step 2/10, 1:15 elapsed" in text
+    assert "step 2/10, 1:15 of 10:00" in text
+    # the default demo stops by time only: no step limit to show
+    assert "step 2, 1:15 of 10:00" in render(training_table(lines(), DemoOptions(), elapsed_s=75))
     assert "0.250 at start -> 0.400 now" in text
     assert "40 / 2 / 3 / 10" in text
     assert "250" in text  # 500 tokens over the 2 s between steps 1 and 2

@@ -38,7 +38,9 @@ def training_table(lines: list[dict[str, Any]], options: DemoOptions, elapsed_s:
     span = window[-1]["wall_s"] - window[0]["wall_s"] if len(window) > 1 else 0.0
     rate = sum(line["tokens"] for line in window[1:]) / span if span > 0 else None
     minutes, seconds = divmod(int(elapsed_s), 60)
-    table = Table(title=f"training: step {last.get('step', 0)}/{options.steps}, {minutes}:{seconds:02d} elapsed",
+    of_steps = "" if options.steps is None else f"/{options.steps}"
+    limit_m, limit_s = divmod(int(options.minutes * 60), 60)
+    table = Table(title=f"training: step {last.get('step', 0)}{of_steps}, {minutes}:{seconds:02d} of {limit_m}:{limit_s:02d}",
                   show_header=False, expand=True)
     table.add_column(style="bold")
     table.add_column()

@@ -36,6 +36,15 @@ class NodeProcess:
     def status(self) -> dict[str, Any]:
         return query(self.home / "control.sock")
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time the node's process has used so far (Linux ``/proc``; None
+        elsewhere or once it has exited): what a profile of a run on shared cores compares."""
+        try:
+            fields = (Path("/proc") / str(self.process.pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
     def member_ids(self) -> set[str]:
         try:
             return {m["peer_id"] for m in self.status()["members"]}

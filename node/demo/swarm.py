@@ -6,8 +6,10 @@ terminal's Ctrl-C reaches only the demo, which then stops them in order), sharin
 into the cache. Identities are created up front so that every node can be told the trainer's peer
 id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
-at ``steps`` trainer steps, after ``minutes``, on Ctrl-C, or when a node dies, and always leaves
-``out/metrics.jsonl``, ``out/reward.png`` and ``out/summary.json``.
+after ``minutes`` (by default: what a newcomer should see is how far ten minutes get), at
+``steps`` trainer steps if given, on Ctrl-C, or when a node dies, and always leaves
+``out/metrics.jsonl``, ``out/reward.png`` and ``out/summary.json``. The summary carries a profile
+of the run: CPU seconds per node and what each role produced, taken just before the stop.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ NODE_ENV = {"OMP_NUM_THREADS": "1"}  # 5 processes on a few cores: one compute t
 
 @dataclass(frozen=True)
 class DemoOptions:
-    steps: int = 100
+    steps: int | None = None  # None: stop by time only
     workers: int = 2
     minutes: float = 10.0
     out: Path | None = None
@@ -43,6 +45,9 @@ class DemoOptions:
     lr: float = 5e-4
     batch_groups: int = 16
     validator: bool = True
+    # the share of batches the trainer re-verifies itself when a validator runs; the rest it
+    # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py)
+    trainer_verify_fraction: float = 1.0
     dashboard: bool = True
 
 
@@ -89,11 +94,12 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
     bootstrap = swarm.start_bootstrap()
     log(f"bootstrap  {bootstrap.addr}")
-    trainer_args = ["join", "--role", "trainer", "--bootstrap", bootstrap.addr, *common, "--steps", str(options.steps),
-                    "--lr", str(options.lr),
+    trainer_args = ["join", "--role", "trainer", "--bootstrap", bootstrap.addr, *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
+    if options.steps is not None:
+        trainer_args += ["--steps", str(options.steps)]
     if validator_id:
-        trainer_args += ["--trust-validator", validator_id]
+        trainer_args += ["--trust-validator", validator_id, "--verify-fraction", str(options.trainer_verify_fraction)]
     trainer = swarm.start("trainer", trainer_args, NODE_ENV)
     log(f"trainer    {trainer.peer_id}")
     for index in range(options.workers):
@@ -105,6 +111,34 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
                                          "--trainer", trainer_id, *common], NODE_ENV)
         log(f"validator  {node.peer_id}")
     return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
+
+
+PROFILED_FIGURES = {  # per role service: what it produced, from its control-socket status
+    "inference": ("tokens", "tokens_per_s", "batches"),
+    "validator": ("rows_verified", "rows_per_s", "accepted_groups"),
+}
+
+
+def profile(swarm: LocalSwarm) -> dict[str, dict[str, Any]]:
+    """Where the cores went: each node's CPU seconds and its role's output so far. Taken while
+    the nodes still run (a stopped process has no /proc entry and no control socket)."""
+    result: dict[str, dict[str, Any]] = {}
+    for name, node in swarm.nodes.items():
+        entry: dict[str, Any] = {"cpu_s": node.cpu_seconds()}
+        try:
+            status = node.status().get("services", {})
+        except OSError:
+            status = {}
+        for service, keys in PROFILED_FIGURES.items():
+            figures = status.get(service)
+            if isinstance(figures, dict):
+                entry[service] = {key: figures.get(key) for key in keys}
+        trainer = status.get("trainer")
+        if isinstance(trainer, dict) and isinstance(trainer.get("verification"), dict):
+            entry["trainer_verification"] = {key: trainer["verification"].get(key)
+                                             for key in PROFILED_FIGURES["validator"]}
+        result[name] = entry
+    return result
 
 
 def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> dict[str, Any]:
@@ -157,15 +191,17 @@ def _run(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str],
         demo = None
     stopped_by = "ctrl-c"
     lines: list[dict[str, Any]] = []
+    cpu_profile: dict[str, dict[str, Any]] = {}
     if demo is not None:
         try:
             stopped_by = _watch(demo, options, started)
+            cpu_profile = profile(demo.swarm)
         except KeyboardInterrupt:
             pass
         finally:
             lines = demo.metrics()
             demo.swarm.stop_all()
-    summary = summarize(lines, time.monotonic() - started, stopped_by)
+    summary = summarize(lines, time.monotonic() - started, stopped_by) | {"profile": cpu_profile}
     (root / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     if lines:
         write_reward_plot(lines, root / "reward.png")
@@ -184,7 +220,7 @@ def _watch(demo: DemoSwarm, options: DemoOptions, started: float) -> str:
             lines = demo.metrics()
             dashboard.update(lines, demo.swarm, time.monotonic() - started)
             trained = [line for line in lines if "task_reward" in line]
-            if trained and trained[-1]["step"] >= options.steps:
+            if trained and options.steps is not None and trained[-1]["step"] >= options.steps:
                 return "steps"
             died = death_report(demo.swarm.nodes.values())
             if died:
