@@ -15,6 +15,7 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.roles.validator.verdict_trust import TrustedVerdicts
 from intellect_node.protocol import codec
+from intellect_node.protocol.rollouts import pack_logprobs
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
 RUN = "trust-test"
@@ -97,3 +98,26 @@ def test_cheat_verdict_against_own_acceptance_is_a_conflict_not_a_ban() -> None:
     other = bytes(32)
     node.deliver(verdict(ALICE, accepted=(), rejected=((1, "logprobs"),), digest=other), ALICE)
     assert WORKER.peer_id in node.scores.banned  # a batch it never judged: the trusted verdict holds
+
+
+def test_an_adopted_verdict_carries_the_workers_vouched_logprobs_for_accepted_groups_only() -> None:
+    """The trainer trains adopted groups on the worker's claimed logprobs (bounded by the trusted
+    validators' check 14), one per completion token, so its GRPO ratio still sees the rollout's lag."""
+    from intellect_node.node.roles.validator.service import adopted_result
+    from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, SamplingSettings, pack_tokens
+    from tests.test_rollouts_wire import completion
+
+    claimed = [-0.25, -1.5, -0.125]
+    batch = RolloutBatch(
+        run_id=RUN, worker=WORKER.peer_id, policy_step=3, manifest_hash=bytes(32), engine="torch",
+        sampling=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64),
+        groups=(RolloutGroup(counter=1, task_id="t1", length_target=None, prompt_ids=pack_tokens([4]),
+                             completions=(completion(3, logprobs=pack_logprobs(claimed)), completion(2))),
+                RolloutGroup(counter=2, task_id="t2", length_target=None, prompt_ids=pack_tokens([5]),
+                             completions=(completion(1),))))
+    result = adopted_result(batch, verdict(ALICE, accepted=((1, (1.0, 0.0)),), rejected=((2, "toploc"),)))
+    accepted = {g.counter: g for g in result.groups if g.reason is None}
+    assert set(accepted) == {1} and accepted[1].rewards == (1.0, 0.0)
+    assert accepted[1].logprobs == (tuple(claimed), (-0.5, -0.5))
+    assert [(g.counter, g.reason, g.logprobs) for g in result.groups if g.reason] == [(2, "toploc", ())]
+    assert result.worker == WORKER.peer_id and result.policy_step == 3

@@ -22,7 +22,8 @@ class TrainingGroup:
     completions: tuple[tuple[int, ...], ...]
     task_rewards: tuple[float, ...]  # recomputed by the trainer's checks, one per completion
     # the sampling policy's, per token, from the trainer's own verification prefill; empty for an
-    # adopted verdict (the learner then recomputes them)
+    # adopted verdict the worker's claims its trusted validators vouched for (check 14); empty: the
+    # learner recomputes them
     logprobs: tuple[tuple[float, ...], ...]
 
     def __post_init__(self) -> None:

@@ -3,8 +3,10 @@
 The "old" policy of the ratio is selectable (``OptimConfig.old_policy``):
 
 - ``behavior`` (default): the logprobs of the policy that sampled the tokens, as the trainer's
-  own verification prefill of that checkpoint recomputed them (never the worker's claims; a group
-  adopted from a trusted verdict, verified elsewhere, falls back to ``recompute``). With rollouts up to ``async_level`` steps old, the clip then bounds how far the
+  own verification prefill of that checkpoint recomputed them, or, for a group adopted from
+  trusted verdicts, the worker's claims that those validators bounded to their own recomputation
+  (check 14); a row without any falls back to ``recompute``. With rollouts up to ``async_level``
+  steps old, the clip then bounds how far the
   trained policy may drift from the one that produced the data, which keeps a fast-moving policy
   stable: measured on the tiny model at lr 5e-4, two steps of lag with ``recompute`` took
   held-out accuracy from 0.24 to 0.03 in 10 steps, while without lag it rose to 0.34.
@@ -187,7 +189,7 @@ class GRPOLearner:
         for group in groups:
             rewards = total_rewards(group.task_rewards, group.lengths, group.length_target, self.reward_config)
             adv = group_advantages(rewards)
-            # an adopted verdict's group carries no logprobs: its rows get them recomputed (zip
+            # a group may carry no logprobs: its rows get them recomputed (zip
             # with the empty tuple would silently drop every row of the group)
             behavior = group.logprobs or ((),) * len(group.completions)
             for completion, a, logprobs in zip(group.completions, adv, behavior, strict=True):
@@ -230,7 +232,7 @@ class GRPOLearner:
         return values
 
     def _behavior(self, tensors: _Tensors, recompute: bool) -> torch.Tensor:
-        """The sampling policy's logprobs; rows without them (adopted verdicts) get the current
+        """The sampling policy's logprobs; rows without them get the current
         weights' (recomputed here, never taken from the worker). ``recompute`` is decided over
         the whole mini-batch, so that every process of a sharded learner runs the same passes."""
         if not recompute:

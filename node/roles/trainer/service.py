@@ -144,8 +144,8 @@ class TrainerService:
 
     async def _on_judged(self, digest: str, batch: RolloutBatch, result: BatchVerdict) -> None:
         rewards = {g.counter: g.rewards for g in result.accepted}
-        # logprobs from this trainer's own verification prefill; none for an adopted verdict (the
-        # learner then recomputes the old policy itself): never the worker's claims
+        # logprobs from this trainer's own verification prefill, or for an adopted verdict the
+        # worker's claims that the trusted validators' check 14 bounded (validator.service.adopted_result)
         logprobs = {g.counter: g.logprobs for g in result.accepted}
         recent = {key for keys in self.consumed.values() for key in keys}
         fresh = []

@@ -42,7 +42,7 @@ from intellect_node.node.rollouts.run_spec import build_run_spec
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.rollouts import RolloutBatch
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
 from intellect_node.protocol.run_spec import RunSpec
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
 
@@ -85,6 +85,26 @@ def sampled(secret: bytes, digest: str, fraction: float) -> bool:
 
 
 JudgedHook = Callable[[str, RolloutBatch, BatchVerdict], Awaitable[None]]
+
+
+def adopted_result(batch: RolloutBatch, agreed: Verdict) -> BatchVerdict:
+    """An agreed trusted verdict as this node's result on ``batch``: the verdict's acceptances and
+    recomputed rewards, with the worker's claimed logprobs of each accepted group.
+
+    The claims are what the trusted validators' check 14 bounded to within the engine pair's
+    ``logprob_atol`` of their own recomputation (specs/validation.md section 5), so a trainer
+    can use them as the sampling policy's without a prefill of its own; recomputing them with
+    its current weights instead would make the GRPO ratio blind to the rollout's lag."""
+    by_counter = {group.counter: group for group in batch.groups}
+    accepted = []
+    for group in agreed.accepted:
+        claimed = by_counter.get(group.counter)
+        logprobs = () if claimed is None else tuple(
+            tuple(float(x) for x in unpack_logprobs(c.logprobs)) for c in claimed.completions)
+        accepted.append(GroupResult(group.counter, None, tuple(group.rewards), logprobs=logprobs))
+    rejected = tuple(GroupResult(g.counter, g.reason) for g in agreed.rejected)
+    return BatchVerdict(worker=batch.worker, policy_step=batch.policy_step, groups=(*accepted, *rejected),
+                        completions=0)
 
 
 class ValidatorService:
@@ -235,9 +255,7 @@ class ValidatorService:
         self._waiting_since.pop(digest, None)
         if not isinstance(agreed, Verdict):
             return False
-        groups = tuple(GroupResult(g.counter, None, tuple(g.rewards)) for g in agreed.accepted) + tuple(
-            GroupResult(g.counter, g.reason) for g in agreed.rejected)
-        return BatchVerdict(worker=batch.worker, policy_step=batch.policy_step, groups=groups, completions=0)
+        return adopted_result(batch, agreed)
 
     def _own_accepted(self, digest: str) -> set[int] | None:
         """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
