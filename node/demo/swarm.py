@@ -102,14 +102,16 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
         trainer_args += ["--trust-validator", validator_id, "--verify-fraction", str(options.trainer_verify_fraction)]
     trainer = swarm.start("trainer", trainer_args, NODE_ENV)
     log(f"trainer    {trainer.peer_id}")
+    if validator_id:  # before the workers: a validator judges a worker's counters from 0, so one that
+        # joins after the first batches waits for the step to leave the window, and the trainer
+        # adopting its verdicts with it
+        node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", bootstrap.addr,
+                                         "--trainer", trainer_id, *common], NODE_ENV)
+        log(f"validator  {node.peer_id}")
     for index in range(options.workers):
         node = swarm.start(f"inference{index}", ["join", "--role", "inference", "--bootstrap", bootstrap.addr,
                                                  "--trainer", trainer_id, *common], NODE_ENV)
         log(f"inference  {node.peer_id}")
-    if validator_id:
-        node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", bootstrap.addr,
-                                         "--trainer", trainer_id, *common], NODE_ENV)
-        log(f"validator  {node.peer_id}")
     return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
 
 
