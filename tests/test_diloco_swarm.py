@@ -14,6 +14,7 @@ import torch
 
 from intellect_node.node.diloco import frames
 from intellect_node.node.diloco.client import AveragerError
+from intellect_node.node.diloco.run_spec import sign_run_spec, with_run_spec
 from tests.diloco_helpers import identity, make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
@@ -167,8 +168,11 @@ def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> N
         _close(peers)
 
 
-def test_a_peer_outside_the_allowlist_is_refused(tmp_path) -> None:
-    members = settings(round_timeout_s=15.0, allowlist=(identity("p0").peer_id, identity("p1").peer_id))
+def test_a_peer_outside_the_signed_allowlist_is_refused(tmp_path) -> None:
+    owner = identity("owner")  # the run's owner signs the spec; its nodes trust that key
+    (tmp_path / "spec.ine").write_bytes(sign_run_spec(owner, "run", (identity("p0").peer_id, identity("p1").peer_id), 600))
+    members = with_run_spec(settings(round_timeout_s=15.0, run_spec="spec.ine", authority=owner.peer_id), "run", tmp_path)
+    assert members.allowlist == (identity("p0").peer_id, identity("p1").peer_id)
     first = make_peer(tmp_path, "p0", members)
     peers = [first, make_peer(tmp_path, "p1", members, tuple(first.client.maddrs)),
              make_peer(tmp_path, "intruder", settings(round_timeout_s=15.0), tuple(first.client.maddrs))]

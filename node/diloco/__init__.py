@@ -16,6 +16,7 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back.
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
   the allowlist check.
+- ``run_spec``: the allowlist from the run owner's signed ``diloco_run_spec`` (``[diloco] run_spec``).
 - ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
   and refuses partial all-reduces (runs inside the child only).
 - ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
