@@ -5,8 +5,11 @@ vouch for, and checks it by hash. No hivemind here: the states are built directl
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+import trio
 
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.outer import GlobalState, outer_step
@@ -15,6 +18,8 @@ from intellect_node.node.diloco.state_hash import state_hash
 from intellect_node.node.diloco.state_overlay import choose
 from intellect_node.node.metagene.presets import build_model
 from intellect_node.node.shards.checkpoint import build_manifest
+from intellect_node.protocol import codec
+from intellect_node.protocol.manifest import CheckpointManifest
 from tests.diloco_helpers import MICRO, Overlays, identity
 
 SHARD = 1 << 16  # the smallest shard size: the micro model's state spans several shards
@@ -33,7 +38,7 @@ def _states() -> tuple[Layout, GlobalState, GlobalState]:
 
 def test_a_joiner_takes_only_the_state_a_majority_of_members_vouches_for(tmp_path) -> None:
     layout, honest, lie = _states()
-    names = ["p0", "p1", "liar", "joiner"]
+    names = ["p0", "p1", "liar", "replayer", "joiner"]
     overlays = Overlays(tmp_path, frozenset(identity(n).peer_id for n in names), SHARD)
     try:
         for name in names + ["outsider"]:
@@ -63,6 +68,15 @@ def test_a_joiner_takes_only_the_state_a_majority_of_members_vouches_for(tmp_pat
         overlays.publish("liar", GlobalState(layout, lie.params.clone(), lie.momentum.clone(), 3), state_hash(ahead))
         assert overlays.fetch("joiner", ["liar"], 10.0) is None
         assert joiner.counters["states_refused"] == 1
+
+        # a member that replays another member's signed manifest as its own vote is refused and charged
+        replayer, held = overlays.overlays["replayer"], overlays.overlays["p0"].served.checkpoints[1]
+        shutil.copy(held.data_path, replayer.served.staging_path(1))
+        replay = codec.decode(held.envelope, CheckpointManifest)
+        trio.from_thread.run_sync(replayer.served.add_published, replayer.served.staging_path(1), replay,
+                                  held.envelope, trio_token=overlays.token)
+        assert overlays.fetch("joiner", ["replayer"], 10.0) is None
+        assert joiner.counters["manifests_refused"] == 1 and joiner.scores.rejections["unauthorized_signer"] == 1
     finally:
         overlays.close()
 

@@ -169,7 +169,7 @@ class DilocoService:
                                                peer.diverged)
         if fetched is not None and await self._off_loop(peer, peer.adopt, fetched[0]):
             self.adopted += 1
-            await overlay.publish(peer.state, fetched[1])
+            await self._publish(peer, overlay, fetched[1])
 
     async def _publish(self, peer: DilocoPeer, overlay: StateOverlay, digest: bytes) -> None:
         """Serve the state after an outer step; a failure costs joiners one server, not our rounds."""
@@ -189,29 +189,35 @@ class DilocoService:
         log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
                  peer.client.maddrs, len(initial), peer.state.round)
         try:
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery:  # the state server lives as long as the rounds
                 node.update_advert(extra_addr=await nursery.start(overlay.serve, self.settings.host))
                 task_status.started()
-                await self._publish(peer, overlay, await trio.to_thread.run_sync(state_hash, peer.state))
-                await self._sync(node, peer, overlay)
-                while not self.settings.rounds or peer.state.round < self.settings.rounds:
-                    await self._merge_if_split(node, peer)
-                    if peer.diverged:
-                        await self._sync(node, peer, overlay)
-                    record = await self._off_loop(peer, peer.run_round, self._on_progress)
-                    if record is not None:  # the first overlapped round applies nothing yet
-                        self.record(record)
-                        await self._publish(peer, overlay, bytes.fromhex(record.state_hash))
-                last = await self._off_loop(peer, peer.finish)  # overlap: the round still in flight
-                if last is not None:
-                    self.record(last)
-                    await self._publish(peer, overlay, bytes.fromhex(last.state_hash))
+                try:
+                    await self._rounds(node, peer, overlay)
+                except Stopped:
+                    pass
                 nursery.cancel_scope.cancel()
-        except Stopped:
-            pass
         finally:
             peer.stopping.set()
             peer.client.close()
+
+    async def _rounds(self, node: Node, peer: DilocoPeer, overlay: StateOverlay) -> None:
+        """Serve the state, take the swarm's if it is ahead, then round after round (each outer step
+        served), until ``rounds`` or until stopped."""
+        await self._publish(peer, overlay, await trio.to_thread.run_sync(state_hash, peer.state))
+        await self._sync(node, peer, overlay)
+        while not self.settings.rounds or peer.state.round < self.settings.rounds:
+            await self._merge_if_split(node, peer)
+            if peer.diverged:
+                await self._sync(node, peer, overlay)
+            record = await self._off_loop(peer, peer.run_round, self._on_progress)
+            if record is not None:  # the first overlapped round applies nothing yet
+                self.record(record)
+                await self._publish(peer, overlay, bytes.fromhex(record.state_hash))
+        last = await self._off_loop(peer, peer.finish)  # overlap: the round still in flight
+        if last is not None:
+            self.record(last)
+            await self._publish(peer, overlay, bytes.fromhex(last.state_hash))
 
     def status(self) -> dict[str, Any]:
         peer, last = self.peer, self.last

@@ -37,6 +37,7 @@ from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, PeerRecord
 from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected
@@ -65,10 +66,11 @@ class StateOverlay:
         self.counters: Counter[str] = Counter()
 
     async def serve(self, host: str, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve this peer's states until cancelled; reports the advert address (``adverts``)."""
+        """Serve this peer's states on ``host`` until cancelled; reports the advert address
+        (``adverts``), with a dialable address in place of 0.0.0.0."""
         async with trio.open_nursery() as nursery:
             port = await nursery.start(self.server.serve, host, 0)
-            task_status.started(f"/ip4/{host}/tcp/{port}/http/diloco-state")
+            task_status.started(f"/ip4/{dialable_hosts(host)[0]}/tcp/{port}/http/diloco-state")
 
     # ---- publishing ------------------------------------------------------------------------
 
