@@ -26,6 +26,7 @@ from intellect_node.node.shards.loader import load_tensors
 from intellect_node.protocol.manifest import CheckpointManifest
 
 ROUND, HASH = "diloco.round", "diloco.state_hash"
+MAX_HEADER = 1 << 24  # the safetensors header: about 150 bytes per tensor (65,536 tensors at most)
 
 
 class StateFileError(ValueError):
@@ -57,6 +58,8 @@ def check_manifest(manifest: CheckpointManifest, layout: Layout) -> None:
     if found != expected:
         odd = sorted(set(found) ^ set(expected)) or sorted(n for n in found if found[n] != expected[n])
         raise StateFileError(f"the state file's tensors do not match this model's layout (first: {odd[0][:80]!r})")
+    if manifest.total_size > sum(e.nbytes for e in manifest.tensors) + MAX_HEADER:
+        raise StateFileError(f"a state file of {manifest.total_size} bytes is larger than this model's state")
 
 
 def read_state_file(path: Path, manifest: CheckpointManifest, layout: Layout) -> tuple[GlobalState, bytes]:

@@ -36,7 +36,7 @@ from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, PeerRecord
 from intellect_node.node.shards.server import ShardServer
-from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
@@ -105,9 +105,15 @@ class StateOverlay:
             return None
         with trio.move_on_after(timeout_s):
             newest = await self._manifests(asked, None)
-            rounds = sorted({signed.message.step for signed, _ in newest.values()}, reverse=True)
-            rounds = [r for r in rounds if r > own_round or (r == own_round and own_hash is not None)]
-            for round_ in rounds[:ROUNDS_TRIED]:
+            steps = [signed.message.step for signed, _ in newest.values()]
+
+            def reachable(r: int) -> bool:
+                """Enough members are at r or beyond to vouch for r (liars naming far-off rounds
+                cannot use up the joiner's tries)."""
+                mine = r == own_round and own_hash is not None
+                return (r > own_round or mine) and 2 * (sum(s >= r for s in steps) + mine) > len(asked) + mine
+
+            for round_ in [r for r in sorted(set(steps), reverse=True) if reachable(r)][:ROUNDS_TRIED]:
                 votes = {p: v for p, v in newest.items() if v[0].message.step == round_}
                 later = {p: asked[p] for p, v in newest.items() if v[0].message.step > round_}
                 votes |= await self._manifests(later, round_)
@@ -172,7 +178,11 @@ class StateOverlay:
         for endpoint in holders:
             book.peers[endpoint.peer_id] = PeerRecord(endpoint)
         self.fetched.prune(0)
-        checkpoint = await trio.to_thread.run_sync(self.fetched.begin, signed, envelope)
+        try:
+            checkpoint = await trio.to_thread.run_sync(self.fetched.begin, signed, envelope)
+        except (InsufficientDisk, OSError) as exc:
+            log.error("cannot fetch the round-%d state: %s", manifest.step, exc)
+            return None
 
         async def no_providers(shard: int) -> list[str]:
             return []
