@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from intellect_node.node.diloco.run_spec import RunSpecError, with_run_spec
+from intellect_node.node.diloco.run_spec import RunSpecError, sign_run_spec, with_run_spec
 from intellect_node.node.diloco.settings import DilocoSettings
+from intellect_node.protocol.errors import InvalidValue
 from tests.diloco_helpers import identity
 
 MEMBER = identity("member")
@@ -47,10 +48,14 @@ def test_run_spec_signed_by_the_owner_sets_the_allowlist_and_a_bad_signature_is_
     done = _join(tmp_path / "a", f'[diloco]\nrun_spec = "{tmp_path / "bad.ine"}"\nauthority = "{authority}"\n')
     assert done.returncode == 2 and "bad.ine refused (bad_signature)" in done.stderr, done.stderr
     stranger = MEMBER.peer_id  # a valid spec, but not signed by the authority this node trusts
-    done = _join(tmp_path / "b", f'[diloco]\nrun_spec = "{tmp_path / "spec.ine"}"\nauthority = "{stranger}"\n')
-    assert done.returncode == 2 and "refused (signer_mismatch)" in done.stderr, done.stderr
+    with pytest.raises(RunSpecError, match="refused \\(signer_mismatch\\)"):
+        with_run_spec(DilocoSettings(run_spec="spec.ine", authority=stranger), "intellect-public", tmp_path)
+    with pytest.raises(RunSpecError, match="refused \\(invalid_value\\).*not 'another-run'"):
+        with_run_spec(DilocoSettings(run_spec="spec.ine", authority=authority), "another-run", tmp_path)
     with pytest.raises(RunSpecError, match="both set"):
         with_run_spec(DilocoSettings(run_spec="spec.ine", authority=authority, allowlist=(authority,)),
                       "intellect-public", tmp_path)
     with pytest.raises(ValueError, match="run_spec and authority go together"):
         DilocoSettings(run_spec="spec.ine")
+    with pytest.raises(InvalidValue, match=r"allowlist\[0\]: 'bogus' does not match"):
+        sign_run_spec(MEMBER, "intellect-public", ("bogus",), 600)  # the owner learns before its nodes do

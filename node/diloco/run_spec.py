@@ -27,10 +27,12 @@ class RunSpecError(ValueError):
 
 
 def sign_run_spec(identity: Identity, run_id: str, allowlist: tuple[str, ...], lifetime_s: float) -> bytes:
-    """The owner's signed envelope admitting ``allowlist`` to ``run_id``'s rounds."""
+    """The owner's signed envelope admitting ``allowlist`` to ``run_id``'s rounds; ``Rejected``
+    (naming the field) for one that its nodes would refuse, such as a string that is no peer id."""
     spec = DilocoRunSpec(run_id=run_id, authority=identity.peer_id, allowlist=tuple(dict.fromkeys(allowlist)))
-    spec.check("diloco_run_spec")
-    return codec.encode(spec, identity, lifetime_s=lifetime_s)
+    envelope = codec.encode(spec, identity, lifetime_s=lifetime_s)
+    load_signed_spec(envelope, DilocoRunSpec, authority=identity.peer_id, run_id=run_id)  # the nodes' own check
+    return envelope
 
 
 def read_run_spec(path: Path, *, authority: str, run_id: str) -> DilocoRunSpec:
