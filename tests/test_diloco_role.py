@@ -11,10 +11,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
+from intellect_node.node.diloco.adverts import state_endpoint
+from intellect_node.protocol import codec
+from intellect_node.protocol.manifest import CheckpointManifest
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +76,11 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
         assert status["round"] >= 2 and status["last_round"]["round"] >= 1 and status["hivemind_peer"]
         assert status["state_overlay"]["published"] >= 2  # its state after each outer step, for joiners
         own = [m for m in a.status()["members"] if m["peer_id"] == a.peer_id][0]
-        assert any(addr.endswith("/http/diloco-state") for addr in own["addrs"])
+        server = state_endpoint(a.peer_id, own["addrs"])  # its advert names its state server
+        assert server is not None
+        with urllib.request.urlopen(f"http://{server.host}:{server.port}/ina/v1/diloco-test/manifest", timeout=10) as r:
+            signed = codec.decode(r.read(), CheckpointManifest)
+        assert signed.signer_peer_id == a.peer_id and signed.message.step >= 2  # step = round, signed by a
         a_group = status["averager_pid"]  # it leads its process group (hivemind's daemons are in it)
         b_group = b.status()["services"]["diloco"]["averager_pid"]
         assert swarm.stop("a") == 0  # SIGTERM
