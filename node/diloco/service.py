@@ -144,13 +144,19 @@ class DilocoService:
                     peer.stopping.set()
                     peer.client.close()
 
+        stopped: Stopped | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop_on_cancel)
             try:
-                return await trio.to_thread.run_sync(work, *args)
+                result = await trio.to_thread.run_sync(work, *args)
+            except Stopped as exc:  # raised past the nursery, which would wrap it in an ExceptionGroup
+                stopped = exc
             finally:
                 finished = True
                 nursery.cancel_scope.cancel()
+        if stopped is not None:
+            raise stopped
+        return result
 
     def state_servers(self, node: Node) -> list[Endpoint]:
         """The state servers of the run's other diloco members, from their signed adverts."""
