@@ -111,6 +111,32 @@ def keygen(home: HomeOpt = None, config: ConfigOpt = None) -> None:
     print(identity.peer_id)
 
 
+@app.command("diloco-spec")
+def diloco_spec(
+    allow: Annotated[list[str], typer.Option("--allow", help="Node peer id admitted to the DiLoCo run's rounds; repeatable")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the signed spec ([diloco] run_spec of every node)", dir_okay=False)],
+    days: Annotated[float, typer.Option("--days", help="Validity in days (at most 7: re-sign for longer runs)", min=0.001, max=7.0)] = 7.0,
+    home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None,
+) -> None:
+    """Sign the DiLoCo run spec (its allowlist) with this node's key, the run's owner: every node
+    sets [diloco] run_spec to the file and [diloco] authority to the peer id printed here."""
+    from intellect_node.crypto.identity import IdentityError, load_or_create_identity
+    from intellect_node.node.diloco.run_spec import sign_run_spec
+    from intellect_node.node.home.durable import write_durably
+    from intellect_node.protocol.errors import Rejected
+
+    cfg = _config(home=home, config=config, run_id=run_id)
+    try:
+        identity, _ = load_or_create_identity(cfg.layout.identity_key)
+        envelope = sign_run_spec(identity, cfg.run_id, tuple(allow), days * 86400.0)
+    except (IdentityError, Rejected, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    write_durably(out, envelope)
+    err.print(f"signed the DiLoCo run spec of run {cfg.run_id!r} ({len(set(allow))} peers) into {out}; authority:")
+    print(identity.peer_id)
+
+
 @app.command()
 def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None,
               listen: ListenOpt = None, bootstrap: BootstrapOpt = None, log_level: LogOpt = None) -> None:
@@ -203,15 +229,19 @@ def join(
 
 
 def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | None, data: str | None) -> Any:
-    """``[diloco]`` with --model (a preset name) and --data on top; errors name the key."""
+    """``[diloco]`` with --model (a preset name) and --data on top, and the allowlist of its signed
+    run spec; errors name the key (or the spec file)."""
     from rich.markup import escape
 
+    from intellect_node.node.diloco.run_spec import with_run_spec
     from intellect_node.node.diloco.settings import DilocoSettings
 
     section = dict(cfg.sections.get("diloco", {}))
     section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
     try:
         settings = DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        config_dir = (config_file or cfg.layout.config_file).parent
+        settings = with_run_spec(settings, cfg.run_id, config_dir)  # a spec that fails its checks stops the node here
         if settings.data.startswith("metagene:"):
             settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
         return settings

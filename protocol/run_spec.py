@@ -1,10 +1,12 @@
-"""RunSpec: everything a verdict depends on, signed once by the run's authority.
+"""Run specs: what a run's nodes must agree on, signed once by the run's authority.
 
-A validator that judged a batch by the batch's own declarations (its temperature, its
+``RunSpec`` (the RL run): a validator that judged a batch by the batch's own declarations (its temperature, its
 ``max_tokens``, its engine and therefore its tolerances) would let the claimant choose how it is
 judged. The run's authority (the trainer's key) signs one RunSpec; every node verifies it against
-the authority it is configured with, and a batch must match it exactly. specs/run_spec.md is
-normative.
+the authority it is configured with, and a batch must match it exactly. ``DilocoRunSpec`` (a
+DiLoCo run): the node peer ids admitted to its rounds, so the allowlist is the owner's signed word
+rather than each node's config. Both go through the same signer binding (``AuthoritySigned``) and
+the same loading check (``load_signed_spec``). specs/run_spec.md is normative.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import hashlib
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
+from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
 from intellect_node.protocol.rollouts import MAX_COMPLETION_TOKENS
 from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
+
+S = TypeVar("S", "RunSpec", "DilocoRunSpec")
 
 ENGINES = frozenset({"torch", "vllm"})
 TASK_SET_DOMAIN = b"intellect-node/run-spec/task-set/v1"
@@ -38,8 +43,20 @@ class EnginePair(Record):
     sampling_slack: float = wire(Float(0.0, 0.5))  # logit units (specs/sampling.md)
 
 
+class AuthoritySigned:
+    """A spec names its ``authority``, and only that key may sign it: a copy re-signed by anyone
+    else is refused on decoding (``signer_mismatch``), whatever it says."""
+
+    TYPE: ClassVar[str]
+    authority: str
+
+    def check_signer(self, signer_peer_id: str) -> None:
+        if self.authority != signer_peer_id:
+            raise SignerMismatch(f"{self.TYPE} names an authority other than its signer")
+
+
 @dataclass(frozen=True)
-class RunSpec(Message):
+class RunSpec(AuthoritySigned, Message):
     TYPE: ClassVar[str] = "run_spec"
     MAX_SIZE: ClassVar[int] = 16384
     MAX_LIFETIME_S: ClassVar[float] = 7 * 86400.0  # re-signed like manifests for longer runs
@@ -65,21 +82,43 @@ class RunSpec(Message):
         if not pairs or len(set(pairs)) != len(pairs):
             raise InvalidValue(f"{path}.engines: empty, or an engine pair listed twice")
 
-    def check_signer(self, signer_peer_id: str) -> None:
-        if self.authority != signer_peer_id:
-            raise SignerMismatch("run spec names an authority other than its signer")
-
     def pair(self, worker_engine: str, validator_engine: str) -> EnginePair | None:
         """The tolerances for that engine pair, or None when the run does not allow it."""
         return next((e for e in self.engines if (e.worker, e.validator) == (worker_engine, validator_engine)), None)
 
 
-def authorize_run_spec(spec: RunSpec, signer: str, authority: str, run_id: str) -> None:
+@dataclass(frozen=True)
+class DilocoRunSpec(AuthoritySigned, Message):
+    """Who may take part in a DiLoCo run's rounds (specs/diloco.md section 8): node peer ids, each
+    of which signs its membership of every round with its own key."""
+
+    TYPE: ClassVar[str] = "diloco_run_spec"
+    MAX_SIZE: ClassVar[int] = 256 * 1024  # 4096 peer ids of about 52 characters, and the envelope
+    MAX_LIFETIME_S: ClassVar[float] = 7 * 86400.0  # re-signed like RunSpec for longer runs
+
+    run_id: str = wire(Str(64, pattern=RUN_ID_PATTERN))
+    authority: str = wire(Str(64, pattern=PEER_ID_PATTERN))  # the run's owner; must be the signer
+    allowlist: tuple[str, ...] = wire(ListOf(Str(64, pattern=PEER_ID_PATTERN), max_items=4096, unique=True))
+
+    def check(self, path: str) -> None:
+        if not self.allowlist:
+            raise InvalidValue(f"{path}.allowlist: empty (a run that admits nobody)")
+
+
+def authorize_run_spec(spec: RunSpec | DilocoRunSpec, signer: str, authority: str, run_id: str) -> None:
     """Refuse a spec signed by anyone but the configured authority, or for another run."""
     if signer != authority:
-        raise SignerMismatch("run spec not signed by the run's authority")
+        raise SignerMismatch(f"{spec.TYPE} not signed by the run's authority {authority}")
     if spec.run_id != run_id:
-        raise InvalidValue(f"run spec is for run {spec.run_id!r}, not {run_id!r}")
+        raise InvalidValue(f"{spec.TYPE} is for run {spec.run_id!r}, not {run_id!r}")
+
+
+def load_signed_spec(data: bytes, kind: type[S], *, authority: str, run_id: str) -> S:
+    """A signed spec envelope of type ``kind``, refused (``Rejected``) unless it decodes, its
+    signature verifies, it has not expired, and ``authority`` signed it for ``run_id``."""
+    signed = codec.decode(data, kind)
+    authorize_run_spec(signed.message, signed.signer_peer_id, authority, run_id)
+    return signed.message
 
 
 def task_set_digest(tasks: Iterable[tuple[str, str, str]]) -> bytes:

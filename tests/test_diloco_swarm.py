@@ -1,5 +1,6 @@
 """DiLoCo rounds between real peers (specs/diloco.md): each peer is a ``DilocoPeer`` with its own
-averager child (real hivemind DHT and DecentralizedAverager) on 127.0.0.1."""
+averager child (real hivemind DHT and DecentralizedAverager) on 127.0.0.1, and, where a peer
+takes the swarm's state, its own state server (the shard overlay's, ``Overlays``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 
 from intellect_node.node.diloco import frames
 from intellect_node.node.diloco.client import AveragerError
-from tests.diloco_helpers import identity, make_peer, run_rounds_together, settings
+from intellect_node.node.diloco.run_spec import sign_run_spec, with_run_spec
+from tests.diloco_helpers import Overlays, identity, make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +64,7 @@ def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_pat
     s = settings(round_timeout_s=25.0)
     first = make_peer(tmp_path, "p0", s)
     peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
+    overlays = Overlays(tmp_path)
     try:
         # the subject is the kill below: a first round whose matchmaking a loaded machine split
         # (seen in CI beside other heavy tests: groups [2, 2, 3]) is followed by another, which
@@ -92,10 +95,15 @@ def test_a_peer_killed_in_its_round_costs_the_others_at_most_the_timeout(tmp_pat
         assert elapsed < s.round_timeout_s + 15
         assert records[2].solo and records[2].group_size == 1  # the victim trained on alone and said so
         victim_peer = peers[2]
-        assert victim_peer.diverged and victim_peer.sync(20.0)  # its restarted child fetches the swarm's state
+        for name, peer in zip(("p0", "p1", "p2"), peers, strict=True):
+            overlays.serve(name, peer.layout)
+            overlays.publish(name, peer.state)
+        # the survivors vouch for one state, the victim's own differs: it takes theirs
+        assert victim_peer.diverged and overlays.sync("p2", victim_peer, ["p0", "p1"])
         assert torch.equal(victim_peer.state.params, peers[0].state.params)
         assert victim_peer.state.round == peers[0].state.round
     finally:
+        overlays.close()
         _close(peers)
 
 
@@ -167,8 +175,11 @@ def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> N
         _close(peers)
 
 
-def test_a_peer_outside_the_allowlist_is_refused(tmp_path) -> None:
-    members = settings(round_timeout_s=15.0, allowlist=(identity("p0").peer_id, identity("p1").peer_id))
+def test_a_peer_outside_the_signed_allowlist_is_refused(tmp_path) -> None:
+    owner = identity("owner")  # the run's owner signs the spec; its nodes trust that key
+    (tmp_path / "spec.ine").write_bytes(sign_run_spec(owner, "run", (identity("p0").peer_id, identity("p1").peer_id), 600))
+    members = with_run_spec(settings(round_timeout_s=15.0, run_spec="spec.ine", authority=owner.peer_id), "run", tmp_path)
+    assert members.allowlist == (identity("p0").peer_id, identity("p1").peer_id)
     first = make_peer(tmp_path, "p0", members)
     peers = [first, make_peer(tmp_path, "p1", members, tuple(first.client.maddrs)),
              make_peer(tmp_path, "intruder", settings(round_timeout_s=15.0), tuple(first.client.maddrs))]
@@ -184,24 +195,32 @@ def test_a_peer_outside_the_allowlist_is_refused(tmp_path) -> None:
         _close(peers)
 
 
-def test_a_joiner_takes_the_swarm_state_and_averages_with_it(tmp_path) -> None:
+def test_a_joiner_takes_the_swarm_state_through_the_overlay_and_averages_with_it(tmp_path) -> None:
     s = settings()
     first = make_peer(tmp_path, "p0", s)
     peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
+    overlays = Overlays(tmp_path)
     try:
+        for name, peer in zip(("p0", "p1"), peers, strict=True):
+            overlays.serve(name, peer.layout)
         for _ in range(2):
             records = run_rounds_together(peers)
             assert [getattr(r, "group_size", r) for r in records] == [2, 2]
+            for name, peer in zip(("p0", "p1"), peers, strict=True):  # as the role does after each outer step
+                overlays.publish(name, peer.state)
         joiner = make_peer(tmp_path, "late", s, tuple(first.client.maddrs))
         peers.append(joiner)
+        overlays.serve("late", joiner.layout)
         assert joiner.state.round == 0
-        assert joiner.sync(20.0)  # hash-checked against the state it was served
+        assert overlays.sync("late", joiner, ["p0", "p1"])  # both vouch for it; fetched shard by shard, hash-checked
+        assert overlays.overlays["late"].counters["states_fetched"] == 1
         assert joiner.state.round == 2 and torch.equal(joiner.state.params, first.state.params)
         assert torch.equal(joiner.state.momentum, first.state.momentum)
         records = run_rounds_together(peers)
         assert [getattr(r, "group_size", r) for r in records] == [3, 3, 3]
         assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
     finally:
+        overlays.close()
         _close(peers)
 
 

@@ -6,6 +6,10 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   power-of-two scales), sum recovery, the average, error feedback.
 - ``outer``: the global state (outer params, outer momentum, round) and the outer Nesterov step.
 - ``state_hash``: sha256 of the global state, equal on every honest peer after each outer step.
+- ``state_file``: the global state as a shard-overlay checkpoint file (the same bytes on every
+  honest peer), read back only when it is exactly the state its hash says.
+- ``state_overlay``: the state through the shard overlay: served after every outer step under a
+  manifest this node signs; a joiner fetches only what a majority of live members vouch for.
 - ``checkpoint``: save and resume at a round boundary (global state, residual, inner AdamW),
   durably, with every field checked on load.
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
@@ -13,16 +17,18 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
 - ``data``: a peer's samples for (seed, round, peer id) and their loss, from the generated corpus
   or a METAGENE tokenized read store (``metagene:store=DIR``, through node/metagene's feed and loss).
-- ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back.
+- ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back;
+  the state server's (``/http/diloco-state``).
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
   the allowlist check.
+- ``run_spec``: the allowlist from the run owner's signed ``diloco_run_spec`` (``[diloco] run_spec``).
 - ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
   and refuses partial all-reduces (runs inside the child only).
 - ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
   imports libp2p (the two cannot share a process).
 - ``client``: the node side: starts the child, restarts it if it died, ends its process group.
 - ``peer``: one DiLoCo peer: inner steps, the exact average, the outer step (blocking, or one
-  round late with the all-reduce overlapping the next round), the checkpoint, re-sync.
-- ``service``: the ``diloco`` role in a node: rounds in a worker thread, the progress line,
-  ``<home>/diloco/metrics.jsonl``, ``status``.
+  round late with the all-reduce overlapping the next round), the checkpoint, adopting a fetched state.
+- ``service``: the ``diloco`` role in a node: rounds in a worker thread, the state served and
+  fetched between them, the progress line, ``<home>/diloco/metrics.jsonl``, ``status``.
 """

@@ -4,7 +4,9 @@ Why a form of its own: an advert's ``/p2p/`` addresses are dialed as libp2p addr
 advertising node (the peer cache keeps them, membership dials them), and a hivemind address names
 another peer id. So the advert carries ``/ip4/<host>/tcp/<port>/hivemind/<hivemind peer id>``, a
 data-plane endpoint like the shard overlay's ``/http`` one, which libp2p ignores; the DiLoCo role
-turns it back into the multiaddr hivemind dials. Adverts are signed but their content is still a
+turns it back into the multiaddr hivemind dials. Its state server (the shard overlay's HTTP
+server, ``state_overlay``) is advertised as ``/ip4/<host>/tcp/<port>/http/diloco-state``: not
+the ``/http`` form, which names the node's checkpoint overlay. Adverts are signed but their content is still a
 peer's claim: anything that does not parse exactly is skipped.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+
+from intellect_node.node.shards.client import Endpoint
 
 _HIVEMIND = re.compile(r"/ip4/([0-9.]{7,15})/tcp/([0-9]{1,5})/(p2p|hivemind)/([1-9A-HJ-NP-Za-km-z]{32,64})")
 
@@ -46,3 +50,22 @@ def port_of(maddr: str) -> int:
     """The TCP port of a hivemind multiaddr we advertise (0 when it does not parse)."""
     parsed = _parse(maddr, "p2p")
     return 0 if parsed is None else parsed[1]
+
+
+_STATE = re.compile(r"/ip4/([0-9.]{7,15})/tcp/([0-9]{1,5})/http/diloco-state")
+
+
+def state_endpoint(peer_id: str, addrs: tuple[str, ...] | list[str]) -> Endpoint | None:
+    """The DiLoCo state server an advert names (``state_overlay``), or None; junk is skipped."""
+    for addr in addrs:
+        match = _STATE.fullmatch(addr)
+        if match is None:
+            continue
+        host, port = match.group(1), int(match.group(2))
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            continue
+        if 0 < port < 65536 and host != "0.0.0.0":
+            return Endpoint(peer_id, host, port)
+    return None

@@ -66,16 +66,6 @@ class Child:
             if self.layout is None:
                 raise frames.FrameError("average before init")
             return self.average(frames.validate(message, frames.average_request(self.layout.elements)))
-        if kind in ("publish", "fetch") and self.layout is None:
-            raise frames.FrameError(f"{kind} before init")
-        if kind == "publish":
-            m = frames.validate(message, frames.state_message(self.layout.elements))
-            params, momentum = (torch.frombuffer(bytearray(m[k]), dtype=torch.float32) for k in ("params", "momentum"))
-            self.averager.publish({"round": m["round"], "layout": m["layout"], "state_hash": m["state_hash"]},
-                                  params, momentum)
-            return {"type": "published"}
-        if kind == "fetch":
-            return self.fetch(frames.validate(message, frames.FETCH)["timeout_s"])
         raise frames.FrameError(f"unknown message type {kind[:40]!r}")
 
     def peer_id(self) -> str:
@@ -142,19 +132,6 @@ class Child:
         total = self.averager.sent.value
         sent, self.sent_reported = total - self.sent_reported, total
         return sent
-
-    def fetch(self, timeout_s: float) -> dict[str, Any]:
-        try:
-            got = self.averager.fetch(timeout_s)
-        except frames.FrameError as exc:  # a peer's bad state is that peer's fault, not this request's
-            return {"type": "no_state", "error": str(exc)}
-        except Exception as exc:  # hivemind's download failures and timeouts
-            return {"type": "no_state", "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        if got is None:
-            return {"type": "no_state", "error": "no peer served a state"}
-        metadata, params, momentum = got
-        return {"type": "state", **metadata, "params": params.numpy().astype("<f4").tobytes(),
-                "momentum": momentum.numpy().astype("<f4").tobytes()}
 
     def close(self) -> None:
         for part in (self.averager, self.dht):

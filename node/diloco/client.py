@@ -28,8 +28,6 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import sign_member
-from intellect_node.node.diloco.outer import GlobalState
-from intellect_node.node.diloco.state_hash import state_hash
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -192,28 +190,6 @@ class AveragerClient:
         self.ensure_running()
         return self._ask({"type": "status"}, 10.0, {"status": frames.STATUS_REPLY})
 
-    def publish(self, state: GlobalState, state_hash: bytes) -> None:
-        """Hand the child the state it serves to joiners (after every outer step)."""
-        self.ensure_running()
-        self._ask({"type": "publish", "round": state.round, "layout": self.layout.digest(), "state_hash": state_hash,
-                   "params": _le_bytes(state.params), "momentum": _le_bytes(state.momentum)}, 60.0, {"published": {}})
-
-    def fetch(self, timeout_s: float) -> GlobalState | None:
-        """The newest global state a live peer serves, if its hash checks out (else AveragerError);
-        None when no peer serves one (the first peer of a run)."""
-        self.ensure_running()
-        reply = self._ask({"type": "fetch", "timeout_s": timeout_s}, timeout_s + REPLY_MARGIN_S,
-                          {"state": frames.state_message(self.layout.elements), "no_state": frames.NO_STATE})
-        if reply["type"] == "no_state":
-            log.info("no state from peers: %s", reply["error"])
-            return None
-        if reply["layout"] != self.layout.digest():
-            raise AveragerError("a peer served the state of another model")
-        state = GlobalState(self.layout, _floats(reply["params"]), _floats(reply["momentum"]), reply["round"])
-        if state_hash(state) != reply["state_hash"]:
-            raise AveragerError(f"a peer served a round-{reply['round']} state whose hash does not match its claim")
-        return state
-
     def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float, identity: Identity) -> Averaged:
         """The group's exact result for ``values`` (this member's x), or AveragerError. ``identity``
         (the node's key) signs this member into the round (``membership``)."""
@@ -236,7 +212,3 @@ class AveragerClient:
 
 def _le_bytes(t: torch.Tensor) -> bytes:
     return t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-
-
-def _floats(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.float32)

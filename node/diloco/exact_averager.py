@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import threading
 from typing import Any
 
 import torch
@@ -43,7 +42,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.timed_storage import get_dht_time
 
 from intellect_node.node.diloco import grid
-from intellect_node.node.diloco.frames import FrameError, blob, gather_payload, integer, validate
+from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import refusal
 from intellect_node.node.diloco.packing import pack, unpack
@@ -154,9 +153,6 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
     return out
 
 
-STATE_METADATA = {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32)}
-
-
 class ExactAverager(DecentralizedAverager):
     def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str], **kwargs: Any) -> None:
         global ALLOWLIST, CHUNKS, SENT
@@ -164,36 +160,7 @@ class ExactAverager(DecentralizedAverager):
         self.sent = SENT = mp.Value("q", 0)
         self.layout, self.layout_digest, self.levels = layout, layout_digest, levels
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
-        self.state: tuple[dict[str, Any], torch.Tensor, torch.Tensor] | None = None  # the newest published
-        self.state_lock = threading.Lock()
-        super().__init__([torch.zeros(layout.elements)], allow_state_sharing=True, compression=GridWire(), **kwargs)
-
-    def publish(self, metadata: dict[str, Any], params: torch.Tensor, momentum: torch.Tensor) -> None:
-        """Serve this global state to joiners (host process); newer rounds are preferred by them."""
-        with self.state_lock:
-            self.state = (metadata, params, momentum)
-        self.state_sharing_priority = float(metadata["round"])
-
-    def get_current_state(self) -> tuple[Any, list[torch.Tensor], None]:
-        """hivemind's state download, called in the host process: the published state, or nothing."""
-        with self.state_lock:
-            if self.state is None:
-                return None, [], None
-            metadata, params, momentum = self.state
-            return metadata, [params, momentum], None
-
-    def fetch(self, timeout_s: float) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor] | None:
-        """The newest state a peer serves, its shapes and metadata checked; None when nobody answers."""
-        got = self.load_state_from_peers(timeout=timeout_s)
-        if got is None:
-            return None
-        metadata, tensors = got
-        if not isinstance(metadata, dict):
-            raise FrameError("a peer served state metadata that is not a map")
-        checked = validate({"type": "state"} | metadata, STATE_METADATA)
-        if len(tensors) != 2 or any(t.dtype != torch.float32 or t.shape != (self.layout.elements,) for t in tensors):
-            raise FrameError("a peer served tensors that do not match this model")
-        return checked, tensors[0], tensors[1]
+        super().__init__([torch.zeros(layout.elements)], allow_state_sharing=False, compression=GridWire(), **kwargs)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         try:

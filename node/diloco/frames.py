@@ -29,8 +29,9 @@ class FrameError(Exception):
 
 
 def payload_limit(elements: int) -> int:
-    """The largest frame once the model's size is known: two fp32 vectors (a state) plus slack."""
-    return 8 * elements + SLACK
+    """The largest frame once the model's size is known: one fp32 vector (``average``'s values, or
+    the reply's sums) plus slack (the exponents, one byte per 4096 elements, and the fields)."""
+    return 4 * elements + SLACK
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -184,16 +185,6 @@ def gather_payload(chunks: int) -> dict[str, Check]:
 def average_request(elements: int) -> dict[str, Check]:
     return {"round": integer(0, 2**32 - 1), "timeout_s": number(1.0, 3600.0), "state_hash": blob(32),
             "values": blob(4 * elements, 4 * elements), "member": text(max_len=64), "signature": blob(64)}
-
-
-def state_message(elements: int) -> dict[str, Check]:
-    """A global state: ``publish`` (node to child) and the ``state`` reply to ``fetch``."""
-    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32),
-            "params": blob(4 * elements, 4 * elements), "momentum": blob(4 * elements, 4 * elements)}
-
-
-FETCH = {"timeout_s": number(1.0, 3600.0)}
-NO_STATE = {"error": text(max_len=2000)}
 
 
 def averaged_reply(elements: int, chunks: int) -> dict[str, Check]:

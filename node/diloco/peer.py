@@ -132,30 +132,21 @@ class DilocoPeer:
         self.pending: Pending | None = None  # overlap: the previous round's averaging, in flight
         self.anchor = self.layout.flatten(self.named)  # overlap: local params when that round was sent
 
-    def sync(self, timeout_s: float) -> bool:
-        """Adopt the global state a live peer serves, hash-checked, when it is ahead of ours (or at our
-        round after we diverged); then serve ours. True when a state was adopted."""
-        adopted = False
-        try:
-            theirs = self.client.fetch(timeout_s)
-        except AveragerError as exc:
-            log.warning("state from peers refused: %s", exc)
-            theirs = None
-        ours = state_hash(self.state)
-        if theirs is not None and (theirs.round > self.state.round or (
-                theirs.round == self.state.round and self.diverged and state_hash(theirs) != ours)):
-            log.info("adopting the swarm's state at round %d (ours: round %d)", theirs.round, self.state.round)
-            self.state, self.residual, self.diverged, adopted = theirs, torch.zeros_like(self.residual), False, True
-            self._load_global()
-            ours = self._save()
-        self._publish(ours)
-        return adopted
-
-    def _publish(self, digest: bytes) -> None:
-        try:
-            self.client.publish(self.state, digest)
-        except AveragerError as exc:  # joiners ask another peer; our own rounds go on
-            log.warning("could not serve the state to joiners: %s", exc)
+    def adopt(self, theirs: GlobalState | None) -> bool:
+        """Take ``theirs`` (the state most live members vouch for, fetched through the overlay and
+        hash-checked: ``state_overlay``) when it is ahead of ours, or at our round after we
+        diverged; the error-feedback residual restarts, the inner AdamW moments stay. True when
+        taken; the caller then serves our (new) state."""
+        if theirs is None or theirs.layout != self.layout:
+            return False
+        if not (theirs.round > self.state.round or (
+                theirs.round == self.state.round and self.diverged and state_hash(theirs) != state_hash(self.state))):
+            return False
+        log.info("adopting the swarm's state at round %d (ours: round %d)", theirs.round, self.state.round)
+        self.state, self.residual, self.diverged = theirs, torch.zeros_like(self.residual), False
+        self._load_global()
+        self._save()
+        return True
 
     def _load_global(self) -> None:
         with torch.no_grad():
@@ -204,7 +195,7 @@ class DilocoPeer:
                            time.perf_counter() - started)
 
     def _apply(self, outcome: Outcome) -> bytes:
-        """The outer step with the group's average, the residual, the checkpoint and the served state."""
+        """The outer step with the group's average, the residual and the checkpoint; the state hash."""
         s = self.settings
         if s.error_feedback:
             self.residual = grid.residual(outcome.x, grid.quantize(outcome.x, outcome.exponents, s.levels),
@@ -213,7 +204,6 @@ class DilocoPeer:
                    s.outer_momentum)
         digest = self._save()
         self.diverged = bool(outcome.error) or outcome.agreement is False
-        self._publish(digest)
         return digest
 
     def _record(self, round_: int, losses: list[float], train_s: float, outcome: Outcome, digest: bytes,

@@ -12,6 +12,10 @@ signed advert (``adverts``), and the child starts from the addresses that the ru
 round boundary, a node that started alone, whose last round found no group, and that now sees
 another member restarts its child with that member as initial peer, if its own node peer id is
 the larger (exactly one side moves).
+
+The global state travels through the shard overlay (``state_overlay``): the node serves its state
+after every outer step and advertises that server as ``/ip4/<host>/tcp/<port>/http/diloco-state``;
+on start, and after a solo or disagreeing round, it takes the state most live members vouch for.
 """
 
 from __future__ import annotations
@@ -27,13 +31,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
+from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of, state_endpoint
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, Stopped
 from intellect_node.node.diloco.settings import DilocoSettings
+from intellect_node.node.diloco.state_hash import state_hash
+from intellect_node.node.diloco.state_overlay import StateOverlay
 from intellect_node.node.home.durable import append_durably
 from intellect_node.node.metagene.presets import build_model
+from intellect_node.node.shards.client import Endpoint
 
 if TYPE_CHECKING:
     from intellect_node.crypto.identity import Identity
@@ -54,6 +61,7 @@ class DilocoService:
     def __init__(self, home: Path, run_id: str, settings: DilocoSettings) -> None:
         self.home, self.run_id, self.settings = home, run_id, settings
         self.peer: DilocoPeer | None = None
+        self.overlay: StateOverlay | None = None  # this peer's state server and a joiner's majority fetch
         self.last: RoundRecord | None = None
         self.progress: dict[str, Any] = {}
         self.solo_rounds = 0
@@ -136,41 +144,86 @@ class DilocoService:
                     peer.stopping.set()
                     peer.client.close()
 
+        stopped: Stopped | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stop_on_cancel)
             try:
-                return await trio.to_thread.run_sync(work, *args)
+                result = await trio.to_thread.run_sync(work, *args)
+            except Stopped as exc:  # raised past the nursery, which would wrap it in an ExceptionGroup
+                stopped = exc
             finally:
                 finished = True
                 nursery.cancel_scope.cancel()
+        if stopped is not None:
+            raise stopped
+        return result
+
+    def state_servers(self, node: Node) -> list[Endpoint]:
+        """The state servers of the run's other diloco members, from their signed adverts."""
+        found = []
+        for member in node.view.members():
+            advert = member.advert
+            if advert.peer_id != node.peer_id and "diloco" in advert.roles:
+                endpoint = state_endpoint(advert.peer_id, advert.addrs)
+                if endpoint is not None:
+                    found.append(endpoint)
+        return found
+
+    async def _sync(self, node: Node, peer: DilocoPeer, overlay: StateOverlay) -> None:
+        """Adopt the state most live members vouch for, if it is ahead of ours (or we diverged)."""
+        fetched = await overlay.fetch_majority(self.state_servers(node), self.sync_timeout_s, peer.state.round,
+                                               peer.diverged)
+        if fetched is not None and await self._off_loop(peer, peer.adopt, fetched[0]):
+            self.adopted += 1
+            await self._publish(peer, overlay, fetched[1])
+
+    async def _publish(self, peer: DilocoPeer, overlay: StateOverlay, digest: bytes) -> None:
+        """Serve the state after an outer step; a failure costs joiners one server, not our rounds."""
+        try:
+            await overlay.publish(peer.state, digest)
+        except (OSError, ValueError) as exc:
+            log.warning("diloco: could not serve the round-%d state: %s", peer.state.round, exc)
 
     async def run(self, node: Node, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         advertised = tuple(m for maddrs in self.advertised_peers(node).values() for m in maddrs)
         initial = tuple(dict.fromkeys(advertised + self.settings.initial_peers))[:64]
         peer = await trio.to_thread.run_sync(self.build, node.identity, initial)
         self.peer = peer
+        self.overlay = overlay = StateOverlay(self.home / "states", self.run_id, node.identity, node.scores,
+                                              peer.layout, frozenset(self.settings.allowlist))
         self._advertise(node, peer.client)
         log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
                  peer.client.maddrs, len(initial), peer.state.round)
-        task_status.started()
         try:
-            if await self._off_loop(peer, peer.sync, self.sync_timeout_s):
-                self.adopted += 1
-            while not self.settings.rounds or peer.state.round < self.settings.rounds:
-                await self._merge_if_split(node, peer)
-                if peer.diverged and await self._off_loop(peer, peer.sync, self.sync_timeout_s):
-                    self.adopted += 1
-                record = await self._off_loop(peer, peer.run_round, self._on_progress)
-                if record is not None:  # the first overlapped round applies nothing yet
-                    self.record(record)
-            last = await self._off_loop(peer, peer.finish)  # overlap: the round still in flight
-            if last is not None:
-                self.record(last)
-        except Stopped:
-            pass
+            async with trio.open_nursery() as nursery:  # the state server lives as long as the rounds
+                node.update_advert(extra_addr=await nursery.start(overlay.serve, self.settings.host))
+                task_status.started()
+                try:
+                    await self._rounds(node, peer, overlay)
+                except Stopped:
+                    pass
+                nursery.cancel_scope.cancel()
         finally:
             peer.stopping.set()
             peer.client.close()
+
+    async def _rounds(self, node: Node, peer: DilocoPeer, overlay: StateOverlay) -> None:
+        """Serve the state, take the swarm's if it is ahead, then round after round (each outer step
+        served), until ``rounds`` or until stopped."""
+        await self._publish(peer, overlay, await trio.to_thread.run_sync(state_hash, peer.state))
+        await self._sync(node, peer, overlay)
+        while not self.settings.rounds or peer.state.round < self.settings.rounds:
+            await self._merge_if_split(node, peer)
+            if peer.diverged:
+                await self._sync(node, peer, overlay)
+            record = await self._off_loop(peer, peer.run_round, self._on_progress)
+            if record is not None:  # the first overlapped round applies nothing yet
+                self.record(record)
+                await self._publish(peer, overlay, bytes.fromhex(record.state_hash))
+        last = await self._off_loop(peer, peer.finish)  # overlap: the round still in flight
+        if last is not None:
+            self.record(last)
+            await self._publish(peer, overlay, bytes.fromhex(last.state_hash))
 
     def status(self) -> dict[str, Any]:
         peer, last = self.peer, self.last
@@ -180,4 +233,5 @@ class DilocoService:
                 "hivemind_peer": peer.client.peer_id if peer else None,
                 "hivemind_maddrs": peer.client.maddrs if peer else [],
                 "averager_pid": peer.client.process.pid if peer and peer.client.process else None,
-                "averager_restarts": max(peer.client.restarts, 0) if peer else 0}
+                "averager_restarts": max(peer.client.restarts, 0) if peer else 0,
+                "state_overlay": dict(self.overlay.counters) if self.overlay else {}}

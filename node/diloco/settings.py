@@ -4,12 +4,14 @@ same names and bounds (specs/diloco.md section 7). Unknown keys are errors namin
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, parse_data
 from intellect_node.node.diloco.grid import levels_for
 from intellect_node.node.metagene.presets import PRESETS, Preset
+from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 # A Llama-shaped model small enough for a CPU round in seconds (the generated corpus has 256 tokens).
 TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, context=128, vocab=256)
@@ -49,6 +51,8 @@ class DilocoSettings:
     rounds: int = 0  # 0: until stopped
     initial_peers: tuple[str, ...] = ()
     allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone
+    run_spec: str = ""  # a signed diloco_run_spec file: its allowlist is the run's (node/diloco/run_spec.py)
+    authority: str = ""  # the peer id whose signature the run spec must carry (the run's owner)
     host: str = "127.0.0.1"
     port: int = 0
 
@@ -64,10 +68,14 @@ class DilocoSettings:
                   "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
                   "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
                   "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
-                  "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist)}
+                  "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
+                  "authority": not self.authority or re.fullmatch(PEER_ID_PATTERN, self.authority) is not None}
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"[diloco] {bad[0]} = {getattr(self, bad[0])!r} is out of bounds")
+        if bool(self.run_spec) != bool(self.authority):
+            raise ValueError("[diloco] run_spec and authority go together: the signed spec file and the peer id "
+                             "of the run's owner, whose signature it must carry")
 
     @property
     def preset(self) -> Preset:

@@ -14,8 +14,7 @@ from pathlib import Path
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.validator.validation import tasks_digest
 from intellect_node.node.tasks.schema import Task
-from intellect_node.protocol import codec
-from intellect_node.protocol.run_spec import EnginePair, RunSpec, authorize_run_spec
+from intellect_node.protocol.run_spec import EnginePair, RunSpec, load_signed_spec
 
 # Measured honest figures of the torch engine judged by itself (specs/sampling.md section 4,
 # specs/validation.md): TOPLOC limits that reject 1% weight noise, float32 logprob noise, and a
@@ -50,6 +49,4 @@ def rollout_settings(spec: RunSpec, groups_per_batch: int) -> RolloutSettings:
 
 def load_run_spec(path: Path, *, authority: str, run_id: str) -> RunSpec:
     """A signed spec envelope from ``path``, refused unless ``authority`` signed it for ``run_id``."""
-    signed = codec.decode(path.read_bytes(), RunSpec)
-    authorize_run_spec(signed.message, signed.signer_peer_id, authority, run_id)
-    return signed.message
+    return load_signed_spec(path.read_bytes(), RunSpec, authority=authority, run_id=run_id)

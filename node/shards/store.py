@@ -237,7 +237,7 @@ class ShardStore:
 
     def prune(self, keep: int) -> list[int]:
         """Delete every step but the newest ``keep``; returns the deleted steps."""
-        doomed = sorted(self.checkpoints)[:-keep] if len(self.checkpoints) > keep else []
+        doomed = sorted(self.checkpoints)[:max(0, len(self.checkpoints) - keep)]
         for step in doomed:
             self._remove(self.checkpoints.pop(step).directory)
         return doomed
