@@ -7,7 +7,6 @@ stays fast.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +26,20 @@ MinLenOpt = Annotated[int, typer.Option("--min-length", help="Drop reads shorter
 OnBadOpt = Annotated[str, typer.Option("--on-bad", help="A read with letters other than ACGTN: 'error' stops, 'skip' counts and skips")]
 
 
-def _filtered(reads: list[str], min_quality: float, max_n: float, min_length: int, on_bad: str,
-              dedup: bool = True) -> tuple[Iterator[Any], Any, Any]:
-    from intellect_node.node.metagene.filtering import FilterConfig, FilterStats, filter_reads
-    from intellect_node.node.metagene.reads import ParseStats, iter_reads
+def _options(min_quality: float, max_n: float, min_length: int, on_bad: str) -> Any:
+    """The read filter the flags describe (node/metagene/build.py ``ReadOptions``); ValueError on a bad value."""
+    from intellect_node.node.metagene.build import ReadOptions
+    from intellect_node.node.metagene.filtering import FilterConfig
 
-    if on_bad not in ("error", "skip"):
-        raise ValueError("--on-bad must be 'error' or 'skip'")
-    parse, kept = ParseStats(), FilterStats()
-    config = FilterConfig(min_length=min_length, max_n_fraction=max_n, min_mean_quality=min_quality, dedup=dedup)
-    return filter_reads(iter_reads(reads, parse, on_bad), config, kept), parse, kept  # type: ignore[arg-type]
+    return ReadOptions(FilterConfig(min_length=min_length, max_n_fraction=max_n, min_mean_quality=min_quality),
+                       on_bad)  # type: ignore[arg-type]
+
+
+def _filtered(reads: list[str], min_quality: float, max_n: float, min_length: int, on_bad: str) -> Iterator[Any]:
+    """The filtered reads, streamed."""
+    from intellect_node.node.metagene.build import filtered_reads
+
+    return filtered_reads(reads, _options(min_quality, max_n, min_length, on_bad))[0]
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -50,24 +53,12 @@ def tokenizer(reads: ReadsOpt, out: Annotated[Path, typer.Option("--out", help="
               max_reads: Annotated[int, typer.Option("--max-reads", help="Train on at most this many reads", min=1)] = 200_000,
               min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
     """Train the BPE tokenizer on reads and report base pairs per token."""
-    from intellect_node.node.metagene.reads import ReadFormatError
-    from intellect_node.node.metagene.tokenizer import save_tokenizer, token_stats, train_tokenizer
+    from intellect_node.node.metagene.build import build_tokenizer
 
     try:
-        stream, parse, kept = _filtered(reads, min_quality, max_n, min_length, on_bad)
-        sequences = [r.sequence for r in itertools.islice(stream, max_reads)]
-        if not sequences:
-            raise ValueError("no reads left after filtering")
-        tok = train_tokenizer(sequences, vocab)
-        stats = token_stats(tok, sequences[:20_000])
-    except (ReadFormatError, ValueError) as exc:
+        _, report = build_tokenizer(reads, _options(min_quality, max_n, min_length, on_bad), vocab, max_reads, out)
+    except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    save_tokenizer(tok, out)
-    report = {"out": str(out), "reads": len(sequences), "bp_per_token": round(stats.bp_per_token, 3),
-              "median_token_bp": stats.median_token_bp, "skipped_bad_letters": parse.bad_reads,
-              "filtered": {"too_short": kept.too_short, "too_many_n": kept.too_many_n,
-                           "low_quality": kept.low_quality, "duplicate": kept.duplicate}}
-    (out / "metagene_tokenizer.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
 
 
@@ -76,22 +67,14 @@ def store(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tokeni
           out: Annotated[Path, typer.Option("--out", help="Directory for the tokenized read store (DiLoCo: --data metagene:store=DIR)")],
           min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
     """Tokenize filtered reads into the flat store DiLoCo peers draw from (every peer needs the same one)."""
-    from intellect_node.node.metagene.dataset import tokenize_reads
-    from intellect_node.node.metagene.reads import ReadFormatError
-    from intellect_node.node.metagene.tokenizer import load_tokenizer, save_tokenizer
+    from intellect_node.node.metagene.build import build_store
+    from intellect_node.node.metagene.tokenizer import load_tokenizer
 
     try:
-        tok = load_tokenizer(tokenizer_dir)
-        stream, parse, kept = _filtered(reads, min_quality, max_n, min_length, on_bad)
-        built = tokenize_reads(stream, tok)
-        if not len(built):
-            raise ValueError("no reads left after filtering")
-    except (ReadFormatError, ValueError, FileNotFoundError) as exc:
+        report = build_store(reads, load_tokenizer(tokenizer_dir), _options(min_quality, max_n, min_length, on_bad), out)
+    except (ValueError, OSError) as exc:
         raise _fail(exc) from None
-    built.save(out)
-    save_tokenizer(tok, out / "tokenizer")  # the ids' meaning travels with the store
-    print(json.dumps({"out": str(out), "reads": len(built), "tokens": int(built.offsets[-1]),
-                      "sources": built.source_names, "skipped_bad_letters": parse.bad_reads}))
+    print(json.dumps(report))
 
 
 @metagene_app.command()
@@ -123,7 +106,7 @@ def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tok
     try:
         tok = load_tokenizer(tokenizer_dir)
         shape = get_preset(preset)
-        stream, _, _ = _filtered(reads, min_quality, max_n, min_length, on_bad)
+        stream = _filtered(reads, min_quality, max_n, min_length, on_bad)
         train, held = holdout_split(tokenize_reads(stream, tok), 0.05, seed)
         recipe = Recipe(lr=lr, min_lr=min(lr, 4e-5 * lr / 6e-4), total_steps=steps,
                         warmup_steps=warmup if warmup is not None else steps // 10)
@@ -163,7 +146,7 @@ def evaluate(model_dir: Annotated[Path, typer.Option("--model", help="HF-layout 
     try:
         tok = load_tokenizer(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        stream, _, _ = _filtered(reads, min_quality, max_n, min_length, on_bad)
+        stream = _filtered(reads, min_quality, max_n, min_length, on_bad)
         taken: dict[str, int] = {}
         chosen = []
         for read in stream:
