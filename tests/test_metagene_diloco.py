@@ -19,7 +19,7 @@ from intellect_node.node.metagene.presets import PRESETS, build_model
 from intellect_node.node.metagene.reads import iter_reads
 from intellect_node.node.metagene.sharding import peer_block, peer_reads
 from intellect_node.node.metagene.synthetic import write_metagenome
-from intellect_node.node.metagene.tokenizer import train_tokenizer
+from intellect_node.node.metagene.tokenizer import save_tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,7 @@ def store_dir(tmp_path_factory):
     reads = list(iter_reads(root / "reads"))
     tok = train_tokenizer([r.sequence for r in reads], 128)
     tokenize_reads(reads, tok).save(root / "store")
+    save_tokenizer(tok, root / "store" / "tokenizer")  # as `metagene store` does: the ids' meaning travels with them
     return root / "store"
 
 

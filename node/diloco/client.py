@@ -52,6 +52,7 @@ class ChildSettings:
     matchmaking_s: float = 2.0
     identity_path: str = ""  # a key file keeps the hivemind peer id across restarts; "" draws a new one
     allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone (specs/diloco.md section 8)
+    data_digest: bytes = b""  # the data's content digest (PeerData.digest): members with another are refused
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Averaged:
 class AveragerClient:
     def __init__(self, socket_path: Path, layout: Layout, settings: ChildSettings, log_path: Path | None = None) -> None:
         self.socket_path, self.layout, self.settings, self.log_path = socket_path, layout, settings, log_path
+        self.agreement = layout.run_digest(settings.data_digest)  # the "layout" members sign and compare
         self.process: subprocess.Popen[bytes] | None = None
         self.conn: socket.socket | None = None
         self.restarts = -1  # the first start is not a restart
@@ -98,7 +100,7 @@ class AveragerClient:
                 output.close()
         self.conn = self._connect()
         reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
-                           "layout": self.layout.digest(),
+                           "layout": self.agreement,
                            "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
                            "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
                            "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s,
@@ -195,7 +197,7 @@ class AveragerClient:
         (the node's key) signs this member into the round (``membership``)."""
         self.ensure_running()
         data = _le_bytes(values)
-        signature = sign_member(identity, round_, self.peer_id, self.layout.digest(), state_hash)
+        signature = sign_member(identity, round_, self.peer_id, self.agreement, state_hash)
         reply = self._ask({"type": "average", "round": round_, "timeout_s": timeout_s, "state_hash": state_hash,
                            "values": data, "member": identity.peer_id, "signature": signature},
                           timeout_s + REPLY_MARGIN_S,

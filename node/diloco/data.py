@@ -14,7 +14,9 @@ store`` writes (node/metagene/dataset.py); a peer trains on one block of ``H * b
 round's permutation (node/metagene/sharding.py ``peer_reads``), ``batch`` reads per inner step packed
 into rows of ``L`` (default 512, at most the model's context) with the document mask, under the
 METAGENE-1 loss (cross entropy plus z-loss 2e-4). Every peer must hold the same store (same reads,
-same tokenizer); the store's ids must fit the model's vocabulary (a metagene preset: 1024).
+same tokenizer): its digest (node/metagene/digest.py) is part of what round members compare, so a
+peer with another store is refused. The store's ids must fit the model's vocabulary (a metagene
+preset: 1024).
 """
 
 
@@ -106,7 +108,11 @@ def lm_loss(model: torch.nn.Module, rows: torch.Tensor) -> torch.Tensor:
 
 class PeerData(Protocol):
     """What a peer trains on: the batch of inner step ``step`` of round ``round_`` for the peer with
-    ``key`` (seed, batch size and round length are fixed when the source is opened), and its loss."""
+    ``key`` (seed, batch size and round length are fixed when the source is opened), and its loss.
+    ``digest``: the content the members of a round must share beyond the model (empty: nothing to
+    check), folded into the digest they sign and compare (``layout.run_digest``)."""
+
+    digest: bytes
 
     def draw(self, round_: int, key: int, step: int) -> Any: ...
 
@@ -122,6 +128,7 @@ class GeneratedData:
     rows: torch.Tensor
     seed: int
     batch: int
+    digest: bytes = b""  # the rows are a function of the [diloco] data spec: peers agree on it by config
 
     def draw(self, round_: int, key: int, step: int) -> torch.Tensor:
         return round_batch(self.rows, self.seed, round_, key, step, self.batch)
@@ -157,10 +164,12 @@ class MetageneData:
     seq_len: int
     vocab: int
     z_loss: float
+    digest: bytes  # the store's tokenizer and ids (node/metagene/digest.py): peers with another store are refused
 
     @classmethod
     def open(cls, spec: MetageneSpec, seed: int, batch: int, H: int, context: int, vocab: int) -> MetageneData:
         from intellect_node.node.metagene.dataset import TokenizedReads
+        from intellect_node.node.metagene.digest import store_digest
         from intellect_node.node.metagene.loss import Z_LOSS_WEIGHT
 
         if not (spec.store / "reads.json").is_file():
@@ -168,12 +177,13 @@ class MetageneData:
                              "`intellect-node metagene store --reads ... --tokenizer ... --out DIR`)")
         try:
             store = TokenizedReads.load(spec.store)
+            digest = store_digest(spec.store, store)
         except (OSError, KeyError, ValueError) as exc:
             raise ValueError(f"metagene store {spec.store}: unreadable ({exc})") from None
         if len(store) < H * batch:
             raise ValueError(f"metagene store {spec.store}: a round needs {H * batch} reads per peer "
                              f"(H {H} x batch {batch}); the store has {len(store)}")
-        return cls(store, seed, batch, H * batch, min(spec.seq_len, context), vocab, Z_LOSS_WEIGHT)
+        return cls(store, seed, batch, H * batch, min(spec.seq_len, context), vocab, Z_LOSS_WEIGHT, digest)
 
     def draw(self, round_: int, key: int, step: int) -> Any:
         from intellect_node.node.metagene.feed import peer_step_batch

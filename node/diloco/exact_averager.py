@@ -13,6 +13,8 @@ specs/diloco.md sections 2 and 4:
   group would send survivors of a failed attempt to different keys.
 - The parts and deltas travel packed (``GridWire``, ``packing``): int8 up and scaled int16 down
   for the int8 and int4 grids, exactly, instead of fp32 both ways; the bytes sent are counted.
+- A leader refuses the join of a peer whose run digest (model layout and data, ``Layout.run_digest``)
+  differs from its own, and a member that finds one in its group fails the attempt.
 - With an allowlist (``membership``), a leader refuses the join of a peer whose payload is not
   signed by a listed node for its hivemind peer id, and a member that finds such a peer in its
   group fails the attempt and never asks that peer to lead it again (``AllowlistMatchmaking``).
@@ -44,7 +46,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from intellect_node.node.diloco import grid
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import Layout
-from intellect_node.node.diloco.membership import refusal
+from intellect_node.node.diloco.membership import disagreement, refusal
 from intellect_node.node.diloco.packing import pack, unpack
 
 logger = get_logger(__name__)
@@ -63,6 +65,7 @@ class RoundKeys(GroupKeyManager):
 
 ALLOWLIST: frozenset[str] = frozenset()  # node peer ids; empty: anyone (set once by ExactAverager)
 CHUNKS = 0
+AGREEMENT = b""  # this member's run digest (Layout.run_digest): a member with another is refused
 REFUSED: set[str] = set()  # hivemind peer ids refused in this process's life
 GROUP_SIZE = 0  # the group of the all-reduce in progress (the packed deltas are scaled by it)
 SENT: Any = None  # a shared counter of the packed bytes this member's averager sent
@@ -108,16 +111,22 @@ def _decode(raw: bytes) -> dict[str, Any]:
 class AllowlistMatchmaking(hivemind_matchmaking.Matchmaking):
     def _check_reasons_to_reject(self, request: Any, context: Any) -> Any:
         reason = super()._check_reasons_to_reject(request, context)
-        if reason is not None or not ALLOWLIST:
+        if reason is not None:
             return reason
         peer = str(context.remote_id)
         try:
-            why = refusal(_decode(request.gather), peer, ALLOWLIST)
+            payload = _decode(request.gather)
         except FrameError as exc:
-            why = str(exc)
+            payload, why = None, str(exc)
+        if payload is not None:
+            # not remembered in REFUSED: the node may come back with the right store under the same hivemind id
+            why = disagreement(payload, AGREEMENT)
+            if why is None:
+                why = refusal(payload, peer, ALLOWLIST)
+                if why is not None:
+                    REFUSED.add(peer)
         if why is None:
             return None
-        REFUSED.add(peer)
         logger.warning("refused %s: %s", peer, why)
         return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
 
@@ -146,6 +155,9 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
             out[peer_id] = payload = _decode(raw)
         except FrameError as exc:
             raise FrameError(f"member {peer_id}: bad gather payload: {exc}") from None
+        why = disagreement(payload, AGREEMENT)
+        if why is not None:
+            raise FrameError(f"member {peer_id} refused: {why}")
         why = refusal(payload, str(peer_id), ALLOWLIST)
         if why is not None:
             REFUSED.add(str(peer_id))
@@ -155,8 +167,8 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
 
 class ExactAverager(DecentralizedAverager):
     def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str], **kwargs: Any) -> None:
-        global ALLOWLIST, CHUNKS, SENT
-        ALLOWLIST, CHUNKS = allowlist, layout.chunks
+        global ALLOWLIST, CHUNKS, SENT, AGREEMENT
+        ALLOWLIST, CHUNKS, AGREEMENT = allowlist, layout.chunks, layout_digest
         self.sent = SENT = mp.Value("q", 0)
         self.layout, self.layout_digest, self.levels = layout, layout_digest, levels
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step

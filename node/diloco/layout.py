@@ -62,6 +62,13 @@ class Layout:
             h.update(b"".join(struct.pack(">Q", d) for d in shape))
         return h.digest()
 
+    def run_digest(self, data_digest: bytes) -> bytes:
+        """What the members of a round sign and compare: the layout's digest, bound to the data's
+        (``PeerData.digest``; empty: the layout's digest itself, as before data had one)."""
+        if not data_digest:
+            return self.digest()
+        return hashlib.sha256(b"intellect-node/diloco-run/v1\0" + self.digest() + data_digest).digest()
+
     def flatten(self, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """One fp32 vector in canonical order (a copy); the tensors must match the layout."""
         if set(tensors) != set(self.names):

@@ -28,6 +28,16 @@ def sign_member(identity: Identity, round_: int, hivemind_peer: str, layout: byt
     return identity.sign(member_message(round_, hivemind_peer, layout, state_hash))
 
 
+def disagreement(payload: dict[str, Any], ours: bytes) -> str | None:
+    """Why a member that trains another model or other data (its signed ``layout``, the run digest
+    of ``Layout.run_digest``, differs from ``ours``) cannot average with us, or None."""
+    if payload["layout"] == ours:
+        return None
+    return (f"node {payload['member'][:64]!r} trains another model or other data: its run digest "
+            f"{payload['layout'][:8].hex()} is not ours {ours[:8].hex()} (another model preset, or a METAGENE "
+            "store of other reads or another tokenizer)")
+
+
 def refusal(payload: dict[str, Any], hivemind_peer: str, allowlist: frozenset[str]) -> str | None:
     """Why this member's checked gather payload is refused, or None; an empty allowlist admits anyone."""
     if not allowlist:
