@@ -6,7 +6,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from intellect_node.cli.doctor import doctor
@@ -170,6 +170,9 @@ def join(
     master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
     master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
     data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] (a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="DiLoCo: 'metagene' pretrains a genomic model on --reads: the tokenizer and store are built once in the home and reused on re-joins (also chosen by [metagene] reads)")] = None,
+    reads: Annotated[list[str] | None, typer.Option("--reads", help="DiLoCo --workload metagene: FASTQ/FASTA file (plain or .gz), directory or glob; repeatable ([metagene] reads)")] = None,
+    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="DiLoCo --workload metagene: a `metagene tokenizer` directory every peer shares; without it one is trained on the reads ([metagene] tokenizer)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -223,6 +226,9 @@ def join(
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,
                                      trusted=tuple(trust_validator or ()))
+    if "diloco" in role and _is_metagene(cfg, workload, reads, tokenizer, data):
+        data = _metagene_data(cfg, config, reads, tokenizer)
+        model = model or cfg.sections.get("diloco", {}).get("model") or "tiny"
     diloco = _diloco_settings(cfg, config, model, data) if "diloco" in role else None
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
          trusted=tuple(trust_validator or ()), trainer=training, diloco=diloco)
@@ -248,6 +254,48 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     except ValueError as exc:
         err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def _is_metagene(cfg: NodeConfig, workload: str | None, reads: list[str] | None, tokenizer: Path | None,
+                 data: str | None) -> bool:
+    """Whether this diloco node runs the metagene workload (--workload metagene, or a ``[metagene]``
+    section naming reads); contradicting flags are errors that say which."""
+    if workload not in (None, "metagene"):
+        _usage(f"unknown workload {workload!r}: the diloco role's workload is 'metagene' (or none: --data decides)")
+    named = "reads" in cfg.sections.get("metagene", {})
+    if workload is None and (reads or tokenizer is not None):
+        _usage("--reads and --tokenizer go with --workload metagene")
+    metagene = workload == "metagene" or named
+    if metagene and (data is not None or "data" in cfg.sections.get("diloco", {})):
+        _usage("--workload metagene builds its own data from the reads: drop --data ([diloco] data)")
+    return metagene
+
+
+def _usage(message: str) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _metagene_data(cfg: NodeConfig, config_file: Path | None, reads: list[str] | None, tokenizer: Path | None) -> str:
+    """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
+    from rich.markup import escape
+
+    from intellect_node.node.metagene.job import MetageneJob
+    from intellect_node.node.metagene.prepare import prepare_store
+
+    source = str(config_file or cfg.layout.config_file)
+    try:
+        job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), reads, tokenizer, source)
+        store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
+                              job.read_options(), job.vocab, job.tokenizer_reads,
+                              log=lambda line: err.print(line, soft_wrap=True, markup=False))
+        spec = job.data_spec(store.path)
+    except (ValueError, OSError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    err.print(f"metagene store {'reused' if store.reused else 'built'}: {store.path} ({store.reads:,} reads, "
+              f"{store.tokens:,} tokens, digest {store.digest.hex()[:16]})", soft_wrap=True, markup=False)
+    return spec
 
 
 LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")

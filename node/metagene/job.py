@@ -1,0 +1,102 @@
+"""The ``[metagene]`` config section, with ``join``'s ``--reads`` and ``--tokenizer`` on top: which
+reads a DiLoCo node pretrains on and how they become its store (node/metagene/prepare.py).
+
+Why a section of its own rather than keys of ``[diloco]``: the DiLoCo role trains on whatever its
+``data`` spec names; how reads are filtered and tokenized is this workload's concern, and the
+same keys mean the same as the ``metagene tokenizer``/``store`` flags. Unknown keys and values of
+the wrong kind are errors naming the file and the key.
+
+    [metagene]
+    reads = ["/data/run42/*.fastq.gz"]   # files, directories or globs
+    tokenizer = "/data/metagene-tok"     # optional: a `metagene tokenizer` directory; else trained
+    vocab = 1024                         # when trained
+    tokenizer_reads = 200000             # when trained: reads it is trained on
+    min_quality = 20.0                   # mean Phred; 0 turns the filter off
+    max_n = 0.1
+    min_length = 32
+    on_bad = "error"                     # or "skip": a read with letters other than ACGTN
+    seq_len = 512                        # tokens per packed training row
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from intellect_node.node.metagene.build import ReadOptions
+from intellect_node.node.metagene.filtering import FilterConfig
+from intellect_node.node.metagene.tokenizer import VOCAB_SIZE
+
+_INT = (int,)
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class MetageneJob:
+    reads: tuple[str, ...]
+    tokenizer: str = ""  # "": train one on the reads
+    vocab: int = VOCAB_SIZE
+    tokenizer_reads: int = 200_000
+    min_quality: float = 20.0
+    max_n: float = 0.1
+    min_length: int = 32
+    on_bad: str = "error"
+    seq_len: int = 512
+
+    def __post_init__(self) -> None:
+        checks = {"reads": 0 < len(self.reads) <= 4096 and all(0 < len(r) <= 4096 for r in self.reads),
+                  "tokenizer": len(self.tokenizer) <= 4096, "vocab": 16 <= self.vocab <= 65536,
+                  "tokenizer_reads": 1 <= self.tokenizer_reads <= 10_000_000, "min_quality": 0 <= self.min_quality <= 93,
+                  "max_n": 0 <= self.max_n <= 1, "min_length": 1 <= self.min_length <= 1 << 20,
+                  "on_bad": self.on_bad in ("error", "skip"), "seq_len": 2 <= self.seq_len <= 4096}
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"[metagene] {bad[0]} = {getattr(self, bad[0])!r} is out of bounds")
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any], reads: list[str] | None, tokenizer: Path | None,
+                     source: str) -> MetageneJob:
+        """The job from a TOML ``[metagene]`` table with the flags on top; errors name ``source``."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(section) - set(known))
+        if unknown:
+            raise ValueError(f"{source} [metagene]: unknown keys {unknown}; known keys are {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, value in section.items():
+            default = getattr(cls, name, None)
+            if name == "reads":
+                ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+                value = tuple(value) if ok else value
+            elif isinstance(default, str):
+                ok = isinstance(value, str)
+            else:
+                ok = not isinstance(value, bool) and isinstance(value, _INT if isinstance(default, int) else _NUMBER)
+            if not ok:
+                raise ValueError(f"{source} [metagene] {name}: {value!r} is not a "
+                                 f"{'list of paths' if name == 'reads' else type(default).__name__}")
+            values[name] = value
+        if reads:
+            values["reads"] = tuple(reads)
+        if tokenizer is not None:
+            values["tokenizer"] = str(tokenizer)
+        if not values.get("reads"):
+            raise ValueError(f"the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads in {source}")
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        return Path(self.tokenizer).expanduser() if self.tokenizer else None
+
+    def read_options(self) -> ReadOptions:
+        return ReadOptions(FilterConfig(min_length=self.min_length, max_n_fraction=self.max_n,
+                                        min_mean_quality=self.min_quality), self.on_bad)  # type: ignore[arg-type]
+
+    def data_spec(self, store: Path) -> str:
+        """The DiLoCo ``data`` spec of a store (node/diloco/data.py: items are comma-separated)."""
+        if "," in str(store) or "=" in str(store):
+            raise ValueError(f"{store}: a store path with ',' or '=' cannot be named in a data spec; use another --home")
+        return f"metagene:store={store},seq_len={self.seq_len}"
