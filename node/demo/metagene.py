@@ -82,7 +82,8 @@ def final_model(options: MetageneDemoOptions, checkpoint: Path) -> tuple[Any, in
     return model, state.round, state_hash(state).hex()
 
 
-def _metrics(result: dict[str, Any]) -> dict[str, Any]:
+def eval_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation figures summary.json and the bench report, rounded."""
     return {"perplexity": round(result["perplexity_all"], 4), "bits_per_bp": round(result["bits_per_bp"], 4),
             "probe_mcc": round(result["probe_mcc"], 4), "kmer_mcc": round(result["kmer_mcc"], 4),
             "perplexity_per_organism": {k: round(v, 4) for k, v in result["perplexity"].items()}}
@@ -97,7 +98,7 @@ def run_metagene_demo(options: MetageneDemoOptions, log: Callable[[str], None]) 
     log(f"writing a {options.organisms}-organism metagenome, training the tokenizer, building the store in {root}")
     store, tokenizer, eval_reads = prepare_data(options, root)
     seq_len = min(options.seq_len, get_preset(options.preset).context)
-    before = _metrics(evaluate(build_model(get_preset(options.preset), options.seed), tokenizer, eval_reads, seq_len))
+    before = eval_metrics(evaluate(build_model(get_preset(options.preset), options.seed), tokenizer, eval_reads, seq_len))
     log(f"before training: held-out perplexity {before['perplexity']}, probe MCC {before['probe_mcc']} "
         f"(4-mer baseline {before['kmer_mcc']})")
     diloco = DilocoDemoOptions(peers=options.peers, rounds=options.rounds, H=options.H, minutes=options.minutes,
@@ -111,7 +112,7 @@ def run_metagene_demo(options: MetageneDemoOptions, log: Callable[[str], None]) 
                 "before": before}
     if checkpoint.exists():
         model, round_, digest = final_model(options, checkpoint)
-        after = _metrics(evaluate(model, tokenizer, eval_reads, seq_len))
+        after = eval_metrics(evaluate(model, tokenizer, eval_reads, seq_len))
         summary |= {"after": after, "evaluated": {"node": "peer0", "round": round_, "state_hash": digest}}
         log(f"after {round_} rounds: held-out perplexity {after['perplexity']}, probe MCC {after['probe_mcc']} "
             f"(4-mer baseline {after['kmer_mcc']})")
