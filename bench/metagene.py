@@ -15,7 +15,8 @@ keeps up with training.
    (node/demo/metagene.py ``prepare_data``), 4 DiLoCo peers (``DilocoPeer``, the node's own round:
    inner AdamW, int8 grid, error feedback, outer Nesterov) against one peer that trains on exactly
    the same batches one after another with the inner AdamW (same tokens, 4x the sequential
-   steps). Held-out perplexity and the probe's MCC (node/metagene/evaluate.py), with the 4-mer
+   steps; and, for scale, one peer on a quarter of them: as many sequential steps as a DiLoCo
+   peer). Held-out perplexity and the probe's MCC (node/metagene/evaluate.py), with the 4-mer
    baseline. The group's all-reduce is done in this process (``LoopbackGroup``: the same grid
    arithmetic the averager child applies, without hivemind): learning is measured here,
    transport in bench/diloco.py.
@@ -247,24 +248,31 @@ def learning(args: argparse.Namespace) -> str:
         diloco_tokens = sum(m.tokens for m in members)
         ours = scored(members[0].model)
 
-        single = build_model(settings.preset, options.seed)
         recipe = Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
                         weight_decay=settings.weight_decay, betas=settings.betas)  # DilocoPeer's inner optimizer
-        optimizer = make_optimizer(single, recipe)
-        single.train()
-        started, single_tokens, step = time.perf_counter(), 0, 0
-        for round_ in range(rounds):
-            for inner in range(H):
-                for m in members:
-                    single_tokens += train_step(single, optimizer, data.draw(round_, m.key, inner), recipe, step)["tokens"]
-                    step += 1
-        single_s = time.perf_counter() - started
-        peer = scored(single)
+
+        def one_peer(keys: list[int]) -> tuple[dict[str, Any], int, float]:
+            """Plain AdamW from theta0 on the batches the peers of ``keys`` drew, step by step in turn."""
+            model = build_model(settings.preset, options.seed)
+            optimizer = make_optimizer(model, recipe)
+            model.train()
+            started, tokens, step = time.perf_counter(), 0, 0
+            for round_ in range(rounds):
+                for inner in range(H):
+                    for key in keys:
+                        tokens += train_step(model, optimizer, data.draw(round_, key, inner), recipe, step)["tokens"]
+                        step += 1
+            seconds = time.perf_counter() - started
+            return scored(model), tokens, seconds
+
+        peer, single_tokens, single_s = one_peer([m.key for m in members])
+        alone, alone_tokens, alone_s = one_peer([members[0].key])
 
     print(f"  {'':28} {'perplexity':>10} {'bits/bp':>8} {'probe MCC':>9} {'4-mer MCC':>9} {'tokens':>9} {'train s':>7}")
     for name, m, tokens, seconds in (("before training (theta0)", before, 0, 0.0),
                                      (f"DiLoCo, {peers} peers", ours, diloco_tokens, diloco_s),
-                                     ("one peer, same batches", peer, single_tokens, single_s)):
+                                     ("one peer, same batches", peer, single_tokens, single_s),
+                                     ("one peer, a quarter of them", alone, alone_tokens, alone_s)):
         print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} {m['kmer_mcc']:>9.3f} "
               f"{tokens:>9,} {seconds:>7.1f}")
     print(f"  per organism (DiLoCo / one peer): " + ", ".join(

@@ -44,11 +44,10 @@ class MetageneDemoOptions:
 
 def prepare_data(options: MetageneDemoOptions, root: Path) -> tuple[Path, Any, list[Any]]:
     """Training FASTQs, the tokenizer and the store under ``root``; returns (store, tokenizer, eval reads)."""
-    from intellect_node.node.metagene.dataset import tokenize_reads
+    from intellect_node.node.metagene.build import TOKENIZER_DIR, ReadOptions, build_store, build_tokenizer
     from intellect_node.node.metagene.filtering import filter_reads
     from intellect_node.node.metagene.reads import iter_reads
     from intellect_node.node.metagene.synthetic import cut_reads, make_organisms, write_fastq, write_metagenome
-    from intellect_node.node.metagene.tokenizer import save_tokenizer, train_tokenizer
 
     for name in ("reads", "eval", "store"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -56,10 +55,10 @@ def prepare_data(options: MetageneDemoOptions, root: Path) -> tuple[Path, Any, l
     rng = random.Random(options.seed + 1_000_003)  # other reads of the same genomes: held out
     for organism in make_organisms(options.seed, options.organisms, options.genome_length):
         write_fastq(root / "eval" / f"{organism.name}.fastq.gz", cut_reads(organism, rng, options.eval_reads_per_organism))
-    train = list(filter_reads(iter_reads(root / "reads")))
-    tokenizer = train_tokenizer([r.sequence for r in train], options.vocab)
-    tokenize_reads(train, tokenizer).save(root / "store")
-    save_tokenizer(tokenizer, root / "store" / "tokenizer")
+    reads, filtering = [str(root / "reads")], ReadOptions()
+    tokenizer, _ = build_tokenizer(reads, filtering, options.vocab, options.organisms * options.reads_per_organism,
+                                   root / "store" / TOKENIZER_DIR)
+    build_store(reads, tokenizer, filtering, root / "store")
     return root / "store", tokenizer, list(filter_reads(iter_reads(root / "eval")))
 
 

@@ -77,7 +77,7 @@ def _reuse(path: Path, log: Callable[[str], None]) -> PreparedStore | None:
     except (OSError, KeyError, ValueError, TypeError) as exc:
         log(f"metagene store {path}: unreadable ({exc}); rebuilding it")
         return None
-    if manifest.get("digest") != digest.hex():
+    if not isinstance(manifest, dict) or manifest.get("digest") != digest.hex():
         log(f"metagene store {path}: its content changed since it was built; rebuilding it")
         return None
     return PreparedStore(path, digest, True, len(store), int(store.offsets[-1]))
