@@ -226,6 +226,8 @@ def join(
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,
                                      trusted=tuple(trust_validator or ()))
+    if "diloco" not in role and (workload is not None or reads or tokenizer is not None):
+        _usage("--workload, --reads and --tokenizer are for --role diloco")
     if "diloco" in role and _is_metagene(cfg, workload, reads, tokenizer, data):
         data = _metagene_data(cfg, config, reads, tokenizer)
         model = model or cfg.sections.get("diloco", {}).get("model") or "tiny"

@@ -102,6 +102,9 @@ def test_bad_reads_and_flags_are_clear_errors_before_the_node_starts(tmp_path, r
         assert code == 2 and message in output.replace("\n", ""), (args, output)
         assert "Traceback" not in output
     assert not list((tmp_path / "home" / "metagene" / "stores").glob("*"))  # nothing half-built was left
+    result = CliRunner().invoke(app, ["join", "--role", "inference", "--home", str(tmp_path / "home"), "--new-swarm",
+                                      "--workload", "metagene", "--reads", str(reads / "a")])
+    assert result.exit_code == 2 and "are for --role diloco" in result.output
 
 
 def test_metagene_section_names_bad_keys_and_flags_win() -> None:
