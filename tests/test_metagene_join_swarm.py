@@ -1,9 +1,9 @@
 """A store digest other than the run's is refused.
 
 - Two real ``join --role diloco --workload metagene --reads`` nodes on different reads: the
-  second has another store digest, refuses the state the first serves (its log says why), and the
-  two never share a round; the same reads give the same store in another process; a re-join
-  with the same reads reuses the store.
+  second has another store digest, so the two never share a round (a leader refuses the other at
+  matchmaking, and its averager log says why); the same reads give the same store in another
+  process; a re-join with the same reads reuses the store.
 - Three DiLoCo peers in one round (real averager children): a leader refuses the member whose
   run digest (model layout + data digest) differs, before any tensor moves, and says so.
 """
@@ -65,7 +65,8 @@ def test_other_reads_are_refused_and_rejoining_reuses_the_store(tmp_path) -> Non
         c = join("c", "other", "--bootstrap", a.addr)
         wait_until(lambda: len(_rounds(c.home)) >= 2, timeout_s=180, poll_s=1.0)
         assert all(r["solo"] for r in _rounds(a.home) + _rounds(c.home))  # never one group
-        assert "state from peers refused: a peer served the state of another model or data" in (c.home / "node.log").read_text()
+        logs = "".join((n.home / "diloco" / "averager.log").read_text() for n in (a, c))
+        assert "trains another model or other data" in logs  # a leader refused the other at matchmaking
         # the same reads give the same store in another process (here: this one), so peers that
         # train their own tokenizer on the same reads agree
         (store_a,) = (a.home / "metagene" / "stores").iterdir()
