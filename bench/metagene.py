@@ -182,7 +182,7 @@ class LoopbackGroup:
 
 
 class LoopbackMember:
-    """What ``DilocoPeer`` asks of its averager client in a round: ``average`` and ``publish``."""
+    """What ``DilocoPeer`` asks of its averager client in a round: ``average``."""
 
     def __init__(self, group: LoopbackGroup, name: str) -> None:
         self.group, self.name = group, name
@@ -194,9 +194,6 @@ class LoopbackMember:
         self.group.barrier.wait(timeout=600)
         shared, sums, hashes = self.group.result
         return Averaged(round_, self.group.size, shared, sums, hashes, 0.0, 0)
-
-    def publish(self, state: Any, state_hash: bytes) -> None:
-        """Nobody joins a bench run: nothing to serve."""
 
 
 def learning(args: argparse.Namespace) -> str:
