@@ -81,22 +81,26 @@ def test_a_joiner_takes_only_the_state_a_majority_of_members_vouches_for(tmp_pat
         overlays.close()
 
 
-def test_state_file_round_trips_and_refuses_a_wrong_hash(tmp_path) -> None:
+def test_state_file_round_trips_and_refuses_a_wrong_hash_or_another_run(tmp_path) -> None:
     layout, honest, lie = _states()
+    run = layout.run_digest(b"store-a")
     path = tmp_path / "state.safetensors"
-    write_state_file(honest, state_hash(honest), path)
+    write_state_file(honest, state_hash(honest), run, path)
     manifest = build_manifest(path, run_id="run", step=1, parent_step=None, shard_size=SHARD)
-    state, digest = read_state_file(path, manifest, layout)
+    state, digest = read_state_file(path, manifest, layout, run)
     assert digest == state_hash(honest) and torch.equal(state.params, honest.params)
-    write_state_file(honest, state_hash(honest), tmp_path / "again.safetensors")
+    write_state_file(honest, state_hash(honest), run, tmp_path / "again.safetensors")
     assert (tmp_path / "again.safetensors").read_bytes() == path.read_bytes()  # every honest peer: the same bytes
-    write_state_file(lie, state_hash(honest), path)
+    # a peer of another run (the same model on another METAGENE store) must not adopt it
+    with pytest.raises(StateFileError, match="another run"):
+        read_state_file(path, manifest, layout, layout.run_digest(b"store-b"))
+    write_state_file(lie, state_hash(honest), run, path)
     manifest = build_manifest(path, run_id="run", step=1, parent_step=None, shard_size=SHARD)
     with pytest.raises(StateFileError, match="do not hash to the state hash"):
-        read_state_file(path, manifest, layout)
+        read_state_file(path, manifest, layout, run)
     manifest = build_manifest(path, run_id="run", step=2, parent_step=None, shard_size=SHARD)
     with pytest.raises(StateFileError, match="holds round 1"):
-        read_state_file(path, manifest, layout)
+        read_state_file(path, manifest, layout, run)
 
 
 def test_choose_takes_a_strict_majority_and_breaks_a_two_sided_split_one_way() -> None:

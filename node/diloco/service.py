@@ -190,7 +190,8 @@ class DilocoService:
         peer = await trio.to_thread.run_sync(self.build, node.identity, initial)
         self.peer = peer
         self.overlay = overlay = StateOverlay(self.home / "states", self.run_id, node.identity, node.scores,
-                                              peer.layout, frozenset(self.settings.allowlist))
+                                              peer.layout, frozenset(self.settings.allowlist),
+                                              run_digest=peer.layout.run_digest(peer.data.digest))
         self._advertise(node, peer.client)
         log.info("diloco: hivemind peer %s at %s, started from %d peer(s); round %d", peer.client.peer_id,
                  peer.client.maddrs, len(initial), peer.state.round)

@@ -4,12 +4,15 @@ Why a file the overlay already knows (safetensors, cut into shards named by a si
 joiners fetch the state the way workers fetch checkpoints, chunk by verified chunk from any peer
 that holds it, so there is no second transfer path to harden. The file is a pure function of the
 state: tensors ``params.<name>`` and ``momentum.<name>`` (fp32, the layout's shapes),
-``diloco.round`` (I64, one element) and ``diloco.state_hash`` (U8, 32), written by safetensors in
-its fixed order. So every honest peer writes the same bytes after an outer step, signs manifests
+``diloco.round`` (I64, one element), ``diloco.state_hash`` (U8, 32) and ``diloco.run`` (U8, 32:
+the run digest, ``Layout.run_digest``: the model's layout bound to the data's digest), written by
+safetensors in its fixed order. So every honest peer writes the same bytes after an outer step, signs manifests
 with the same checkpoint hash, and a joiner can count which hash most peers vouch for, then take
 the shards from any of them. Reading checks every entry against the model's layout (no other
 tensor, no other shape or dtype), the round against the manifest's step and the recomputed state
-hash against the one inside: a file that passes is exactly the state it claims to be.
+hash against the one inside, and the run digest against the reader's own: a file that passes is
+exactly the state it claims to be, of the run the reader trains (a peer on another METAGENE store
+must not adopt a state it can never average with).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from intellect_node.node.shards.checkpoint import write_safetensors
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.protocol.manifest import CheckpointManifest
 
-ROUND, HASH = "diloco.round", "diloco.state_hash"
+ROUND, HASH, RUN = "diloco.round", "diloco.state_hash", "diloco.run"
 MAX_HEADER = 1 << 24  # the safetensors header: about 150 bytes per tensor (65,536 tensors at most)
 
 
@@ -34,17 +37,18 @@ class StateFileError(ValueError):
 
 
 def _entries(layout: Layout) -> dict[str, tuple[str, tuple[int, ...]]]:
-    expected = {ROUND: ("I64", (1,)), HASH: ("U8", (32,))}
+    expected = {ROUND: ("I64", (1,)), HASH: ("U8", (32,)), RUN: ("U8", (32,))}
     for name, shape in zip(layout.names, layout.shapes, strict=True):
         expected[f"params.{name}"] = ("F32", tuple(shape))
         expected[f"momentum.{name}"] = ("F32", tuple(shape))
     return expected
 
 
-def write_state_file(state: GlobalState, digest: bytes, path: Path) -> None:
-    """``state`` (whose hash is ``digest``) as the overlay file at ``path``."""
+def write_state_file(state: GlobalState, digest: bytes, run_digest: bytes, path: Path) -> None:
+    """``state`` (whose hash is ``digest``) of the run ``run_digest`` as the overlay file at ``path``."""
     tensors: dict[str, torch.Tensor] = {ROUND: torch.tensor([state.round], dtype=torch.int64),
-                                        HASH: torch.frombuffer(bytearray(digest), dtype=torch.uint8)}
+                                        HASH: torch.frombuffer(bytearray(digest), dtype=torch.uint8),
+                                        RUN: torch.frombuffer(bytearray(run_digest), dtype=torch.uint8)}
     for part, flat in (("params", state.params), ("momentum", state.momentum)):
         for name, view in state.layout.views(flat).items():
             tensors[f"{part}.{name}"] = view
@@ -62,10 +66,15 @@ def check_manifest(manifest: CheckpointManifest, layout: Layout) -> None:
         raise StateFileError(f"a state file of {manifest.total_size} bytes is larger than this model's state")
 
 
-def read_state_file(path: Path, manifest: CheckpointManifest, layout: Layout) -> tuple[GlobalState, bytes]:
-    """The state in a verified file and its hash, or ``StateFileError`` naming what was wrong."""
+def read_state_file(path: Path, manifest: CheckpointManifest, layout: Layout,
+                    run_digest: bytes) -> tuple[GlobalState, bytes]:
+    """The state in a verified file of the run ``run_digest`` and its hash, or ``StateFileError``
+    naming what was wrong."""
     check_manifest(manifest, layout)
     tensors = load_tensors(path, manifest)
+    if bytes(tensors[RUN].tolist()) != run_digest:
+        raise StateFileError("the state file is of another run: it trains another model or other data "
+                             f"(run digest {bytes(tensors[RUN].tolist()).hex()[:12]}, ours {run_digest.hex()[:12]})")
     round_ = int(tensors[ROUND][0])
     if round_ != manifest.step:
         raise StateFileError(f"the state file holds round {round_}, its manifest names round {manifest.step}")

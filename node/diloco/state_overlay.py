@@ -54,9 +54,10 @@ class StateOverlay:
     """This peer's state server and a joiner's majority fetch, over one run's DiLoCo states."""
 
     def __init__(self, root: Path, run_id: str, identity: Identity, scores: PeerScores, layout: Layout,
-                 allowlist: frozenset[str], shard_size: int = SHARD_SIZE) -> None:
+                 allowlist: frozenset[str], shard_size: int = SHARD_SIZE, run_digest: bytes | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)  # states of an earlier life: the peer publishes its own on start
         self.run_id, self.identity, self.scores, self.layout = run_id, identity, scores, layout
+        self.run_digest = layout.digest() if run_digest is None else run_digest  # Layout.run_digest
         self.allowlist = allowlist
         self.config = ShardConfig(data_dir=root, shard_size=shard_size, keep_steps=ROUNDS_KEPT)
         self.served = ShardStore(root / "served", run_id)  # only states this peer signed
@@ -79,7 +80,7 @@ class StateOverlay:
         signs; a state adopted at a round already served replaces it."""
         round_ = state.round
         staged = self.served.staging_path(round_)
-        await trio.to_thread.run_sync(write_state_file, state, digest, staged)
+        await trio.to_thread.run_sync(write_state_file, state, digest, self.run_digest, staged)
         manifest = await trio.to_thread.run_sync(lambda: build_manifest(
             staged, run_id=self.run_id, step=round_, parent_step=None, shard_size=self.config.shard_size))
         envelope = codec.encode(manifest, self.identity, lifetime_s=MANIFEST_LIFETIME_S)
@@ -190,7 +191,8 @@ class StateOverlay:
         try:
             await CheckpointFetch(checkpoint, self.fetched, book, self.client, self.config, self.scores, self,
                                   self.identity.peer_id, "", no_providers).run()
-            state, digest = await trio.to_thread.run_sync(read_state_file, checkpoint.data_path, manifest, self.layout)
+            state, digest = await trio.to_thread.run_sync(read_state_file, checkpoint.data_path, manifest, self.layout,
+                                                          self.run_digest)
         except StateFileError as exc:  # a majority signed bytes that are not a state: nobody to believe
             self.counters["states_refused"] += 1
             log.warning("the majority's round-%d state refused: %s", manifest.step, exc)
