@@ -464,14 +464,15 @@ def demo(steps: Annotated[int | None, typer.Option(help="Also stop after this ma
          dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True,
          workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama; metagene: DiLoCo peers pretraining a genomic model on a generated metagenome")] = "rl",
          peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
-         rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10) -> None:
+         rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10,
+         genomes: Annotated[str, typer.Option(help="metagene: generated genomes, or pyrodigal: the four real ones in an installed pyrodigal's test data")] = "generated") -> None:
     """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task
     (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
         _diloco_demo(peers, rounds, minutes, out)
         return
     if workload == "metagene":
-        _metagene_demo(peers, rounds, minutes, out)
+        _metagene_demo(peers, rounds, minutes, out, genomes)
         return
     if workload != "rl":
         err.print(f"[red]error:[/red] unknown workload {workload!r}; choose rl, diloco or metagene")
@@ -504,11 +505,20 @@ def _diloco_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> N
         raise typer.Exit(1)
 
 
-def _metagene_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> None:
+def _metagene_demo(peers: int, rounds: int, minutes: float, out: Path | None, genomes: str) -> None:
     from intellect_node.node.demo.metagene import MetageneDemoOptions, run_metagene_demo
+    from intellect_node.node.metagene.genomes import GENOME_SOURCES, GenomeSourceError
 
-    summary = run_metagene_demo(MetageneDemoOptions(peers=peers, rounds=rounds, minutes=minutes, out=out),
-                                log=lambda line: err.print(line, soft_wrap=True, markup=False))
+    if genomes not in GENOME_SOURCES:
+        err.print(f"error: --genomes {genomes!r}; choose one of {GENOME_SOURCES}", markup=False)
+        raise typer.Exit(2)
+    try:
+        summary = run_metagene_demo(MetageneDemoOptions(peers=peers, rounds=rounds, minutes=minutes, out=out,
+                                                        genomes=genomes),
+                                    log=lambda line: err.print(line, soft_wrap=True, markup=False))
+    except GenomeSourceError as exc:
+        err.print(f"error: {exc}", soft_wrap=True, markup=False)
+        raise typer.Exit(2) from None
     after = summary.get("after", {})
     err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
               f"{summary['newest_common_round']} {'equal' if summary['same_state_hash_there'] else 'NOT equal'} on all; "

@@ -163,9 +163,16 @@ def evaluate(model_dir: Annotated[Path, typer.Option("--model", help="HF-layout 
 def synth(out: Annotated[Path, typer.Option("--out", help="Directory for one .fastq.gz per organism")],
           organisms: Annotated[int, typer.Option(min=2, max=64)] = 4,
           reads: Annotated[int, typer.Option("--reads", help="Reads per organism", min=2)] = 500,
-          seed: Annotated[int, typer.Option(min=0)] = 0) -> None:
-    """Write a generated metagenome (seeded genomes of distinct composition, reads with errors)."""
+          seed: Annotated[int, typer.Option(min=0)] = 0,
+          genomes: Annotated[str, typer.Option(help="generated: seeded genomes of distinct composition; pyrodigal: "
+                                               "the four real genomes in an installed pyrodigal's test data")] = "generated") -> None:
+    """Write a metagenome: reads with Illumina-like errors cut from generated or real genomes."""
+    from intellect_node.node.metagene.genomes import GenomeSourceError, organisms_from
     from intellect_node.node.metagene.synthetic import write_metagenome
 
-    paths = write_metagenome(out, seed, organisms, reads)
+    try:
+        chosen = organisms_from(genomes, seed, organisms, 20_000)
+    except GenomeSourceError as exc:
+        raise _fail(exc) from None
+    paths = write_metagenome(out, seed, reads_per_organism=reads, genomes=chosen)
     print(json.dumps({"files": [str(p) for p in paths]}))

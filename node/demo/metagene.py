@@ -1,7 +1,8 @@
 """``intellect-node demo --workload metagene``: DiLoCo peers pretrain a genomic model on a metagenome.
 
-Offline and self-contained: a generated metagenome (node/metagene/synthetic.py: organisms of
-distinct composition, reads with errors) is written as FASTQ, split into training reads and
+Offline and self-contained: a metagenome (node/metagene/synthetic.py: reads with Illumina-like
+errors cut from generated genomes of distinct composition, or with ``genomes = "pyrodigal"`` from
+four real ones an installed package ships, node/metagene/genomes.py) is written as FASTQ, split into training reads and
 held-out evaluation reads cut from the same genomes; the BPE tokenizer is trained on the training
 reads and the tokenized store is built from them. Then the DiLoCo demo (node/demo/diloco.py, its
 loop, watch and death report unchanged) runs N real ``join --role diloco`` nodes with
@@ -37,6 +38,7 @@ class MetageneDemoOptions:
     reads_per_organism: int = 2000
     eval_reads_per_organism: int = 100
     genome_length: int = 20_000
+    genomes: str = "generated"  # or "pyrodigal": real genomes from that installed package (node/metagene/genomes.py)
     vocab: int = 1024
     seq_len: int = 512
     seed: int = 0
@@ -47,16 +49,18 @@ def prepare_data(options: MetageneDemoOptions, root: Path) -> tuple[Path, Any, l
     from intellect_node.node.metagene.build import TOKENIZER_DIR, ReadOptions, build_store, build_tokenizer
     from intellect_node.node.metagene.filtering import filter_reads
     from intellect_node.node.metagene.reads import iter_reads
-    from intellect_node.node.metagene.synthetic import cut_reads, make_organisms, write_fastq, write_metagenome
+    from intellect_node.node.metagene.genomes import organisms_from
+    from intellect_node.node.metagene.synthetic import cut_reads, write_fastq, write_metagenome
 
     for name in ("reads", "eval", "store"):
         shutil.rmtree(root / name, ignore_errors=True)
-    write_metagenome(root / "reads", options.seed, options.organisms, options.reads_per_organism, options.genome_length)
+    organisms = organisms_from(options.genomes, options.seed, options.organisms, options.genome_length)
+    write_metagenome(root / "reads", options.seed, reads_per_organism=options.reads_per_organism, genomes=organisms)
     rng = random.Random(options.seed + 1_000_003)  # other reads of the same genomes: held out
-    for organism in make_organisms(options.seed, options.organisms, options.genome_length):
+    for organism in organisms:
         write_fastq(root / "eval" / f"{organism.name}.fastq.gz", cut_reads(organism, rng, options.eval_reads_per_organism))
     reads, filtering = [str(root / "reads")], ReadOptions()
-    tokenizer, _ = build_tokenizer(reads, filtering, options.vocab, options.organisms * options.reads_per_organism,
+    tokenizer, _ = build_tokenizer(reads, filtering, options.vocab, len(organisms) * options.reads_per_organism,
                                    root / "store" / TOKENIZER_DIR)
     build_store(reads, tokenizer, filtering, root / "store")
     return root / "store", tokenizer, list(filter_reads(iter_reads(root / "eval")))
@@ -94,7 +98,7 @@ def run_metagene_demo(options: MetageneDemoOptions, log: Callable[[str], None]) 
 
     root = options.out or Path(tempfile.mkdtemp(prefix="intellect-metagene-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    log(f"writing a {options.organisms}-organism metagenome, training the tokenizer, building the store in {root}")
+    log(f"writing a {options.genomes} metagenome, training the tokenizer, building the store in {root}")
     store, tokenizer, eval_reads = prepare_data(options, root)
     seq_len = min(options.seq_len, get_preset(options.preset).context)
     before = eval_metrics(evaluate(build_model(get_preset(options.preset), options.seed), tokenizer, eval_reads, seq_len))

@@ -99,12 +99,14 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_metagenome(out: Path, seed: int = 0, organisms: int = 4, reads_per_organism: int = 500,
-                     genome_length: int = 20_000, read_length: int = 150) -> list[Path]:
+                     genome_length: int = 20_000, read_length: int = 150,
+                     genomes: list[Organism] | None = None) -> list[Path]:
     """One gzipped FASTQ per organism under ``out`` (``org0.fastq.gz``...): the file is the
-    read's source label, as evaluation expects."""
+    read's source label, as evaluation expects. ``genomes`` (``genomes.organisms_from``: real
+    ones) replaces the ``organisms`` generated ones."""
     rng = random.Random(seed + 1)
     paths = []
-    for organism in make_organisms(seed, organisms, genome_length):
+    for organism in genomes or make_organisms(seed, organisms, genome_length):
         reads = cut_reads(organism, rng, reads_per_organism, read_length)
         paths.append(write_fastq(out / f"{organism.name}.fastq.gz", reads))
     return paths
