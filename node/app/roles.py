@@ -56,7 +56,8 @@ class Assembly:
         """The run's rollout shape ([run]): what workers generate and every verifier judges by."""
         from intellect_node.node.roles.inference.builder import RolloutSettings
 
-        return RolloutSettings(group_size=self.config.run.group_size, max_tokens=self.config.run.max_tokens)
+        run = self.config.run
+        return RolloutSettings(group_size=run.group_size, max_tokens=run.max_tokens, temperature=float(run.temperature))
 
     def require_overlay(self, role: str) -> ShardService:
         if self.overlay is None:
