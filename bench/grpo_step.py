@@ -3,8 +3,9 @@
 Both trainers take the same optimizer step on the same tokens, in one process, with the same
 torch threads:
 
-- the batch: 16 toy reversal prompts (with the rollout builder's length targets) x 8 completions
-  sampled once from the tiny model (torch engine, temperature 1, <= 64 tokens); task rewards from
+- the batch (defaults; ``--prompts``, ``--group-size``, ``--max-tokens``, ``--micro-batch-rows``
+  and ``--model`` change them): 16 toy reversal prompts (with the rollout builder's length targets)
+  x 8 completions sampled once from the tiny model (torch engine, temperature 1, <= 64 tokens); task rewards from
   ``intellect_node.node.tasks.verify.task_reward``, the sampler's per-token logprobs as the behavior policy;
 - the advantages: ours (task + length reward, normalized per group), computed once and given
   to TRL as well, so both losses weight every token identically;
@@ -36,7 +37,8 @@ other work on a shared machine hits both sides alike; the first rounds are warm-
 counted; the headline is each side's median.
 
     .venv/bin/pip install -e '.[bench]'      # trl==1.16.0 and its dependencies; torch unchanged
-    .venv/bin/python bench/grpo_step.py [--quick] [--threads 2] [--model DIR]
+    .venv/bin/python bench/grpo_step.py [--quick] [--threads 2] [--model DIR] [--prompts 16]
+        [--group-size 8] [--max-tokens 64] [--micro-batch-rows 64]
 
 The last line is ``grpo_step: ours=<s/step> peer=<s/step> ratio=<peer/ours>x target=1 ok|short``.
 """
@@ -49,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,24 +84,37 @@ except ImportError as exc:
                      "is:\n    .venv/bin/pip install -e '.[bench]'") from None
 
 TARGET = 1.0
-PROMPTS, GROUP_SIZE, MAX_TOKENS = 16, 8, 64
-MICRO_BATCH_ROWS = 64
-OPTIM = OptimConfig(micro_batch_rows=MICRO_BATCH_ROWS, max_tokens=MAX_TOKENS)  # our defaults, stated
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The batch: prompts x group_size completions of <= max_tokens; the defaults are the tiny
+    model's figures, bench/real_model's section of RESULTS.md runs a smaller batch of the real model."""
+
+    prompts: int = 16
+    group_size: int = 8
+    max_tokens: int = 64
+    micro_batch_rows: int = 64
+
+    @property
+    def optim(self) -> OptimConfig:
+        return OptimConfig(micro_batch_rows=self.micro_batch_rows, max_tokens=self.max_tokens)  # our defaults, stated
+
 LOSS = LossConfig()
 
 
-def sample_groups(model_dir: Path, tokenizer: PreTrainedTokenizerBase, seed: int) -> list[TrainingGroup]:
+def sample_groups(model_dir: Path, tokenizer: PreTrainedTokenizerBase, seed: int, shape: Shape) -> list[TrainingGroup]:
     """The fixed batch, as the trainer would hold it after validation: sampled once, so both
     trainers see exactly the same tokens, rewards and behavior logprobs. No online filter: a
     group whose answers all scored the same keeps its rows (its advantages come from the length
-    reward alone), so every step trains on all 128 rows."""
-    engine = TorchEngine.from_checkpoint(model_dir, max_batch_rows=PROMPTS * GROUP_SIZE)
-    tasks = generate_toy_tasks(seed=seed, count=PROMPTS, kinds=("reverse",))
+    reward alone), so every step trains on all its rows."""
+    engine = TorchEngine.from_checkpoint(model_dir, max_batch_rows=shape.prompts * shape.group_size)
+    tasks = generate_toy_tasks(seed=seed, count=shape.prompts, kinds=("reverse",))
     targeted = [with_length_target(task, DEFAULT_LENGTH_TARGETS[i % len(DEFAULT_LENGTH_TARGETS)])
                 for i, task in enumerate(tasks)]
     prompts = [encode_prompt(tokenizer, t.prompt) for t in targeted]
-    params = SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=seed)
-    sampled = engine.generate(prompts, GROUP_SIZE, params, capture_hidden=False)
+    params = SamplingParams(temperature=1.0, max_tokens=shape.max_tokens, seed=seed)
+    sampled = engine.generate(prompts, shape.group_size, params, capture_hidden=False)
     groups = []
     for i, (t, prompt, completions) in enumerate(zip(targeted, prompts, sampled)):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
@@ -173,14 +189,16 @@ class AlternatingTimer(TrainerCallback):
         self.threads.add(torch.get_num_threads())
 
 
-def trl_config(out: Path, steps: int) -> GRPOConfig:
-    """TRL settings that match ``OPTIM`` and ``LOSS`` (see the module docstring)."""
+def trl_config(out: Path, steps: int, shape: Shape) -> GRPOConfig:
+    """TRL settings that match ``shape.optim`` and ``LOSS`` (see the module docstring)."""
+    optim = shape.optim
     return GRPOConfig(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=MICRO_BATCH_ROWS,
-        gradient_accumulation_steps=PROMPTS * GROUP_SIZE // MICRO_BATCH_ROWS, num_generations=GROUP_SIZE,
-        max_completion_length=MAX_TOKENS, learning_rate=OPTIM.lr, adam_beta1=OPTIM.betas[0],
-        adam_beta2=OPTIM.betas[1], weight_decay=OPTIM.weight_decay, warmup_steps=OPTIM.warmup_steps,
-        lr_scheduler_type="constant_with_warmup", max_grad_norm=OPTIM.grad_clip, loss_type="dapo",
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=shape.micro_batch_rows,
+        gradient_accumulation_steps=shape.prompts * shape.group_size // shape.micro_batch_rows,
+        num_generations=shape.group_size, max_completion_length=shape.max_tokens, learning_rate=optim.lr,
+        adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], weight_decay=optim.weight_decay,
+        warmup_steps=optim.warmup_steps, lr_scheduler_type="constant_with_warmup", max_grad_norm=optim.grad_clip,
+        loss_type="dapo",
         epsilon=LOSS.clip_eps, delta=LOSS.ratio_cap, beta=0.0, bf16=False, activation_checkpointing=False,
         use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0)
 
@@ -190,35 +208,45 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (< 1 minute)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
     parser.add_argument("--model", type=Path, default=DEFAULT_HOME / "models" / "tiny",
-                        help="the tiny model's directory (built there on first use, 1-2 minutes)")
+                        help="an HF-layout model dir, e.g. `model import`'s (default: the tiny model, built "
+                             "there on first use, 1-2 minutes)")
+    defaults = Shape()
+    parser.add_argument("--prompts", type=int, default=defaults.prompts)
+    parser.add_argument("--group-size", type=int, default=defaults.group_size)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--micro-batch-rows", type=int, default=defaults.micro_batch_rows,
+                        help="rows per forward/backward (must divide prompts x group size)")
     parser.add_argument("--seed", type=int, default=0, help="toy tasks and sampling seed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warmup, counted = (2, 4) if args.quick else (3, 20)
     hf_logging.disable_progress_bar()  # per-load bars would bury the table
 
-    model_dir = ensure_tiny_model(args.model)
+    shape = Shape(args.prompts, args.group_size, args.max_tokens, args.micro_batch_rows)
+    if shape.prompts * shape.group_size % shape.micro_batch_rows:
+        raise SystemExit("--micro-batch-rows must divide --prompts x --group-size (TRL's accumulation steps)")
+    model_dir = args.model if (args.model / "config.json").is_file() else ensure_tiny_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = int(tokenizer.pad_token_id)
     started = time.perf_counter()
-    groups = sample_groups(model_dir, tokenizer, args.seed)
+    groups = sample_groups(model_dir, tokenizer, args.seed, shape)
     rows = sum(len(g.completions) for g in groups)
     tokens = sum(sum(g.lengths) for g in groups)
     solved = sum(sum(g.task_rewards) for g in groups)
-    print(f"batch: {len(groups)} prompts x {GROUP_SIZE} = {rows} completions, {tokens} completion tokens "
+    print(f"batch: {len(groups)} prompts x {shape.group_size} = {rows} completions, {tokens} completion tokens "
           f"(mean {tokens / rows:.1f}), {solved:.0f} solved; sampled in {time.perf_counter() - started:.1f} s")
 
     def load() -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
 
-    learner = GRPOLearner(load(), pad_id, optim=OPTIM, loss=LOSS)  # TRL patches its model: a copy each
+    learner = GRPOLearner(load(), pad_id, optim=shape.optim, loss=LOSS)  # TRL patches its model: a copy each
     timer = AlternatingTimer(lambda: learner.step(groups))
     with tempfile.TemporaryDirectory(prefix="ina-bench-grpo-") as tmp:
         trainer = FixedBatchGRPOTrainer(
             model=load(), reward_funcs=lambda completions, **_: [0.0] * len(completions),  # never called
-            args=trl_config(Path(tmp), warmup + counted), processing_class=tokenizer,
+            args=trl_config(Path(tmp), warmup + counted, shape), processing_class=tokenizer,
             # TRL's dataloader needs a prompt column to drive its steps; the prompts are never read
-            train_dataset=Dataset.from_dict({"prompt": ["unused"] * PROMPTS * (warmup + counted)}),
+            train_dataset=Dataset.from_dict({"prompt": ["unused"] * shape.prompts * (warmup + counted)}),
             callbacks=[timer], batch=trl_batch(groups, pad_id))
         trainer.remove_callback(PrinterCallback)  # with tqdm off it prints every step's log dict
         trainer.train()

@@ -26,6 +26,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,11 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.engine.base import Engine  # noqa: E402
+from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.tasks.schema import Task  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
-from intellect_node.node.roles.validator.validation import RunContext, verify_batch  # noqa: E402
+from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
 from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch  # noqa: E402
@@ -59,6 +63,38 @@ def replay_cost(vocab: int, positions: int = 128) -> float:
     started = time.perf_counter()
     margins(logits, tokens, Replay(7, 1.0, 1.0, TORCH_TORCH.sampling_slack))
     return (time.perf_counter() - started) / positions
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One honest batch and its verdict, with both sides' wall and CPU seconds."""
+
+    built: BuiltBatch
+    verdict: BatchVerdict
+    generate_cpu_s: float
+    verify_s: float
+    verify_cpu_s: float
+
+    @property
+    def rows(self) -> int:
+        return sum(len(g.completions) for g in self.built.batch.groups)
+
+
+def generate_and_judge(generator: Engine, validator: Engine, tokenizer: object, tasks: Sequence[Task], *,
+                       run: RunContext, state: JudgeState, worker: Identity, settings: RolloutSettings,
+                       first_counter: int) -> Judged:
+    """What a worker and a validator do for one batch: ``build_batch`` (sampling, capture, proofs,
+    rewards), the signed envelope's round trip, then ``verify_batch`` on the validator's engine
+    (bench/real_model.py judges the real model with it too)."""
+    cpu_started = time.process_time()
+    built = build_batch(generator, tokenizer, tasks, run_id=RUN, worker=worker.peer_id, step=0,
+                        manifest_hash=MANIFEST, first_counter=first_counter, settings=settings)
+    generate_cpu_s = time.process_time() - cpu_started
+    signed = codec.decode(codec.encode(built.batch, worker, lifetime_s=600), RolloutBatch)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    verdict = verify_batch(signed, engine=validator, tokenizer=tokenizer, run=run,
+                           checkpoint_step_of=lambda h: 0 if h == MANIFEST else None, newest_step=0, state=state)
+    return Judged(built, verdict, generate_cpu_s, time.perf_counter() - started, time.process_time() - cpu_started)
 
 
 def main() -> None:
@@ -86,18 +122,12 @@ def main() -> None:
         verified_rates: list[float] = []
         generated_rates: list[float] = []
         for run in range(repeats + 1):  # run 0 warms both sides up and is not counted
-            built = build_batch(generator, tokenizer, tasks, run_id=RUN, worker=worker.peer_id, step=0,
-                                manifest_hash=MANIFEST, first_counter=run * groups, settings=settings)
-            signed = codec.decode(codec.encode(built.batch, worker, lifetime_s=600), RolloutBatch)
-            started = time.perf_counter()
-            verdict = verify_batch(signed, engine=validator, tokenizer=tokenizer, run=run_context,
-                                   checkpoint_step_of=lambda h: 0 if h == MANIFEST else None, newest_step=0,
-                                   state=state)
-            seconds = time.perf_counter() - started
+            judged = generate_and_judge(generator, validator, tokenizer, tasks, run=run_context, state=state,
+                                        worker=worker, settings=settings, first_counter=run * groups)
+            built, seconds, rows = judged.built, judged.verify_s, judged.rows
             replay = replay_cost(validator.vocab_size) * built.generated_tokens
-            if verdict.rejected:
-                raise SystemExit(f"honest batch rejected: {[(g.reason, g.detail) for g in verdict.rejected]}")
-            rows = sum(len(g.completions) for g in built.batch.groups)
+            if judged.verdict.rejected:
+                raise SystemExit(f"honest batch rejected: {[(g.reason, g.detail) for g in judged.verdict.rejected]}")
             if run:
                 generated_rates.append(rows / built.seconds)
                 verified_rates.append(rows / seconds)

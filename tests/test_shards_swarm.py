@@ -1,6 +1,7 @@
 """The weight broadcast between real node processes on 127.0.0.1: a trainer and fetchers, honest
 and hostile peers, crashes and restarts. Every fetcher must end with the trainer's exact bytes."""
 
+import hashlib
 import json
 import re
 
@@ -214,3 +215,32 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
 
 def shard_status_at(home) -> dict:
     return json.loads((home / "shards" / "status.json").read_text())
+
+
+def _envelope_digest(node: NodeProcess, run_id: str, step: int) -> str:
+    """sha256 of the manifest envelope ``node`` holds for ``step``: what a worker binds its batches to."""
+    path = node.home / "shards" / run_id / f"{step:012d}" / "manifest.ine"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_reannouncements_repeat_the_held_envelope(tmp_path):
+    """The trainer repeats its newest manifest every ``reannounce_s`` for late joiners. It must
+    repeat the envelope it signed, not a fresh signature: holders keep the longest-lasting copy
+    and a worker's batch names sha256(envelope), so each re-signing orphaned every batch begun
+    before it (seen on the real model, whose batches take longer than the 30 s default)."""
+    run_id = "shards-reannounce"
+    swarm = ShardSwarm(tmp_path, run_id, {"INTELLECT_NODE_SHARDS_REANNOUNCE_S": "1"})
+    try:
+        origin = swarm.start_origin()
+        fetcher = swarm.start_fetcher("f0")
+        wait_until(swarm.swarm.converged, 60)
+        swarm.publish(0, 1, seed=3)
+        wait_until(lambda: holds(fetcher, 0), 60)
+        first = {_envelope_digest(node, run_id, 0) for node in (origin, fetcher)}
+        assert len(first) == 1
+        late = swarm.start_fetcher("late")  # a late joiner still gets the manifest from a re-announcement
+        wait_until(lambda: holds(late, 0), 60)
+        assert {_envelope_digest(node, run_id, 0) for node in (origin, fetcher, late)} == first
+    finally:
+        swarm.swarm.stop_all()

@@ -4,7 +4,7 @@ The TOML file is ``<home>/config.toml`` unless ``--config`` names another. It ha
 concern, each read by one loader that names the key and the file on any mistake::
 
     [node]        # this node: NodeConfig's fields below (top-level keys are read as [node] too)
-    [run]         # run-wide values every role reads: run_id, async_level
+    [run]         # run-wide values every role reads: run_id, async_level, max_tokens, group_size, temperature
     [shards]      # the checkpoint overlay (node.shards.config.ShardConfig)
     [inference]   # model, tasks, engine
     [validator]   # model, tasks, engine, verify_fraction
@@ -44,10 +44,22 @@ class RunConfig:
     """Run-wide values: every role reads them from here, never from a per-role copy."""
 
     async_level: int = 2  # the oldest usable policy is step - async_level (0: synchronous)
+    # The rollouts' shape, part of the run spec: a worker generating another shape than its
+    # validators judge by has every batch refused, so the nodes of a run must agree on them.
+    max_tokens: int = 64  # completion budget of every rollout
+    group_size: int = 8  # completions per prompt: one GRPO group
+    # sampling temperature; INTELLECT-2's 1.0 suits large models, a 135M model at 1.0 writes noise
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_level, int) or self.async_level < 0:
             raise ConfigError(f"[run] async_level: {self.async_level!r} is not a whole number >= 0")
+        for name in ("max_tokens", "group_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"[run] {name}: {value!r} is not a whole number >= 1")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not self.temperature > 0:
+            raise ConfigError(f"[run] temperature: {self.temperature!r} is not a number > 0")
 
 
 class ConfigError(Exception):

@@ -17,6 +17,7 @@ from intellect_node.node.shards.config import ShardConfig
 
 if TYPE_CHECKING:
     from intellect_node.node.diloco.settings import DilocoSettings
+    from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.trainer.service import TrainerOptions
     from intellect_node.node.roles.validator.service import ValidatorOptions
     from intellect_node.node.rollouts.exchange import RolloutReceiver
@@ -51,6 +52,13 @@ class Assembly:
     verifier: Any = None  # the ValidatorService judging this node's inbox, once one is built
     services: list[Service] = field(default_factory=list)
 
+    def rollout_settings(self) -> RolloutSettings:
+        """The run's rollout shape ([run]): what workers generate and every verifier judges by."""
+        from intellect_node.node.roles.inference.builder import RolloutSettings
+
+        run = self.config.run
+        return RolloutSettings(group_size=run.group_size, max_tokens=run.max_tokens, temperature=float(run.temperature))
+
     def require_overlay(self, role: str) -> ShardService:
         if self.overlay is None:
             raise ValueError(f"the {role} role needs the shard overlay for its checkpoints")
@@ -65,7 +73,7 @@ def _trainer(a: Assembly) -> None:
     from intellect_node.node.tasks.spec import load_task_spec
 
     service = TrainerService(a.node, a.require_overlay("trainer"), a.options.trainer,
-                             load_task_spec(a.options.trainer.task_spec))
+                             load_task_spec(a.options.trainer.task_spec), rollout=a.rollout_settings())
     a.verifier = service.validator
     a.services.append(service)
 
@@ -81,7 +89,8 @@ def _validator(a: Assembly) -> None:
     from intellect_node.node.tasks.spec import load_task_spec
 
     service = ValidatorService(a.node, a.require_overlay("validator"), a.options.validator,
-                               load_task_spec(a.options.validator.task_spec), async_window=a.config.run.async_level)
+                               load_task_spec(a.options.validator.task_spec), async_window=a.config.run.async_level,
+                               settings=a.rollout_settings())
     a.verifier = service
     a.services.append(service)
 
@@ -96,7 +105,7 @@ def _inference(a: Assembly) -> None:
     options = a.options.inference
     a.services.append(InferenceWorker(a.require_overlay("inference"), options.model_dir,
                                       load_task_spec(options.task_spec), engine=options.engine,
-                                      async_window=a.config.run.async_level))
+                                      settings=a.rollout_settings(), async_window=a.config.run.async_level))
 
 
 def _diloco(a: Assembly) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
@@ -364,7 +365,14 @@ class ShardService:
         self._dirty()
 
     async def _announce(self, checkpoint: Checkpoint) -> None:
+        """Gossip ``checkpoint``'s manifest: the envelope held, while more than half its lifetime is
+        left. Workers bind every batch to sha256(envelope) and holders keep the longest-lasting copy,
+        so a fresh signature at each re-announcement would leave validators unable to place any
+        batch begun before it: on a real model a batch takes longer than ``reannounce_s``."""
         try:
+            if _expiry_ms(checkpoint.envelope) - now_ms() > self.config.manifest_lifetime_s * 500:
+                await self.node.publish_announcement(checkpoint.envelope)
+                return
             envelope = await self.node.announce(checkpoint.manifest, lifetime_s=self.config.manifest_lifetime_s)
         except Exception as exc:  # no gossip peers yet: discovery and the next re-announcement cover it
             log.info("announcing step %d failed: %s", checkpoint.step, exc)

@@ -44,6 +44,7 @@ from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_o
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
 from intellect_node.node.roles.trainer.loss import LossConfig
+from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig, teaches_nothing
@@ -115,7 +116,10 @@ class TrainerCounters:
 
 
 class TrainerService:
-    def __init__(self, node: NodeContext, shards: ShardService, options: TrainerOptions, tasks: list[Task]) -> None:
+    def __init__(self, node: NodeContext, shards: ShardService, options: TrainerOptions, tasks: list[Task], *,
+                 rollout: RolloutSettings | None = None) -> None:
+        """``rollout``: the run's rollout shape ([run] max_tokens, group_size), which its own
+        verification judges batches by."""
         if shards.config.publish_dir is None:
             raise ValueError("the trainer publishes through the shard overlay: it needs a publish directory")
         self.node = node
@@ -133,7 +137,7 @@ class TrainerService:
             node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
                                            engine=options.engine, verify_fraction=options.verify_fraction,
                                            trusted=options.trusted),
-            tasks, async_window=options.async_level, on_judged=self._on_judged)
+            tasks, async_window=options.async_level, settings=rollout, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
         self.learner: GRPOLearner | LeadLearner | None = None

@@ -113,15 +113,15 @@ class ValidatorService:
 
     def __init__(self, node: NodeContext, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
                  async_window: int = 2, run_spec: RunSpec | None = None,
-                 on_judged: JudgedHook | None = None) -> None:
+                 settings: RolloutSettings | None = None, on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
             raise ValueError("verify fraction must be in [0, 1]")
         self.policy = PolicyFollower(shards, options.model_dir, options.engine)
         self.options = options
         self.tasks = tasks
-        # until the overlay distributes the authority's signed spec, the run's shared defaults
+        # until the overlay distributes the authority's signed spec, the run's shared settings ([run])
         spec = run_spec or build_run_spec(run_id=node.config.run_id, authority=node.peer_id, tasks=tasks,
-                                          settings=RolloutSettings(), async_window=async_window)
+                                          settings=settings or RolloutSettings(), async_window=async_window)
         self.run_context = RunContext(spec, tasks)
         self.inbox = RolloutInbox(node.config.layout.inbox)
         self.verdict_dir = node.config.layout.verdicts
