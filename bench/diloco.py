@@ -1,17 +1,31 @@
-"""DiLoCo bench: our DiLoCo (2 peers, each with its hivemind averager child, on 127.0.0.1) against
-DDP (torch.distributed, gloo, 2 processes on loopback, gradients all-reduced every step), with the
-same model (the tiny Llama preset), the same samples (node/diloco/data.py's assignment for the two
-workers' identities), the same inner AdamW and the same token budget.
+"""DiLoCo bench: our DiLoCo against DDP and against OpenDiLoCo's configuration, 2 workers, one run.
 
-    .venv/bin/python bench/diloco.py [--quick]
+    .venv/bin/python bench/diloco.py [--quick] [--link-mbit N]
 
-Figures: held-out loss (rows of the generated corpus that no worker trains on), bytes each worker
-sends (DDP: computed, ring all-reduce of fp32 gradients, 2 (n-1)/n 4P per step; ours: measured,
-the packed tensor bytes our averagers sent, averaged over workers, framing excluded), wall time,
-and our compute utilization (inner-step time / wall time). No bandwidth limit is applied (loopback). It also runs
-the overlapped variant (the outer all-reduce of round r travels while round r+1 trains). Without
-``--quick`` it also runs our int4 and int16 grids (error feedback on) for their held-out loss.
-The last line is ``diloco: ours=<held-out loss> peer=<DDP held-out loss> ratio=<x> target=1.02 ok|short``.
+- DDP: torch.distributed (gloo), 2 processes, gradients all-reduced every step.
+- Ours: 2 processes, each a DilocoPeer with its hivemind averager child: int8 grid, error
+  feedback, blocking outer step; and the same overlapped (``overlap = true``: round r's all-reduce
+  travels while round r+1 trains).
+- OpenDiLoCo's configuration ("peer 2"): our implementation as OpenDiLoCo users run theirs,
+  blocking outer step, fp16 pseudo-gradients (our ``fp16`` grid: its 2 bytes up and 2 down per
+  element), no error feedback, no overlap.
+
+All runs use the same model (the tiny Llama preset), the same samples (node/diloco/data.py's
+assignment for the two workers' identities), the same inner AdamW and the same token budget.
+With ``--link-mbit N`` (default 100 as root with ``ip`` and ``tc``; 0: loopback) every worker runs
+in its own network namespace on tests/netns.py's ``LimitedSwitch``: N Mbit/s each way per worker
+(tbf), addresses in 198.18.0.0/15, no route out; the namespaces go on exit, failure, Ctrl-C or
+SIGTERM.
+
+Figures: held-out loss (rows of the generated corpus that no worker trains on); bytes each worker
+sends (DDP: computed, ring all-reduce of fp32 gradients, 2 (n-1)/n 4P per step; ours: measured, the
+packed tensor bytes our averagers sent, averaged over workers, framing excluded); per worker, compute
+utilization = inner-step time / wall time from the common start to the last outer step applied,
+the time not computing (waiting for the group, the all-reduce, the outer step), and the worker
+process's CPU time / wall (what the shared machine gave it). Without ``--quick`` it also runs the
+int4 and int16 grids, and the byte-target configurations (int4 at H = 4h, int8 at H = 5h, same
+tokens). The last line is
+``diloco: ours=<held-out loss> peer=<DDP held-out loss> ratio=<x> target=1.02 ok|short``.
 """
 
 from __future__ import annotations
@@ -19,12 +33,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import queue
+import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -40,10 +57,65 @@ from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord  # noqa: E40
 from intellect_node.node.diloco.settings import DilocoSettings  # noqa: E402
 from intellect_node.node.metagene.presets import build_model  # noqa: E402
 from intellect_node.node.metagene.recipe import Recipe, make_optimizer  # noqa: E402
+from tests.netns import LimitedSwitch, enter, unavailable_reason  # noqa: E402
 
-TARGET = 1.02
+TARGET, BYTES_TARGET, UTILIZATION_TARGET = 1.02, 400.0, 0.95
 WORKERS = 2
 HELD_OUT = 256
+DDP_PORT = 29511
+WORKER_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a worker runs: its namespace (None: the host's, on loopback) and its address there."""
+
+    namespace: str | None
+    host: str
+    device: str  # the interface gloo uses
+
+    def enter(self) -> None:
+        if self.namespace is not None:
+            enter(self.namespace)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker's run, measured in its own process."""
+
+    wall_s: float  # from the common start to its last outer step applied
+    compute_s: float  # inner steps (DDP: forward, backward, optimizer step)
+    cpu_s: float  # the worker process's CPU time during wall_s (its averager child excluded)
+    records: list[dict[str, Any] | None]  # ours: one per run_round() and finish()
+    loss: float  # held-out loss of its final parameters
+
+    @property
+    def utilization(self) -> float:
+        return self.compute_s / self.wall_s
+
+    @property
+    def waited_s(self) -> float:
+        """Ours: time blocked on the group's average (blocking: the whole averaging; overlapped:
+        only what the next round's training did not cover, and the last round's)."""
+        return sum(r["allreduce_s"] for r in self.records if r is not None)
+
+
+@dataclass(frozen=True)
+class Run:
+    loss: float
+    sent: float  # bytes per worker
+    workers: list[Worker]
+    median_allreduce_s: float | None = None  # ours: per round, the longer wait of the two workers
+
+    def line(self, name: str, ddp_bytes: float) -> str:
+        per = ", ".join(f"w{i} {w.utilization:.1%} (not computing {w.wall_s - w.compute_s:.1f} s"
+                        f"{f', {w.waited_s:.1f} s of it waiting for the average' if w.records else ''}, "
+                        f"cpu/wall {w.cpu_s / w.wall_s:.0%})" for i, w in enumerate(self.workers))
+        fewer = f" ({ddp_bytes / self.sent:.0f}x fewer)" if self.sent < ddp_bytes else ""
+        wall = max(w.wall_s for w in self.workers)
+        avg = "" if self.median_allreduce_s is None else f", all-reduce wait median {self.median_allreduce_s:.2f} s"
+        return (f"{name:<34} held-out loss {self.loss:.5f}, sent per worker {self.sent / 2**20:.2f} MiB{fewer}, "
+                f"wall {wall:.1f} s, utilization {per}{avg}")
 
 
 def corpus(s: DilocoSettings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,130 +130,225 @@ def held_out_loss(model: torch.nn.Module, rows: torch.Tensor) -> float:
     return float(torch.stack([lm_loss(model, rows[i:i + 64]) for i in range(0, len(rows), 64)]).mean())
 
 
-def _ddp_worker(rank: int, s: DilocoSettings, rounds: int, port: int, out: mp.Queue[tuple[float, float]]) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS)
+def _ddp(rank: int, s: DilocoSettings, rounds: int, places: list[Place], port: int) -> Worker:
+    os.environ["GLOO_SOCKET_IFNAME"] = places[rank].device
+    dist.init_process_group("gloo", init_method=f"tcp://{places[0].host}:{port}", rank=rank, world_size=WORKERS)
+    try:
+        train, held = corpus(s)
+        model = build_model(s.preset, seed=s.seed)
+        recipe = Recipe(lr=s.inner_lr, min_lr=s.inner_lr, warmup_steps=0, total_steps=1, weight_decay=s.weight_decay,
+                        betas=s.betas)
+        optimizer = make_optimizer(model, recipe)
+        key = peer_key(Identity.from_seed(bytes([rank]) * 32).peer_id)
+        dist.barrier()
+        compute, cpu, started = 0.0, time.process_time(), time.perf_counter()
+        for r in range(rounds):
+            for step in range(s.H):
+                t = time.perf_counter()
+                loss = lm_loss(model, round_batch(train, s.seed, r, key, step, s.batch))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                compute += time.perf_counter() - t
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(WORKERS)
+                t = time.perf_counter()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+                optimizer.step()
+                compute += time.perf_counter() - t
+        wall = time.perf_counter() - started
+        return Worker(wall, compute, time.process_time() - cpu, [], held_out_loss(model, held) if rank == 0 else 0.0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _diloco(i: int, s: DilocoSettings, rounds: int, places: list[Place], work: Path, maddrs: Any, ready: Any) -> Worker:
     train, held = corpus(s)
     model = build_model(s.preset, seed=s.seed)
-    recipe = Recipe(lr=s.inner_lr, min_lr=s.inner_lr, warmup_steps=0, total_steps=1, weight_decay=s.weight_decay,
-                    betas=s.betas)
-    optimizer = make_optimizer(model, recipe)
-    key = peer_key(Identity.from_seed(bytes([rank]) * 32).peer_id)
-    started = time.perf_counter()
-    for r in range(rounds):
-        for step in range(s.H):
-            loss = lm_loss(model, round_batch(train, s.seed, r, key, step, s.batch))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            for p in model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad.div_(WORKERS)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            optimizer.step()
-    wall = time.perf_counter() - started
-    if rank == 0:
-        out.put((held_out_loss(model, held), wall))
-    dist.destroy_process_group()
-
-
-def run_ddp(s: DilocoSettings, rounds: int) -> tuple[float, float]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out: mp.Queue[tuple[float, float]] = ctx.Queue()
-    workers = [ctx.Process(target=_ddp_worker, args=(rank, s, rounds, port, out)) for rank in range(WORKERS)]
-    for w in workers:
-        w.start()
-    result = out.get(timeout=600)
-    for w in workers:
-        w.join(timeout=60)
-    return result
-
-
-def tally(records: list[RoundRecord | None], compute: list[float], averaging: list[float]) -> int:
-    """Check one round's records (none yet: the first overlapped round) and add them up."""
-    if all(r is None for r in records):
-        return 0
-    if any(r is None or r.group_size != WORKERS or r.state_hash != records[0].state_hash for r in records):
-        raise RuntimeError(f"a round was not averaged by every worker: {records}")
-    for i, r in enumerate(records):
-        compute[i] += r.train_s
-    averaging.append(max(r.allreduce_s for r in records))
-    return sum(r.allreduce_bytes for r in records)
-
-
-def run_diloco(s: DilocoSettings, rounds: int, work: Path) -> tuple[float, float, float, list[float], float]:
-    train, held = corpus(s)
-    peers: list[DilocoPeer] = []
-    initial: tuple[str, ...] = ()
-    for i in range(WORKERS):
-        model = build_model(s.preset, seed=s.seed)
-        client = AveragerClient(work / f"w{i}.sock", Layout.of(dict(model.named_parameters())),
-                                ChildSettings("diloco_bench", s.levels, initial, max_peers=WORKERS, min_peers=WORKERS,
-                                              matchmaking_s=s.matchmaking_s), work / f"w{i}.log")
-        client.ensure_running()
-        initial = initial or tuple(client.maddrs)
-        peers.append(DilocoPeer(model, s, client, train, Identity.from_seed(bytes([i]) * 32)))
-    compute = [0.0] * WORKERS
-    averaging: list[float] = []
-    sent = 0
+    initial = () if i == 0 else maddrs.get(timeout=300)
+    client = AveragerClient(work / f"w{i}.sock", Layout.of(dict(model.named_parameters())),
+                            ChildSettings(f"diloco_bench_{s.compression}", s.levels, initial, host=places[i].host,
+                                          max_peers=WORKERS, min_peers=WORKERS, matchmaking_s=s.matchmaking_s),
+                            work / f"w{i}.log")
     try:
-        started = time.perf_counter()
+        client.ensure_running()
+        if i == 0:
+            for _ in range(WORKERS - 1):
+                maddrs.put(tuple(client.maddrs))
+        peer = DilocoPeer(model, s, client, train, Identity.from_seed(bytes([i]) * 32))
+        ready.wait(timeout=300)  # every averager up: the clocks start together
+        cpu, started = time.process_time(), time.perf_counter()
+        records: list[RoundRecord | None] = []
+        compute = 0.0
         for _ in range(rounds):
-            records: list[RoundRecord | None] = [None] * WORKERS
-
-            def go(i: int, out: list[RoundRecord | None]) -> None:
-                out[i] = peers[i].run_round()
-
-            threads = [threading.Thread(target=go, args=(i, records)) for i in range(WORKERS)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            sent += tally(records, compute, averaging)
-        sent += tally([p.finish() for p in peers], compute, averaging)  # overlap: the last round in flight
+            call = time.perf_counter()
+            records.append(peer.run_round())
+            # overlap's first call trains round 0 and returns no record (nothing applied yet): all
+            # of that call is its inner steps, but for launching the average
+            compute += records[-1].train_s if records[-1] is not None else time.perf_counter() - call
+        records.append(peer.finish())  # overlap: the last round in flight
         wall = time.perf_counter() - started
-        return held_out_loss(peers[0].model, held), wall, min(compute) / wall, averaging, sent / WORKERS
+        return Worker(wall, compute, time.process_time() - cpu, [dataclasses.asdict(r) if r else None for r in records],
+                      held_out_loss(peer.model, held))
     finally:
-        for p in peers:
-            p.client.close()
+        client.close()
+
+
+def _serve(i: int, places: list[Place], jobs: Any, results: Any, maddrs: Any, ready: Any) -> None:
+    """A worker process for the whole bench: it enters its namespace and imports torch once, then
+    runs each job (``("ddp", ...)`` or ``("diloco", ...)``) it is handed until it gets None."""
+    places[i].enter()
+    torch.set_num_threads(1)
+    while (job := jobs.get()) is not None:
+        kind, args = job
+        if kind == "ddp":
+            results.put((i, _ddp(i, *args)))
+        else:
+            results.put((i, _diloco(i, *args, maddrs, ready)))
+
+
+class Workers:
+    """The bench's worker processes, one per place; ended (killed if need be) on exit."""
+
+    def __init__(self, places: list[Place]) -> None:
+        ctx = mp.get_context("spawn")
+        # held for the workers' whole life: a dropped Queue or Barrier frees its semaphores
+        self.places, self.results, self.maddrs, self.ready = places, ctx.Queue(), ctx.Queue(), ctx.Barrier(WORKERS)
+        self.inboxes = [ctx.Queue() for _ in places]
+        self.procs = [ctx.Process(target=_serve, args=(i, places, self.inboxes[i], self.results, self.maddrs, self.ready),
+                                  daemon=True) for i in range(len(places))]
+        for p in self.procs:
+            p.start()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, failed: type[BaseException] | None, *exc: object) -> None:
+        """Done: each worker finishes its job queue; failed (or Ctrl-C, SIGTERM): killed at once
+        (its averager child follows through the child's parent watchdog)."""
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for p in self.procs:
+            p.join(timeout=0 if failed else 30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+
+    def run(self, kind: str, *args: Any) -> list[Worker]:
+        """Every worker runs ``kind`` with ``args``; their results, by worker."""
+        for inbox in self.inboxes:
+            inbox.put((kind, args))
+        results: dict[int, Worker] = {}
+        deadline = time.monotonic() + WORKER_TIMEOUT_S
+        while len(results) < WORKERS:
+            try:
+                i, w = self.results.get(timeout=5)
+                results[i] = w
+            except queue.Empty:  # see whether a worker died
+                if any(p.exitcode is not None for p in self.procs) or time.monotonic() > deadline:
+                    raise RuntimeError(f"a worker failed: exit codes {[p.exitcode for p in self.procs]}") from None
+        return [results[i] for i in range(WORKERS)]
+
+
+def run_ddp(workers: Workers, s: DilocoSettings, rounds: int) -> Run:
+    port = DDP_PORT
+    if workers.places[0].namespace is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    done = workers.run("ddp", s, rounds, workers.places, port)
+    params = sum(v.numel() for v in build_model(s.preset, seed=s.seed).parameters())
+    return Run(done[0].loss, rounds * s.H * 2 * (WORKERS - 1) / WORKERS * 4 * params, done)
+
+
+def run_diloco(workers: Workers, s: DilocoSettings, rounds: int) -> Run:
+    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
+        done = workers.run("diloco", s, rounds, workers.places, Path(work))
+    sent, waits = 0, []
+    for n, records in enumerate(zip(*(w.records for w in done), strict=True)):
+        if all(r is None for r in records):  # overlap: nothing applied in the first round
+            continue
+        if any(r is None or r["group_size"] != WORKERS or r["state_hash"] != records[0]["state_hash"] for r in records):
+            raise RuntimeError(f"round {n} was not averaged by every worker: {records}")
+        sent += sum(r["allreduce_bytes"] for r in records)
+        waits.append(max(r["allreduce_s"] for r in records))
+    return Run(done[0].loss, sent / WORKERS, done, sorted(waits)[len(waits) // 2])
+
+
+def places_on(net: LimitedSwitch | None) -> list[Place]:
+    if net is None:
+        return [Place(None, "127.0.0.1", "lo")] * WORKERS
+    return [Place(namespace, ip, "eth0") for namespace, ip in net.ips.items()]
+
+
+def bench(args: argparse.Namespace, net: LimitedSwitch | None) -> None:
+    with Workers(places_on(net)) as workers:
+        measure(args, net, workers)
+
+
+def measure(args: argparse.Namespace, net: LimitedSwitch | None, workers: Workers) -> None:
+    rounds, h = args.rounds or (5 if args.quick else 20), args.H or (10 if args.quick else 25)
+    s = DilocoSettings(H=h, batch=8, data="generated:sequences=4096,seq_len=64", matchmaking_s=1.0)
+    params = sum(v.numel() for v in build_model(s.preset, seed=s.seed).parameters())
+    tokens = rounds * h * s.batch * 64 * WORKERS
+    link = f"{args.link_mbit:g} Mbit/s links (tbf, network namespaces)" if net else "loopback, no limit"
+    print(f"model {s.model} ({params:,} parameters), {WORKERS} workers, {rounds} rounds x H={h}, batch {s.batch}, "
+          f"{tokens:,} tokens in all, {link}; load average {Path('/proc/loadavg').read_text().split()[:3]}", flush=True)
+    ddp = run_ddp(workers, s, rounds)
+    print(ddp.line("DDP (gloo, every step)", ddp.sent), flush=True)
+    ours = run_diloco(workers, s, rounds)
+    print(ours.line(f"ours int8, blocking (H={h})", ddp.sent), flush=True)
+    overlapped = run_diloco(workers, dataclasses.replace(s, overlap=True), rounds)
+    print(overlapped.line("ours int8, overlapped", ddp.sent), flush=True)
+    opendiloco = run_diloco(workers, dataclasses.replace(s, compression="fp16", error_feedback=False), rounds)
+    print(opendiloco.line("OpenDiLoCo config (fp16, blocking)", ddp.sent), flush=True)
+    best_bytes = ddp.sent / ours.sent if ours.loss <= TARGET * ddp.loss else 0.0  # bytes count at the loss target only
+    if not args.quick:
+        for compression in ("int4", "int16"):  # the grid's levels at equal tokens (error feedback on)
+            run = run_diloco(workers, dataclasses.replace(s, compression=compression), rounds)
+            print(run.line(f"ours {compression}, blocking", ddp.sent), flush=True)
+        for compression, factor in (("int4", 4), ("int8", 5)):  # fewer, longer rounds: the same tokens
+            if rounds % factor:
+                print(f"ours {compression} at H={h * factor} not run: {rounds} rounds do not divide by {factor}")
+                continue
+            run = run_diloco(workers, dataclasses.replace(s, compression=compression, H=h * factor), rounds // factor)
+            print(run.line(f"ours {compression}, blocking, H={h * factor}", ddp.sent), flush=True)
+            if run.loss <= TARGET * ddp.loss:
+                best_bytes = max(best_bytes, ddp.sent / run.sent)
+    print(f"bytes: best {best_bytes:.0f}x fewer than DDP at loss <= {TARGET}x DDP's, target {BYTES_TARGET:.0f}x "
+          f"{'ok' if best_bytes >= BYTES_TARGET else 'short'}")
+    worst = min(w.utilization for w in overlapped.workers)
+    waits = min(w.utilization for w in opendiloco.workers) < UTILIZATION_TARGET
+    print(f"utilization: overlapped {worst:.1%} (worst worker) where OpenDiLoCo's config "
+          f"{'waits' if waits else 'does not wait'}, target {UTILIZATION_TARGET:.0%} "
+          f"{'ok' if worst >= UTILIZATION_TARGET and net else 'short'}{'' if net else ' (no limited link)'}")
+    print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
+    ratio = ours.loss / ddp.loss
+    print(f"diloco: ours={ours.loss:.4f} peer={ddp.loss:.4f} ratio={ratio:.3f} target={TARGET} "
+          f"{'ok' if ratio <= TARGET else 'short'}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="6 rounds of H=10 (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="5 rounds of H=10, the four main runs only (under a minute)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds instead of the preset's (5 quick, 20)")
+    parser.add_argument("-H", type=int, default=0, help="inner steps per round instead of the preset's (10 quick, 25)")
+    no_link = unavailable_reason(LimitedSwitch.TOOLS)
+    parser.add_argument("--link-mbit", type=float, default=0.0 if no_link else 100.0,
+                        help="each worker's link rate in network namespaces; 0: loopback (default: 100 as root "
+                             "with ip and tc, else 0)")
     args = parser.parse_args()
-    rounds, h = (6, 10) if args.quick else (20, 25)
-    s = DilocoSettings(H=h, batch=8, data="generated:sequences=4096,seq_len=64", matchmaking_s=1.0)
+    if no_link and args.link_mbit:
+        parser.error(f"--link-mbit needs network namespaces: {no_link}")
+    if no_link:
+        print(f"no limited link ({no_link}): loopback", flush=True)
     torch.set_num_threads(1)
-    params = sum(v.numel() for v in build_model(s.preset, seed=s.seed).parameters())
-    tokens = rounds * h * s.batch * 64 * WORKERS
-    print(f"model {s.model} ({params:,} parameters), {WORKERS} workers, {rounds} rounds x H={h}, batch {s.batch}, "
-          f"{tokens:,} tokens in all, compression {s.compression}", flush=True)
-    ddp_loss, ddp_wall = run_ddp(s, rounds)
-    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-        ours_loss, ours_wall, utilization, averaging, ours_bytes = run_diloco(s, rounds, Path(work))
-    ddp_bytes = rounds * h * 2 * (WORKERS - 1) / WORKERS * 4 * params
-    print(f"DDP (gloo, every step):   held-out loss {ddp_loss:.4f}, wall {ddp_wall:.1f} s, "
-          f"sent per worker {ddp_bytes / 2**20:.1f} MiB")
-    print(f"DiLoCo (ours, H={h}):     held-out loss {ours_loss:.4f}, wall {ours_wall:.1f} s, "
-          f"sent per worker {ours_bytes / 2**20:.2f} MiB ({ddp_bytes / ours_bytes:.0f}x fewer), "
-          f"utilization {utilization:.0%}, averaging median {sorted(averaging)[len(averaging) // 2]:.2f} s")
-    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-        loss, wall, overlapped_utilization, waits, _ = run_diloco(dataclasses.replace(s, overlap=True), rounds, Path(work))
-    print(f"DiLoCo (ours, overlapped): held-out loss {loss:.4f}, wall {wall:.1f} s, utilization {overlapped_utilization:.0%}, "
-          f"waiting for the average median {sorted(waits)[len(waits) // 2]:.2f} s")
-    if not args.quick:  # the grid's levels at equal tokens (error feedback on)
-        for compression in ("int4", "int16"):
-            other = dataclasses.replace(s, compression=compression)
-            with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-                loss, *_, sent = run_diloco(other, rounds, Path(work))
-            print(f"DiLoCo (ours, {compression}):  held-out loss {loss:.4f}, sent per worker {sent / 2**20:.2f} MiB "
-                  f"({ddp_bytes / sent:.0f}x fewer)")
-    ratio = ours_loss / ddp_loss
-    print(f"diloco: ours={ours_loss:.4f} peer={ddp_loss:.4f} ratio={ratio:.3f} target={TARGET} "
-          f"{'ok' if ratio <= TARGET else 'short'}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: workers killed, namespaces deleted
+    if not args.link_mbit:
+        bench(args, None)
+        return
+    with LimitedSwitch(hosts=WORKERS, mbit=args.link_mbit) as net:
+        bench(args, net)
 
 
 if __name__ == "__main__":

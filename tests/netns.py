@@ -1,6 +1,12 @@
-"""A small internet in network namespaces, for tests of nodes behind NAT.
+"""Network namespaces for tests and benches: a small internet of nodes behind NAT, and a switch
+of rate-limited links.
 
-Topology (every address in 198.18.0.0/15, the benchmarking range no real network routes):
+Every address is in 198.18.0.0/15, the benchmarking range no real network routes, and no
+namespace gets a link to the host's own namespace, so nothing can leave the machine. Names carry
+a prefix with the creating process id; ``cleanup_stale`` removes namespaces of dead creators, and
+``close`` removes this run's, also after a failure (use them as context managers).
+
+``SmallInternet`` (NAT tests, bench/nat.py):
 
     wan:    a bridge, the "public internet" segment 198.18.0.0/24 (no address of its own)
     public hosts (``public``): 198.18.0.2, 198.18.0.3, ... on the bridge
@@ -8,36 +14,57 @@ Topology (every address in 198.18.0.0/15, the benchmarking range no real network
             MASQUERADE out of the uplink; nothing is forwarded inward except replies
     homes (``homeN``): 198.19.N.2, default route via its router
 
-No namespace gets a link to the host's own namespace, so nothing can leave the machine. Names carry
-a prefix with the creating process id; ``cleanup_stale`` removes namespaces of dead creators, and
-``SmallInternet.close`` removes this run's, also after a failure (use it as a context manager).
+``LimitedSwitch`` (bench/diloco.py): hosts ``hostI`` at 198.18.0.(2+I)/24 on one bridge, each
+through its own link limited to a rate in both directions by ``tc ... tbf`` (netem, which would
+add delay, is not in every kernel; tbf is), and no default route.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import ClassVar, Self
 
 PREFIX = "innt"
 COMMAND_TIMEOUT_S = 10.0
 MAX_HOSTS = 8  # each kind; a bound on what one test may build
+CLONE_NEWNET = 0x40000000  # <sched.h>: setns's namespace type
 
 
 class NetnsUnavailable(Exception):
-    """This machine cannot build namespaces (not root, no ``ip`` or ``iptables``); the reason says which."""
+    """This machine cannot build namespaces (not root, or a tool is missing); the reason says which."""
 
 
-def unavailable_reason() -> str | None:
-    """Why the small internet cannot be built here, or None."""
+PACKAGES = {"ip": "iproute2", "tc": "iproute2", "iptables": "iptables"}
+
+
+def unavailable_reason(tools: tuple[str, ...] = ("ip", "iptables")) -> str | None:
+    """Why namespaces using ``tools`` (the small internet's by default) cannot be built here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root (CI runs as root)"
-    for tool in ("ip", "iptables"):
+    for tool in tools:
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (apt-get install -y {'iproute2' if tool == 'ip' else tool})"
+            return f"`{tool}` is not installed (apt-get install -y {PACKAGES[tool]})"
     return None
+
+
+def enter(namespace: str) -> None:
+    """Move the calling thread into ``namespace``: every socket it opens and every thread and
+    process it starts afterwards live there. For a worker process that must run Python code
+    (torch.distributed, a hivemind child) inside a namespace rather than a command under
+    ``ip netns exec``; call it first thing in the process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def _run(*args: str) -> str:
@@ -73,25 +100,19 @@ def cleanup_stale() -> list[str]:
 
 
 @dataclass
-class SmallInternet:
-    """Public hosts on one bridge and homes each behind its own MASQUERADE router."""
+class Namespaces:
+    """What every topology shares: named namespaces made by this process, veth pairs between
+    them, and their removal on exit, on a failure while building, or on KeyboardInterrupt."""
 
-    publics: int = 1
-    homes: int = 1
-    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
-    created: list[str] = field(default_factory=list)
-    public_ips: dict[str, str] = field(default_factory=dict)  # namespace -> address
-    home_ips: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not (1 <= self.publics <= MAX_HOSTS and 0 <= self.homes <= MAX_HOSTS):
-            raise ValueError(f"between 1 and {MAX_HOSTS} public hosts and at most {MAX_HOSTS} homes")
+    tag: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}", kw_only=True)
+    created: list[str] = field(default_factory=list, kw_only=True)
+    TOOLS: ClassVar[tuple[str, ...]] = ("ip", "iptables")
 
     def name(self, short: str) -> str:
         return f"{self.tag}-{short}"
 
-    def __enter__(self) -> SmallInternet:
-        reason = unavailable_reason()
+    def __enter__(self) -> Self:
+        reason = unavailable_reason(self.TOOLS)
         if reason:
             raise NetnsUnavailable(reason)
         cleanup_stale()
@@ -104,6 +125,10 @@ class SmallInternet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _build(self) -> None:
+        """Make the topology's namespaces (each through ``_add``, so ``close`` finds it)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Delete every namespace this run made (their veths and rules go with them)."""
@@ -130,6 +155,20 @@ class SmallInternet:
         _run("ip", "link", "add", a_if, "netns", a, "type", "veth", "peer", "name", b_if, "netns", b)
         self.sh(a, "ip", "link", "set", a_if, "up")
         self.sh(b, "ip", "link", "set", b_if, "up")
+
+
+@dataclass
+class SmallInternet(Namespaces):
+    """Public hosts on one bridge and homes each behind its own MASQUERADE router."""
+
+    publics: int = 1
+    homes: int = 1
+    public_ips: dict[str, str] = field(default_factory=dict)  # namespace -> address
+    home_ips: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.publics <= MAX_HOSTS and 0 <= self.homes <= MAX_HOSTS):
+            raise ValueError(f"between 1 and {MAX_HOSTS} public hosts and at most {MAX_HOSTS} homes")
 
     def _on_wan(self, wan: str, index: int, namespace: str, ip: str) -> None:
         self._veth(wan, f"p{index}", namespace, "up0")
@@ -163,3 +202,41 @@ class SmallInternet:
             self.sh(home, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
             self.sh(home, "ip", "route", "add", "default", "via", f"198.19.{n}.1")
             self.home_ips[home] = ip
+
+
+@dataclass
+class LimitedSwitch(Namespaces):
+    """``hosts`` namespaces on one bridge, each through a link of ``mbit`` Mbit/s each way.
+
+    A host's traffic crosses two tbf queues (its own uplink's egress, and the bridge port's egress
+    towards the other host), so a transfer between two hosts runs at ``mbit``. The bucket holds
+    10 ms at the rate (at least 16 KiB, so a GSO burst of veth is segmented, never dropped whole),
+    and the queue at most 100 ms; no delay is added."""
+
+    hosts: int = 2
+    mbit: float = 100.0
+    ips: dict[str, str] = field(default_factory=dict)  # namespace -> address
+    TOOLS: ClassVar[tuple[str, ...]] = ("ip", "tc")
+
+    def __post_init__(self) -> None:
+        if not (2 <= self.hosts <= MAX_HOSTS and 0.1 <= self.mbit <= 10_000):
+            raise ValueError(f"between 2 and {MAX_HOSTS} hosts and a rate of 0.1 to 10000 Mbit/s")
+
+    def _limit(self, namespace: str, device: str) -> None:
+        burst = max(16 * 1024, int(self.mbit * 1e6 / 8 * 0.010))
+        self.sh(namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{self.mbit}mbit",
+                "burst", str(burst), "latency", "100ms")
+
+    def _build(self) -> None:
+        switch = self._add("switch")
+        self.sh(switch, "ip", "link", "add", "br0", "type", "bridge")
+        self.sh(switch, "ip", "link", "set", "br0", "up")
+        for i in range(self.hosts):
+            host = self._add(f"host{i}")
+            self._veth(switch, f"p{i}", host, "eth0")
+            self.sh(switch, "ip", "link", "set", f"p{i}", "master", "br0")
+            ip = f"198.18.0.{2 + i}"
+            self.sh(host, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+            self._limit(host, "eth0")
+            self._limit(switch, f"p{i}")
+            self.ips[host] = ip

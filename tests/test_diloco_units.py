@@ -64,7 +64,7 @@ def test_layout_is_canonical_and_flattens_back() -> None:
     assert layout.digest() != Layout.of({"a.bias": torch.zeros(7)}).digest()
 
 
-@pytest.mark.parametrize("compression", ["int4", "int8", "int16"])
+@pytest.mark.parametrize("compression", ["int4", "int8", "fp16", "int16"])
 def test_grid_round_trip_within_half_a_step(compression: str) -> None:
     levels = grid.levels_for(compression)
     x = torch.randn(3 * CHUNK + 17) * torch.logspace(-6, 0, 3 * CHUNK + 17)
@@ -194,6 +194,9 @@ def test_schema_names_the_bad_field() -> None:
         init = {"type": "init", "prefix": "p", "shapes": [[2]], "layout": b"L" * 32, "levels": 127, "initial_peers": [], "host": "::1",
                 "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": "", "allowlist": []}
         frames.validate(init, frames.INIT)
+    assert frames.validate(init | {"host": "127.0.0.1", "levels": 2047}, frames.INIT)["levels"] == 2047  # fp16
+    with pytest.raises(frames.FrameError, match="levels"):
+        frames.validate(init | {"host": "127.0.0.1", "levels": 2048}, frames.INIT)
 
 
 def test_membership_binds_node_identity_to_hivemind_peer() -> None:
@@ -260,12 +263,45 @@ def test_int4_grid_goes_up_in_half_a_byte_and_back_in_one() -> None:
     assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
 
 
+def test_fp16_grid_goes_up_as_exact_halves_and_back_in_two_bytes() -> None:
+    """OpenDiLoCo's fp16 bytes (2 up, 2 down per element) with exact sums, up to the largest
+    group whose replies fit int16 (2 (n-1) 2047 <= 32767: n = 9)."""
+    torch.manual_seed(5)
+    levels, n = grid.levels_for("fp16"), 9
+    xs = [torch.randn(CHUNK + 5) * (i + 1) for i in range(n)]
+    shared = grid.shared_exponents([grid.exponents(x, levels) for x in xs])
+    qs = [grid.quantize(x, shared, levels) for x in xs]
+    assert levels // 2 < max(float(q.abs().max()) for q in qs) <= levels  # a power-of-two scale uses half or more
+    up = packing.pack(qs[-1], 0)  # the member that sets the scale; going up no group size is needed
+    assert up[0] == packing.TAG_FP16 and len(up) == 1 + 2 * qs[-1].numel()
+    assert torch.equal(packing.unpack(up, qs[-1].numel(), n), qs[-1])
+    mean = torch.stack(qs).sum(0) / n
+    for member in range(n):
+        down = packing.pack(mean - qs[member], n)
+        assert down[0] == packing.TAG_SCALED16 and len(down) == 1 + 2 * qs[0].numel()
+        returned = qs[member] + packing.unpack(down, qs[0].numel(), n)
+        assert torch.equal(grid.recover_sums(returned, n), torch.stack(qs).sum(0).to(torch.int32))
+
+
+@pytest.mark.parametrize("value", [0.5, 2050.0, -4096.0, float("inf"), float("nan")])
+def test_fp16_part_refuses_halves_that_are_not_grid_integers(value: float) -> None:
+    """A hostile tag-5 part: a fraction, a value past 2048 or a non-finite half would break the
+    exact recovery of the sums, so it is refused rather than averaged."""
+    good = packing.pack(torch.tensor([1.0, -2048.0, 3.0]), 0)
+    assert good[0] == packing.TAG_FP16
+    bad = good[:3] + torch.tensor([value], dtype=torch.float16).numpy().astype("<f2").tobytes() + good[5:]
+    with pytest.raises(ValueError, match="not an integer"):
+        packing.unpack(bad, 3, 2)
+    with pytest.raises(ValueError, match="expected 7"):
+        packing.unpack(good[:-1], 3, 2)
+
+
 def test_settings_from_the_config_section_name_the_bad_key() -> None:
     s = DilocoSettings.from_section({"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml")
     assert (s.H, s.levels, s.outer_lr, s.allowlist) == (5, 7, 1, ("12D3KooW",))
     for bad, message in (({"H": 0}, "H = 0 is out of bounds"), ({"Hx": 1}, "unknown keys \\['Hx'\\]"),
                          ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
-                         ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp16"}, "unknown compression"),
+                         ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp8"}, "unknown compression"),
                          ({"data": "file:/etc/passwd"}, "expected 'generated"),
                          ({"data": "metagene:seq_len=64"}, "needs store=DIR"),
                          ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"), ({"initial_peers": "x"}, "expected a list")):

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from intellect_node.node.diloco.grid import LEVELS
+
 HEADER = struct.Struct(">I")
 PRE_INIT_LIMIT = 1 << 20
 SLACK = 1 << 20
@@ -165,7 +167,7 @@ def validate(message: dict[str, Any], schema: dict[str, Check]) -> dict[str, Any
 
 # --- the messages --------------------------------------------------------------------------
 
-INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32), "levels": choice(7, 127, 32767),
+INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32), "levels": choice(*LEVELS.values()),
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
         "identity_path": text(max_len=4096), "allowlist": listing(text(max_len=64), 4096)}

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from intellect_node.node.diloco.layout import CHUNK
 
-LEVELS = {"int4": 7, "int8": 127, "int16": 32767}
+# fp16: the largest grid IEEE binary16 holds exactly (every integer up to 2048), so its integers
+# travel in 2 bytes as OpenDiLoCo's fp16 all-reduce does, yet sum exactly (packing.py, tag 5)
+LEVELS = {"int4": 7, "int8": 127, "fp16": 2047, "int16": 32767}
 MIN_EXPONENT, MAX_EXPONENT = -126, 127
 EXACT_LIMIT = 2**23  # n * Q must stay below this for round(r * n) to recover S exactly
 

@@ -10,17 +10,21 @@ goes as fp32, so exactness never depends on which tag was chosen. specs/diloco.m
 
 ``buffer = tag (1 byte) || payload``, the narrowest that holds the part exactly: tag 3, int4
 values in [-7, 7], two per byte (element 2i in the low nibble, two's complement); tag 0, int8
-values; tag 4, int8 values of ``v·n``; tag 1, int16 little-endian values of ``v·n``; tag 2, fp32
-little-endian values. The int4 grid thus goes up in half a byte and, in groups of up to 9, comes
-back in one.
+values; tag 5, integers in [-2048, 2048] as IEEE binary16 little-endian (the fp16 grid going up:
+OpenDiLoCo's 2 bytes per element, exact); tag 4, int8 values of ``v·n``; tag 1, int16
+little-endian values of ``v·n``; tag 2, fp32 little-endian values. The int4 grid thus goes up in
+half a byte and, in groups of up to 9, comes back in one; the fp16 grid goes up in 2 bytes and,
+in groups of up to 9, comes back in 2.
 """
 
 from __future__ import annotations
 
 import torch
 
-TAG_INT8, TAG_SCALED16, TAG_FP32, TAG_INT4, TAG_SCALED8 = 0, 1, 2, 3, 4
-_DTYPES = {TAG_INT8: torch.int8, TAG_SCALED8: torch.int8, TAG_SCALED16: torch.int16, TAG_FP32: torch.float32}
+TAG_INT8, TAG_SCALED16, TAG_FP32, TAG_INT4, TAG_SCALED8, TAG_FP16 = 0, 1, 2, 3, 4, 5
+_DTYPES = {TAG_INT8: torch.int8, TAG_SCALED8: torch.int8, TAG_SCALED16: torch.int16, TAG_FP32: torch.float32,
+           TAG_FP16: torch.float16}
+FP16_EXACT = 2048  # every integer of at most this magnitude is an IEEE binary16 value
 SCALED_TOLERANCE = 0.01  # v·n must be this close to an integer (deltas are, up to fp32 rounding)
 
 
@@ -54,6 +58,8 @@ def pack(values: torch.Tensor, group_size: int) -> bytes:
             return bytes([TAG_INT4]) + _int4(v)
         if peak <= 127:
             return bytes([TAG_INT8]) + v.to(torch.int8).numpy().tobytes()
+        if peak <= FP16_EXACT:
+            return bytes([TAG_FP16]) + v.to(torch.float16).numpy().astype("<f2").tobytes()
     if v.numel() and group_size > 0:
         scaled = v.to(torch.float64) * group_size
         k = scaled.round()
@@ -79,6 +85,11 @@ def unpack(buffer: bytes, numel: int, group_size: int) -> torch.Tensor:
     if tag == TAG_INT4:
         return _from_int4(buffer[1:], numel)
     raw = torch.frombuffer(bytearray(buffer[1:]), dtype=_DTYPES[tag])
+    if tag == TAG_FP16:  # any other half value (a fraction, infinity, NaN) would break the exact sums
+        values = raw.to(torch.float32)
+        if not bool(((values == values.round()) & (values.abs() <= FP16_EXACT)).all()):
+            raise ValueError(f"a half-precision part holds a value that is not an integer in [-{FP16_EXACT}, {FP16_EXACT}]")
+        return values
     if tag in (TAG_SCALED8, TAG_SCALED16):
         if group_size < 1:
             raise ValueError("a scaled part arrived outside a group")

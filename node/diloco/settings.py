@@ -39,7 +39,7 @@ class DilocoSettings:
     outer_momentum: float = 0.9
     compression: str = "int8"
     error_feedback: bool = True
-    overlap: bool = False  # one-round-delayed outer step: the all-reduce travels while the next round trains
+    overlap: bool = False  # one-round-delayed outer step; off: better per token, on for slow links (specs/diloco.md 1)
     round_timeout_s: float = 60.0
     matchmaking_s: float = 5.0
     min_peers: int = 2
