@@ -9,8 +9,9 @@ slowed by a loaded machine), so all three roles carry the run.
 
 Asserted: every batch the honest worker delivered is accepted whole by the validator's own replay
 and by the trainer's where it verified (0 rejected groups), the trainer takes a few steps, each step's checkpoint
-reaches the worker through the shard overlay byte for byte, and the worker switches to it: the
-validator accepts batches generated on step 1, whose proofs only hold for the step-1 weights.
+reaches the worker through the shard overlay byte for byte, and the worker switches to a newer
+one: the validator accepts batches generated on step 1 or later, whose proofs only hold for
+those weights.
 
 GRPO trains only on groups whose completions scored differently (rewards.teaches_nothing), so the
 problems are HumanEval's two easiest (``EASY_HUMANEVAL``), sampled at temperature 0.7 (``[run]``):
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -97,9 +99,12 @@ def test_three_roles_train_a_real_model_with_long_completions(tmp_path: Path) ->
         assert all(sorted(r["accepted"]) == sorted(r["counters"]) for r in judged + own), judged + own
         assert validator.status()["services"]["validator"]["rejected_groups"] == {}
         assert trainer.status()["services"]["trainer"]["verification"]["rejected_groups"] == {}
-        for step in range(STEPS):  # the worker holds what the trainer published, byte for byte
+        # the worker switched to a newer checkpoint (on a fast machine the trainer may take both
+        # steps on step-0 groups, so the worker goes from step 0 straight to step 2), and what it
+        # generated on is what the trainer published, byte for byte
+        switched = [int(n) for n in re.findall(r"generating on step (\d+)", (worker.home / "node.log").read_text())]
+        assert switched and max(switched) >= 1, switched
+        for step in {0, max(switched)}:
             assert _sha256(_checkpoint(worker.home, step)) == _sha256(_checkpoint(trainer.home, step))
-        log = (worker.home / "node.log").read_text()
-        assert "generating on step 1" in log
     finally:
         swarm.stop_all()

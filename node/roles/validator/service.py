@@ -216,9 +216,19 @@ class ValidatorService:
         checkpoint = self.policy.checkpoint_with_manifest(batch.manifest_hash)
         if reason is None and checkpoint is not None:
             await self.policy.use(checkpoint)
+        # judged as the run stands now, not as it stood before the weights swap: the trainer may
+        # have stepped meanwhile and the store pruned the batch's checkpoint, which must read as
+        # stale_step (it aged out), never as unknown_checkpoint; and the batch's checkpoint is
+        # resolved here, once, so pruning during the verification thread cannot change it either
+        newest = self.policy.newest_known_step(self.node)
+        resolved = {batch.manifest_hash: self._step_of(batch.manifest_hash)}
+
+        def step_of(manifest_hash: bytes) -> int | None:
+            return resolved[manifest_hash] if manifest_hash in resolved else self._step_of(manifest_hash)
+
         started = time.perf_counter()
         result = await trio.to_thread.run_sync(lambda: verify_batch(
-            signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=self._step_of,
+            signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=step_of,
             newest_step=newest, state=self.seen))
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
