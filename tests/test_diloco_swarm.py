@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,15 +146,64 @@ def test_a_crashed_child_is_restarted_and_close_leaves_no_process(tmp_path) -> N
         group = client.process.pid
     finally:
         client.close()
+    _assert_group_ends(group)
+
+
+def _assert_group_ends(group: int) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
             os.killpg(group, 0)
         except ProcessLookupError:
-            break
+            return
         time.sleep(0.2)
-    else:
-        pytest.fail("a process of the averager child's group outlived close()")
+    pytest.fail("a process of the averager child's group outlived close()")
+
+
+def test_a_round_racing_the_shutdown_starts_no_child_nobody_would_stop(tmp_path) -> None:
+    """The node closes the client while its round thread restarts the child (a swarm merge, or a
+    crashed child): the thread fails at once, and no child is left, whenever the close lands."""
+    failures: list[BaseException] = []
+    for n, delay in enumerate((0.0, 0.05, 0.4, 1.5)):  # before the child listens, while it starts, or later
+        peer = make_peer(tmp_path, f"p{n}", settings())
+        client = peer.client
+
+        def restart() -> None:
+            try:
+                client.restart(client.settings)
+            except AveragerError as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        time.sleep(delay)
+        started = time.monotonic()
+        client.close()
+        thread.join(timeout=30)
+        assert not thread.is_alive() and time.monotonic() - started < 10
+        assert client.process is None and client.conn is None
+        with pytest.raises(AveragerError, match="closed"):
+            client.average(0, torch.zeros(peer.layout.elements), bytes(32), 5.0, identity(f"p{n}"))
+        _assert_no_child_serves(tmp_path / f"p{n}.sock")
+    assert failures  # at least one restart was cut short (the earliest close lands mid-start)
+
+
+def _assert_no_child_serves(socket_path) -> None:
+    """No process left whose command line names this client's socket (its averager child)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and str(socket_path).encode() in (proc / "cmdline").read_bytes():
+                    if (proc / "stat").read_text().split(") ")[1][0] != "Z":
+                        alive.append(proc.name)
+            except OSError:
+                continue
+        if not alive:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"averager children outlived close(): {alive}")
 
 
 def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> None:

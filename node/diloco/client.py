@@ -79,11 +79,15 @@ class AveragerClient:
         self.maddrs: list[str] = []
         self._busy = threading.Lock()  # one request at a time; close() from another thread does not wait for it
         self._life = threading.Lock()  # guards swapping out the connection and the process
+        self.closed = threading.Event()  # set by close(): no child is started after it, whichever thread asks
 
     # --- life cycle -----------------------------------------------------------------------
 
     def ensure_running(self) -> None:
-        """Start the child if it is not running (first use, or it died)."""
+        """Start the child if it is not running (first use, or it died); AveragerError once closed, so a
+        round thread racing the node's shutdown does not start a child nobody will stop."""
+        if self.closed.is_set():
+            raise AveragerError("the averager client is closed")
         if self.process is not None and self.process.poll() is None and self.conn is not None:
             return
         self._stop_process()
@@ -91,14 +95,23 @@ class AveragerClient:
         self.socket_path.unlink(missing_ok=True)
         output = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.process = subprocess.Popen(
+            process = self.process = subprocess.Popen(
                 [sys.executable, "-m", "intellect_node.node.diloco.averager_child", "--socket", str(self.socket_path),
                  "--parent-pid", str(os.getpid())], stdout=output, stderr=output, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         finally:
             if output is not subprocess.DEVNULL:
                 output.close()
-        self.conn = self._connect()
+        try:
+            self.conn = self._connect()
+            self.peer_id, self.maddrs = self._init()
+        except AveragerError:  # a child that never became ready (or was closed meanwhile) is ended here
+            self._stop_process()
+            raise
+        log.info("averager child %d ready as %s (%d restarts)", process.pid, self.peer_id, self.restarts)
+
+    def _init(self) -> tuple[str, list[str]]:
+        """The child's first request (its hivemind settings); its hivemind peer id and multiaddrs."""
         reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
                            "layout": self.agreement,
                            "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
@@ -106,15 +119,16 @@ class AveragerClient:
                            "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s,
                            "identity_path": self.settings.identity_path, "allowlist": list(self.settings.allowlist)},
                           START_TIMEOUT_S, {"ready": frames.READY})
-        self.peer_id, self.maddrs = reply["peer_id"], reply["maddrs"]
-        log.info("averager child %d ready as %s (%d restarts)", self.process.pid, self.peer_id, self.restarts)
+        return reply["peer_id"], reply["maddrs"]
 
     def _connect(self) -> socket.socket:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AveragerError(f"the averager child exited with {self.process.returncode} before listening")
+            process = self.process  # None once close() from another thread ended it
+            if process is None or self.closed.is_set():
+                raise AveragerError("the averager client was closed while its child started")
+            if process.poll() is not None:
+                raise AveragerError(f"the averager child exited with {process.returncode} before listening")
             try:
                 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 conn.connect(str(self.socket_path))
@@ -125,19 +139,31 @@ class AveragerClient:
         raise AveragerError(f"the averager child did not listen on {self.socket_path} within {START_TIMEOUT_S:g} s")
 
     def close(self) -> None:
+        """End the child for good: no request after this starts another (a node shutting down)."""
+        self.closed.set()
+        self._end_child()
+
+    def restart(self, settings: ChildSettings) -> None:
+        """End the child and start one with ``settings`` (other initial peers: a swarm started apart)."""
+        self._end_child()
+        self.settings = settings
+        self.ensure_running()
+
+    def _end_child(self) -> None:
         """Ask the child to stop (unless a request is in flight: that one fails at once), then end
-        its whole process group, so no hivemind daemon survives."""
+        its whole process group, so no hivemind daemon survives. At most about 4 s: a node's
+        SIGTERM must end it well within a supervisor's patience."""
         graceful = self._busy.acquire(blocking=False)
         try:
             if graceful and self.conn is not None and self.process is not None and self.process.poll() is None:
                 try:
-                    self._exchange({"type": "shutdown"}, 5.0, {"bye": {}})
+                    self._exchange({"type": "shutdown"}, 2.0, {"bye": {}})
                 except AveragerError:
                     graceful = False
         finally:
             if graceful:
                 self._busy.release()
-        self._stop_process(grace_s=3.0 if graceful else 0.0)
+        self._stop_process(grace_s=2.0 if graceful else 0.0)
 
     def _stop_process(self, grace_s: float = 0.0) -> None:
         """Close the connection and end the child's group; safe from two threads at once (``close``

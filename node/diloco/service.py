@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of, state_endpoint
-from intellect_node.node.diloco.client import AveragerClient, ChildSettings
+from intellect_node.node.diloco.client import AveragerClient, AveragerError, ChildSettings
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, Stopped
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -125,9 +125,7 @@ class DilocoService:
         initial = tuple(m for maddrs in others.values() for m in maddrs)[:64]
         port = max((port_of(m) for m in client.maddrs), default=0)  # keep the advertised address valid
         log.info("diloco: joining the hivemind swarm of %d member(s) this node started apart from", len(others))
-        client.settings = dataclasses.replace(client.settings, initial_peers=initial, port=port)
-        await trio.to_thread.run_sync(client.close)
-        await trio.to_thread.run_sync(client.ensure_running)
+        await self._off_loop(peer, client.restart, dataclasses.replace(client.settings, initial_peers=initial, port=port))
         self._advertise(node, client)
 
     async def _off_loop(self, peer: DilocoPeer, work: Callable[..., T], *args: Any) -> T:
@@ -151,6 +149,10 @@ class DilocoService:
                 result = await trio.to_thread.run_sync(work, *args)
             except Stopped as exc:  # raised past the nursery, which would wrap it in an ExceptionGroup
                 stopped = exc
+            except AveragerError as exc:  # the child ended under a restart or a request: by us, if stopping
+                if not peer.stopping.is_set():
+                    raise
+                stopped = Stopped(f"stopped: {exc}")
             finally:
                 finished = True
                 nursery.cancel_scope.cancel()
