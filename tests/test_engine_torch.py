@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -161,6 +162,22 @@ def test_completion_tokens_do_not_depend_on_batching(
 ) -> None:
     alone = engine.generate(prompts[:1], n=3, params=FREE)
     assert [c.token_ids for c in alone[0]] == [c.token_ids for c in sampled[0]]
+
+
+def test_prompt_seeds_give_each_prompt_the_tokens_of_its_own_call(
+    engine: TorchEngine, prompts: list[list[int]]
+) -> None:
+    """Rollout groups batched into one call (each with its counter's seed) sample what each would
+    alone: the worker's batching is invisible to a verifier replaying one group."""
+    seeds = (101, 202, 303)
+    together = engine.generate(prompts, n=3, params=dataclasses.replace(FREE, prompt_seeds=seeds))
+    for p, seed in enumerate(seeds):
+        alone = engine.generate([prompts[p]], n=3, params=dataclasses.replace(FREE, seed=seed))
+        assert [c.token_ids for c in together[p]] == [c.token_ids for c in alone[0]]
+    with pytest.raises(ValueError, match="2 prompt_seeds for 3 prompts"):
+        engine.generate(prompts, n=1, params=dataclasses.replace(FREE, prompt_seeds=seeds[:2]))
+    with pytest.raises(ValueError, match="prompt_seeds"):
+        SamplingParams(prompt_seeds=(2**64,))
 
 
 def test_greedy_ignores_seed_and_tiny_top_p_is_greedy(

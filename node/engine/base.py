@@ -47,6 +47,9 @@ class SamplingParams:
     ``seed``: completion ``j`` of prompt ``p`` samples with seed ``derive_seed(seed, p * n + j)``
     through ``intellect_node.protocol.sampling`` (specs/sampling.md), so its tokens do not depend
     on how the engine batches and any verifier can replay them.
+    ``prompt_seeds``: one seed per prompt instead, completion ``j`` of prompt ``p`` then samples
+    with ``derive_seed(prompt_seeds[p], j)``: several rollout groups (each with the seed of its
+    own counter) share one engine call, and each gets the tokens it would get alone.
     """
 
     temperature: float = 1.0
@@ -54,6 +57,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] | None = None
     seed: int = 0
+    prompt_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -64,6 +68,19 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
         if not 0 <= self.seed < 2**64:
             raise ValueError("seed must be in [0, 2**64)")
+        if self.prompt_seeds is not None and not all(0 <= seed < 2**64 for seed in self.prompt_seeds):
+            raise ValueError("prompt_seeds must be in [0, 2**64)")
+
+    def completion_seed(self, prompt: int, n: int, j: int) -> int:
+        """The seed of completion ``j`` (of ``n``) of prompt number ``prompt`` in a call."""
+        if self.prompt_seeds is not None:
+            return derive_seed(self.prompt_seeds[prompt], j)
+        return derive_seed(self.seed, prompt * n + j)
+
+    def check_prompt_count(self, count: int) -> None:
+        """ValueError unless ``prompt_seeds`` (if given) has one seed per prompt of the call."""
+        if self.prompt_seeds is not None and len(self.prompt_seeds) != count:
+            raise ValueError(f"{len(self.prompt_seeds)} prompt_seeds for {count} prompts")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from intellect_node.node.engine.base import (
     PrefillResult,
     SamplingParams,
     check_prompts,
-    derive_seed,
 )
 from intellect_node.protocol.sampling import Replay, margins, sample
 
@@ -119,6 +118,7 @@ class TorchEngine(Engine):
         if n < 1:
             raise ValueError("n must be >= 1")
         check_prompts(prompts, self.vocab_size)
+        params.check_prompt_count(len(prompts))
         longest = max((len(p) for p in prompts), default=0)
         if longest + params.max_tokens > self.max_positions:
             raise ValueError(
@@ -177,7 +177,7 @@ class TorchEngine(Engine):
             if capture
             else None
         )
-        seeds = [derive_seed(params.seed, chunk.start * n + row) for row in range(rows)]
+        seeds = [params.completion_seed(p, n, j) for p in chunk for j in range(n)]
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
         active = torch.arange(rows, device=self.device)  # original row of each cache row
         active_rows = list(range(rows))

@@ -48,7 +48,6 @@ from intellect_node.node.engine.base import (
     PrefillResult,
     SamplingParams,
     check_prompts,
-    derive_seed,
 )
 from intellect_node.protocol.sampling import Replay, margins, sample
 
@@ -234,9 +233,11 @@ class VllmEngine(Engine):
         if n < 1:
             raise ValueError("n must be >= 1")
         check_prompts(prompts, self.vocab_size)
+        params.check_prompt_count(len(prompts))
         requests, request_params = [], []
         for p, prompt in enumerate(prompts):
             for j in range(n):
+                seed = params.completion_seed(p, n, j)
                 requests.append(TokensPrompt(prompt_token_ids=list(prompt)))
                 request_params.append(
                     VllmSamplingParams(
@@ -246,9 +247,9 @@ class VllmEngine(Engine):
                         temperature=0.0 if params.temperature == 0 else 1.0,
                         top_p=1.0,
                         max_tokens=params.max_tokens,
-                        seed=derive_seed(params.seed, p * n + j),
+                        seed=seed,
                         extra_args=None if params.temperature == 0 else {
-                            SEED_ARG: derive_seed(params.seed, p * n + j),
+                            SEED_ARG: seed,
                             "ina_temperature": params.temperature, "ina_top_p": params.top_p},
                         stop_token_ids=list(
                             self._eos if params.stop_token_ids is None else params.stop_token_ids

@@ -48,18 +48,21 @@ class BuiltBatch:
 
 def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run_id: str, worker: str, step: int,
                 manifest_hash: bytes, first_counter: int, settings: RolloutSettings) -> BuiltBatch:
-    """Generate the groups for counters ``first_counter ..`` of (worker, step) and pack them."""
+    """Generate the groups for counters ``first_counter ..`` of (worker, step) and pack them.
+
+    All groups go to the engine in one call (each prompt with its own counter's seed): the
+    per-call cost of a decode loop is paid once per batch, not once per group."""
     started = time.perf_counter()
+    counters = range(first_counter, first_counter + settings.groups_per_batch)
+    chosen = [tasks[task_index(run_id, worker, step, counter, len(tasks))] for counter in counters]
+    targets = [length_target(run_id, worker, step, counter, settings.length_targets) for counter in counters]
+    prompts = [encode_prompt(tokenizer, with_length_target(task, target).prompt) for task, target in zip(chosen, targets)]
+    params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens,
+                            prompt_seeds=tuple(sampling_seed(run_id, worker, step, counter) for counter in counters))
+    generations = engine.generate(prompts, settings.group_size, params)
     groups = []
     generated = 0
-    for counter in range(first_counter, first_counter + settings.groups_per_batch):
-        task = tasks[task_index(run_id, worker, step, counter, len(tasks))]
-        target = length_target(run_id, worker, step, counter, settings.length_targets)
-        prompt_ids = encode_prompt(tokenizer, with_length_target(task, target).prompt)
-        params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p,
-                                max_tokens=settings.max_tokens,
-                                seed=sampling_seed(run_id, worker, step, counter))
-        completions = engine.generate([prompt_ids], settings.group_size, params)[0]
+    for counter, task, target, prompt_ids, completions in zip(counters, chosen, targets, prompts, generations):
         proofs = build_completion_proofs([c.hidden_states for c in completions])
         records = []
         for completion, completion_proofs in zip(completions, proofs):
