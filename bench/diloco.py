@@ -24,7 +24,13 @@ utilization = inner-step time / wall time from the common start to the last oute
 the time not computing (waiting for the group, the all-reduce, the outer step), and the worker
 process's CPU time / wall (what the shared machine gave it). Without ``--quick`` it also runs the
 int4 and int16 grids, and the byte-target configurations (int4 at H = 4h, int8 at H = 5h, same
-tokens). The last line is
+tokens). ``--quick`` (5 rounds of H = 10, the four main runs) keeps to the benches' minute on 2
+shared cores (about 50 s at load average 8): for that, each worker starts the averager children of
+its three DiLoCo runs at once, after DDP, and ends them at the end; one int8 child serves both the
+blocking and the overlapped run, and an idle child takes about 2% of a core. A child start costs
+about 2 s of CPU and worker 1's waits for worker 0's addresses: started per run, one after the
+other, they took a third of the wall time. Without ``--quick`` each run starts its own children and
+ends them after it. Child starts are outside every clock above. The last line is
 ``diloco: ours=<held-out loss> peer=<DDP held-out loss> ratio=<x> target=1.02 ok|short``.
 """
 
@@ -39,6 +45,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,19 +171,86 @@ def _ddp(rank: int, s: DilocoSettings, rounds: int, places: list[Place], port: i
         dist.destroy_process_group()
 
 
-def _diloco(i: int, s: DilocoSettings, rounds: int, places: list[Place], work: Path, maddrs: Any, ready: Any) -> Worker:
+def layout_of(s: DilocoSettings) -> Layout:
+    """The tensor layout of a run's model: its averager child is started with it."""
+    return Layout.of(dict(build_model(s.preset, seed=s.seed).named_parameters()))
+
+
+class Averager:
+    """A worker's hivemind averager children. A run starts its own and ends it after, unless the
+    bench started one for it ahead (``start_ahead``, ``--quick``), for several runs at once: those
+    serve every run they fit and end with the worker. Worker 0 starts its children first and hands
+    their addresses to the others, their initial peers."""
+
+    def __init__(self, i: int, place: Place, work: Path, maddrs: Any) -> None:
+        self.i, self.place, self.work, self.maddrs = i, place, work, maddrs
+        self.ahead: list[AveragerClient] = []
+        self.started = 0  # names each child's socket and log apart
+
+    def _settings(self, s: DilocoSettings) -> ChildSettings:
+        return ChildSettings(f"diloco_bench_{s.compression}", s.levels, host=self.place.host, max_peers=WORKERS,
+                             min_peers=WORKERS, matchmaking_s=s.matchmaking_s)
+
+    def _start(self, runs: list[DilocoSettings]) -> list[AveragerClient]:
+        """Children for ``runs``, started at once: concurrent starts overlap what is not CPU (the
+        child's sockets, hivemind's daemons), and on a loaded machine together get a larger share."""
+        peers = [()] * len(runs) if self.i == 0 else self.maddrs.get(timeout=300)
+        clients = [AveragerClient(self.work / f"w{self.i}-{self.started + n}.sock", layout_of(s),
+                                  dataclasses.replace(self._settings(s), initial_peers=tuple(initial)),
+                                  self.work / f"w{self.i}-{self.started + n}.log")
+                   for n, (s, initial) in enumerate(zip(runs, peers, strict=True))]
+        self.started += len(clients)
+        try:
+            with ThreadPoolExecutor(len(clients)) as pool:
+                list(pool.map(AveragerClient.ensure_running, clients))
+        except BaseException:
+            close_all(clients)
+            raise
+        if self.i == 0:
+            for _ in range(WORKERS - 1):
+                self.maddrs.put([tuple(c.maddrs) for c in clients])
+        return clients
+
+    def start_ahead(self, runs: list[DilocoSettings]) -> None:
+        """Children for ``runs`` now, one per distinct child (runs on the same grid share one)."""
+        distinct = {(self._settings(s), layout_of(s)): s for s in runs}
+        self.ahead = self._start(list(distinct.values()))
+
+    @contextmanager
+    def child(self, s: DilocoSettings) -> Iterator[AveragerClient]:
+        """The child for a run of ``s``: one started ahead with the same settings, else its own."""
+        key = (self._settings(s), layout_of(s))
+        for client in self.ahead:
+            if (dataclasses.replace(client.settings, initial_peers=()), client.layout) == key:
+                yield client
+                return
+        own = self._start([s])
+        try:
+            yield own[0]
+        finally:
+            close_all(own)
+
+    def close(self) -> None:
+        """End the children started ahead (the worker's last jobs are done, or it failed)."""
+        close_all(self.ahead)
+        self.ahead = []
+
+
+def close_all(clients: list[AveragerClient]) -> None:
+    """End children concurrently: each close waits up to seconds for its child's graceful exit."""
+    if clients:
+        with ThreadPoolExecutor(len(clients)) as pool:
+            list(pool.map(AveragerClient.close, clients))
+
+
+def _diloco(i: int, s: DilocoSettings, rounds: int, averager: Averager, ready: Any) -> Worker:
+    """One DiLoCo run. Bytes an all-reduce still sends after its reply count in the child's next
+    reply: a run on a child of its own leaves its last round's out, a run after another on a child
+    started ahead may count that run's instead (one round's tail either way, within the figure's
+    spread from run to run)."""
     train, held = corpus(s)
     model = build_model(s.preset, seed=s.seed)
-    initial = () if i == 0 else maddrs.get(timeout=300)
-    client = AveragerClient(work / f"w{i}.sock", Layout.of(dict(model.named_parameters())),
-                            ChildSettings(f"diloco_bench_{s.compression}", s.levels, initial, host=places[i].host,
-                                          max_peers=WORKERS, min_peers=WORKERS, matchmaking_s=s.matchmaking_s),
-                            work / f"w{i}.log")
-    try:
-        client.ensure_running()
-        if i == 0:
-            for _ in range(WORKERS - 1):
-                maddrs.put(tuple(client.maddrs))
+    with averager.child(s) as client:
         peer = DilocoPeer(model, s, client, train, Identity.from_seed(bytes([i]) * 32))
         ready.wait(timeout=300)  # every averager up: the clocks start together
         cpu, started = time.process_time(), time.perf_counter()
@@ -190,33 +266,46 @@ def _diloco(i: int, s: DilocoSettings, rounds: int, places: list[Place], work: P
         wall = time.perf_counter() - started
         return Worker(wall, compute, time.process_time() - cpu, [dataclasses.asdict(r) if r else None for r in records],
                       held_out_loss(peer.model, held))
-    finally:
-        client.close()
 
 
-def _serve(i: int, places: list[Place], jobs: Any, results: Any, maddrs: Any, ready: Any) -> None:
-    """A worker process for the whole bench: it enters its namespace and imports torch once, then
-    runs each job (``("ddp", ...)`` or ``("diloco", ...)``) it is handed until it gets None."""
+def _serve(i: int, places: list[Place], work: Path, jobs: Any, results: Any, maddrs: Any, ready: Any) -> None:
+    """A worker process for the whole bench: it enters its namespace once, then runs each job
+    (``("ddp", ...)``, ``("ahead", ...)``: start averager children, or ``("diloco", ...)``) it is
+    handed until it gets None; the children started ahead end with it."""
     places[i].enter()
     torch.set_num_threads(1)
-    while (job := jobs.get()) is not None:
-        kind, args = job
-        if kind == "ddp":
-            results.put((i, _ddp(i, *args)))
-        else:
-            results.put((i, _diloco(i, *args, maddrs, ready)))
+    averager = Averager(i, places[i], work, maddrs)
+    try:
+        while (job := jobs.get()) is not None:
+            kind, args = job
+            if kind == "ddp":
+                results.put((i, _ddp(i, *args)))
+            elif kind == "ahead":
+                averager.start_ahead(*args)
+                results.put((i, None))
+            else:
+                results.put((i, _diloco(i, *args, averager, ready)))
+    finally:
+        averager.close()
 
 
 class Workers:
-    """The bench's worker processes, one per place; ended (killed if need be) on exit."""
+    """The bench's worker processes, one per place; ended (killed if need be) on exit, and the
+    directory of their averager children's sockets and logs removed.
+
+    Forked, not spawned: the bench has imported torch and transformers (about 4 s of CPU, which a
+    spawned worker pays again) and run no torch op yet; and a forked worker ends with ``os._exit``,
+    without the second or so of interpreter teardown a spawned one pays."""
 
     def __init__(self, places: list[Place]) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("fork")
+        self.work = tempfile.TemporaryDirectory(prefix="diloco-bench-")
         # held for the workers' whole life: a dropped Queue or Barrier frees its semaphores
         self.places, self.results, self.maddrs, self.ready = places, ctx.Queue(), ctx.Queue(), ctx.Barrier(WORKERS)
         self.inboxes = [ctx.Queue() for _ in places]
-        self.procs = [ctx.Process(target=_serve, args=(i, places, self.inboxes[i], self.results, self.maddrs, self.ready),
-                                  daemon=True) for i in range(len(places))]
+        self.procs = [ctx.Process(target=_serve, args=(i, places, Path(self.work.name), self.inboxes[i], self.results,
+                                                       self.maddrs, self.ready), daemon=True)
+                      for i in range(len(places))]
         for p in self.procs:
             p.start()
 
@@ -225,7 +314,7 @@ class Workers:
 
     def __exit__(self, failed: type[BaseException] | None, *exc: object) -> None:
         """Done: each worker finishes its job queue; failed (or Ctrl-C, SIGTERM): killed at once
-        (its averager child follows through the child's parent watchdog)."""
+        (its averager children follow through their parent watchdog)."""
         for inbox in self.inboxes:
             inbox.put(None)
         for p in self.procs:
@@ -233,12 +322,13 @@ class Workers:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
+        self.work.cleanup()
 
-    def run(self, kind: str, *args: Any) -> list[Worker]:
+    def run(self, kind: str, *args: Any) -> list[Any]:
         """Every worker runs ``kind`` with ``args``; their results, by worker."""
         for inbox in self.inboxes:
             inbox.put((kind, args))
-        results: dict[int, Worker] = {}
+        results: dict[int, Any] = {}
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         while len(results) < WORKERS:
             try:
@@ -262,8 +352,7 @@ def run_ddp(workers: Workers, s: DilocoSettings, rounds: int) -> Run:
 
 
 def run_diloco(workers: Workers, s: DilocoSettings, rounds: int) -> Run:
-    with tempfile.TemporaryDirectory(prefix="diloco-bench-") as work:
-        done = workers.run("diloco", s, rounds, workers.places, Path(work))
+    done: list[Worker] = workers.run("diloco", s, rounds)
     sent, waits = 0, []
     for n, records in enumerate(zip(*(w.records for w in done), strict=True)):
         if all(r is None for r in records):  # overlap: nothing applied in the first round
@@ -296,11 +385,14 @@ def measure(args: argparse.Namespace, net: LimitedSwitch | None, workers: Worker
           f"{tokens:,} tokens in all, {link}; load average {Path('/proc/loadavg').read_text().split()[:3]}", flush=True)
     ddp = run_ddp(workers, s, rounds)
     print(ddp.line("DDP (gloo, every step)", ddp.sent), flush=True)
-    ours = run_diloco(workers, s, rounds)
+    runs = [s, dataclasses.replace(s, overlap=True), dataclasses.replace(s, compression="fp16", error_feedback=False)]
+    if args.quick:  # their averager children, all at once (the module's docstring says why)
+        workers.run("ahead", runs)
+    ours = run_diloco(workers, runs[0], rounds)
     print(ours.line(f"ours int8, blocking (H={h})", ddp.sent), flush=True)
-    overlapped = run_diloco(workers, dataclasses.replace(s, overlap=True), rounds)
+    overlapped = run_diloco(workers, runs[1], rounds)
     print(overlapped.line("ours int8, overlapped", ddp.sent), flush=True)
-    opendiloco = run_diloco(workers, dataclasses.replace(s, compression="fp16", error_feedback=False), rounds)
+    opendiloco = run_diloco(workers, runs[2], rounds)
     print(opendiloco.line("OpenDiLoCo config (fp16, blocking)", ddp.sent), flush=True)
     best_bytes = ddp.sent / ours.sent if ours.loss <= TARGET * ddp.loss else 0.0  # bytes count at the loss target only
     if not args.quick:
