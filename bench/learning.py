@@ -45,7 +45,7 @@ from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa:
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from intellect_node.node.roles.trainer.rewards import teaches_nothing  # noqa: E402
+from intellect_node.node.tasks.verify import teaches_nothing  # noqa: E402
 from intellect_node.node.roles.trainer.service import TrainerOptions  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402

@@ -30,7 +30,7 @@ REASONS = (
     "wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
     "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
     "wrong_group_size", "wrong_prompt", "duplicate_group", "bad_tokens", "toploc", "logprobs",
-    "termination", "sampling",
+    "termination", "sampling", "uninformative",
 )
 # Reasons any node can re-check from the signed batch (plus, for a replay, the earlier batch):
 # no honest worker produces them, so one is enough to ban the worker for the run.

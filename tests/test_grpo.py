@@ -14,7 +14,8 @@ from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig, token_logprobs, _pack, _Row
 from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
 from intellect_node.node.roles.trainer.state import load_state, save_state
-from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, length_reward, teaches_nothing, total_rewards
+from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, length_reward, total_rewards
+from intellect_node.node.tasks.verify import teaches_nothing
 
 CFG = LossConfig()  # eps 0.2, delta 4
 

@@ -13,7 +13,7 @@ reaches the worker through the shard overlay byte for byte, and the worker switc
 one: the validator accepts batches generated on step 1 or later, whose proofs only hold for
 those weights.
 
-GRPO trains only on groups whose completions scored differently (rewards.teaches_nothing), so the
+GRPO trains only on groups whose completions scored differently (tasks.verify.teaches_nothing), so the
 problems are HumanEval's two easiest (``EASY_HUMANEVAL``), sampled at temperature 0.7 (``[run]``):
 measured, the model solves ``add`` in about 1 of 6 samples at temperature 1, where it writes mostly
 noise, and the generated multi-step math word problems (``math:seed=S``) almost never, in any

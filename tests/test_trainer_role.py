@@ -16,7 +16,7 @@ import pytest
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm
-from intellect_node.node.roles.trainer.rewards import teaches_nothing
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
 from tests.engine_helpers import demo_tiny_model

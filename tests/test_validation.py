@@ -23,6 +23,7 @@ from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.tasks.schema import with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
 from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec
@@ -221,6 +222,37 @@ def test_tampered_logprobs_are_rejected(world: World) -> None:
     groups = list(batch.groups)
     groups[2] = dataclasses.replace(group, completions=(tampered, *group.completions[1:]))
     assert reasons(world.verify(dataclasses.replace(batch, groups=tuple(groups)))) == [None, None, "logprobs", None]
+
+
+def test_a_trainer_trusting_a_validator_skips_only_groups_nobody_learns_from(world: World) -> None:
+    """Check 17: a forged group whose completions all score alike is ``uninformative`` without a
+    prefill (no trainer learns from it), a forged group that would teach is still caught, and a
+    validator (no skip) catches both."""
+    worker = Identity.generate()  # counters from 0, judged below with fresh judge states
+    batch = world.build(worker=worker, first_counter=0)
+    eos = world.validator.eos_token_ids[0]
+    task = next(t for t in world.tasks if t.problem_id == batch.groups[1].task_id)
+    solved = world.tokenizer.encode(task.verification_info["answer"], add_special_tokens=False) + [eos]
+    honest = [unpack_tokens(c.token_ids).tolist() for c in batch.groups[1].completions]
+    teaching = world.remake(batch, 1, tokens=[solved, [eos], *honest[2:]])  # rewards 1, 0, ...: informative
+    forged = world.remake(teaching, 2, tokens=[[eos]] * len(batch.groups[2].completions))  # all 0
+    signed = codec.decode(codec.encode(forged, worker, lifetime_s=600), RolloutBatch)
+
+    def judge(skip: bool):
+        return verify_batch(signed, engine=world.validator, tokenizer=world.tokenizer, run=world.run,
+                            checkpoint_step_of=world.step_of, newest_step=STEP, state=JudgeState(),
+                            skip_uninformative=skip)
+
+    strict, trusting = judge(False), judge(True)
+    assert reasons(strict)[1:3] == ["sampling", "sampling"]
+    assert reasons(trusting)[1:3] == ["sampling", "uninformative"]
+    for kept, checked in ((0, strict.groups[0]), (3, strict.groups[3])):  # honest: skipped iff all alike
+        assert checked.reason is None
+        assert (reasons(trusting)[kept] == "uninformative") == teaches_nothing(checked.rewards)
+    skipped = reasons(trusting).count("uninformative")
+    assert trusting.completions == (4 - skipped) * SETTINGS.group_size < strict.completions
+    assert set(trusting.credited) == {g.counter for g in forged.groups}  # counters are used up either way
+    assert "uninformative" not in PROVEN_CHEATS
 
 
 def test_proofs_from_another_rollout_are_rejected(world: World) -> None:

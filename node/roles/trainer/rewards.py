@@ -51,11 +51,3 @@ def group_advantages(rewards: np.ndarray) -> np.ndarray:
     """(r - mean) / (std + 1e-6) within one group (population std, as INTELLECT-2)."""
     return (rewards - rewards.mean()) / (rewards.std() + ADVANTAGE_EPS)
 
-
-def teaches_nothing(task_rewards: Sequence[float]) -> bool:
-    """The online filter: a group whose task rewards are all equal (all solved, or none).
-
-    Judged on the task reward, not the total: the length reward is continuous, so a group of
-    equally wrong answers of different lengths would otherwise keep a slot only to learn length.
-    """
-    return len(set(task_rewards)) <= 1

@@ -47,7 +47,8 @@ from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
-from intellect_node.node.roles.trainer.rewards import RewardConfig, teaches_nothing
+from intellect_node.node.roles.trainer.rewards import RewardConfig
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.service import (
     ValidatorOptions,
@@ -102,7 +103,7 @@ class TrainerOptions:
 class TrainerCounters:
     """Running totals, persisted with the state so a restart keeps counting."""
 
-    filtered_groups: int = 0  # accepted but all-equal task rewards
+    filtered_groups: int = 0  # all-equal task rewards: accepted, or not verified (check 17)
     stale_groups: int = 0
     train_s: float = 0.0
     wait_s: float = 0.0
@@ -136,7 +137,7 @@ class TrainerService:
         self.validator = ValidatorService(
             node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
                                            engine=options.engine, verify_fraction=options.verify_fraction,
-                                           trusted=options.trusted),
+                                           trusted=options.trusted, skip_uninformative=bool(options.trusted)),
             tasks, async_window=options.async_level, settings=rollout, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
@@ -152,6 +153,7 @@ class TrainerService:
         # worker's claims that the trusted validators' check 14 bounded (validator.service.adopted_result)
         logprobs = {g.counter: g.logprobs for g in result.accepted}
         recent = {key for keys in self.consumed.values() for key in keys}
+        self.counters.filtered_groups += sum(g.reason == "uninformative" for g in result.groups)  # not verified
         fresh = []
         for group in batch.groups:
             if group.counter not in rewards:

@@ -66,6 +66,9 @@ class ValidatorOptions:
     trusted: tuple[str, ...] = ()
     # a judged-hook user (the trainer) adopts trusted verdicts on unsampled batches; this long it waits
     verdict_wait_s: float = 60.0
+    # check 17: groups no trainer learns from are not verified (a trainer that trusts a validator,
+    # which catches cheats in them); a validator verifies every group, its verdicts are what bans
+    skip_uninformative: bool = False
 
 
 def load_or_create_secret(path: Path) -> bytes:
@@ -134,6 +137,7 @@ class ValidatorService:
         self.seconds = 0.0
         self.accepted_groups = 0
         self.rejections: Counter[str] = Counter()  # rejected groups by reason ("stale_step" is no cheat)
+        self.uninformative_groups = 0  # check 17's, with skip_uninformative
         self._wake = trio.Event()
         self._waiting_since: dict[str, float] = {}  # unsampled batches waiting for trusted verdicts
         self.adopted_batches = 0
@@ -145,6 +149,7 @@ class ValidatorService:
         """Is this validator judging: rows verified and their rate, groups accepted, rejected by reason."""
         return {"rows_verified": self.rows, "rows_per_s": round(self.rows / self.seconds, 1) if self.seconds else 0.0,
                 "accepted_groups": self.accepted_groups, "rejected_groups": dict(self.rejections),
+                "uninformative_groups": self.uninformative_groups,
                 "adopted_batches": self.adopted_batches, "waiting_in_inbox": len(self._waiting_since)}
 
     def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
@@ -229,11 +234,13 @@ class ValidatorService:
         started = time.perf_counter()
         result = await trio.to_thread.run_sync(lambda: verify_batch(
             signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=step_of,
-            newest_step=newest, state=self.seen))
+            newest_step=newest, state=self.seen, skip_uninformative=self.options.skip_uninformative))
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
         self.accepted_groups += len(result.accepted)
-        self.rejections.update(g.reason or "" for g in result.rejected)
+        skipped = sum(g.reason == "uninformative" for g in result.groups)
+        self.uninformative_groups += skipped  # not verified, and no rejection: nobody trains on them
+        self.rejections.update(g.reason or "" for g in result.rejected if g.reason != "uninformative")
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
