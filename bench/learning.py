@@ -65,9 +65,10 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
     return measured[-1] if measured else None
 
 
-def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float) -> tuple[dict[str, Any], Lines]:
+def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
+              groups_per_step: int) -> tuple[dict[str, Any], Lines]:
     options = DemoOptions(steps=None, minutes=minutes, out=out, async_level=async_level, dashboard=False,
-                          trainer_verify_fraction=verify_fraction)
+                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -146,6 +147,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the single process (the cores the swarm shares)")
     parser.add_argument("--trainer-verify-fraction", type=float, default=DemoOptions().trainer_verify_fraction,
                         help="swarm runs: share of batches the trainer re-verifies beside the validator")
+    parser.add_argument("--groups-per-step", type=int, default=DemoOptions().groups_per_step,
+                        help="swarm runs: each worker's groups on one policy step before it waits for the next (0: no limit)")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     minutes = 0.33 if args.quick else args.minutes
@@ -159,7 +162,8 @@ def main() -> None:
         if name == "single":
             results[name] = single_process_run(minutes, root / name, args.threads)
         else:
-            results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction)
+            results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
+                                      args.groups_per_step)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")

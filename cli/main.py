@@ -164,6 +164,7 @@ def join(
     engine: Annotated[str | None, typer.Option("--engine", help="Inference engine: auto, torch or vllm [auto]")] = None,
     trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
     verify_fraction: Annotated[float | None, typer.Option("--verify-fraction", help="Validator, trainer: fraction of batches verified, drawn from a local secret (a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]", min=0.0, max=1.0)] = None,
+    groups_per_step: Annotated[int | None, typer.Option("--groups-per-step", help="Inference: informative groups (completions scored differently) generated on one policy step before waiting (up to 10 s at a time) for the next; 0: no limit [0]", min=0)] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
     batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
     async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
@@ -214,7 +215,8 @@ def join(
         if model is None:
             err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
-            inference = _inference_options(cfg, model, tasks, engine)
+            per_step = _whole("groups_per_step", _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
+            inference = dataclasses.replace(_inference_options(cfg, model, tasks, engine), groups_per_step=per_step)
     training = None
     if "trainer" in role and model is not None:
         training = _trainer_options(cfg, shards, model, tasks, trainer_config, tuple(trust_validator or ()),
@@ -320,6 +322,14 @@ def without_launch_flags(argv: list[str]) -> list[str]:
         elif not arg.startswith(tuple(f + "=" for f in LAUNCH_FLAGS)):
             kept.append(arg)
     return kept
+
+
+def _whole(name: str, value: Any) -> int:
+    """A whole number >= 0 from a flag or a config file, or exit 2 naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        err.print(f"[red]configuration error:[/red] \\[inference] {name}: {value!r} is not a whole number >= 0")
+        raise typer.Exit(2)
+    return value
 
 
 def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from intellect_node.node.app.config import ConfigError, load_config
@@ -80,3 +83,13 @@ def test_unknown_shards_key_is_named(tmp_path):
 
     with pytest.raises(ShardConfigError, match=r"\[shards\]: unknown keys \['shard_mib'\]"):
         load_shard_config(tmp_path, {}, environ={}, file_values={"shard_mib": 4})
+
+
+@pytest.mark.parametrize("value", ['"16"', "-1", "true", "2.5"])
+def test_a_bad_groups_per_step_is_named_before_any_model_is_built(tmp_path, value):
+    (tmp_path / "config.toml").write_text(f"[inference]\ngroups_per_step = {value}\n")
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference", "--new-swarm",
+                           "--model", "tiny", "--home", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "[inference] groups_per_step" in done.stderr, done.stderr
+    assert not (tmp_path / "models").exists()  # refused before the tiny model's two minutes

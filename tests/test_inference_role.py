@@ -4,6 +4,7 @@ own weights, and the validator signs verdicts that accept them."""
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from safetensors.torch import load_file, save_file
 from intellect_node.crypto.toploc import verify_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions
+from intellect_node.node.demo.tinymodel import ensure_tiny_model
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
@@ -94,3 +98,32 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     validator_status = validator.status()["services"]["validator"]
     assert validator_status["rows_verified"] > 0 and validator_status["accepted_groups"] > 0
     assert trainer.status()["services"]["rollouts"]["received"]["stored"] >= 2
+
+
+def test_a_worker_past_its_groups_per_step_waits_for_the_next_policy(swarm, tmp_path):
+    """``--groups-per-step 1``: on step 0 the worker generates until it has one group whose
+    completions scored differently (the demo's model on its reversal tasks: most groups are), then
+    waits for a newer policy instead of making batches nobody would train on; a newer step ends
+    the wait."""
+    model = ensure_tiny_model(DemoOptions().model_cache)
+    weights0 = load_file(model / "model.safetensors")
+    publish_dir = tmp_path / "publish"
+    publish_dir.mkdir()
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--publish-dir", str(publish_dir)])
+    publish(publish_dir, 0, weights0)
+    worker = swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr, "--trainer",
+                                    trainer.peer_id, "--model", str(model), "--tasks", DEMO_TASKS,
+                                    "--engine", "torch", "--groups-per-step", "1"])
+
+    def inference() -> dict:
+        return worker.status()["services"]["inference"]
+
+    swarm.wait_until(lambda: inference()["paced_waits"] >= 1, timeout_s=180, poll_s=0.2)
+    made = inference()["batches"]
+    time.sleep(3)  # within the wait (10 s): nothing is generated
+    assert inference()["batches"] == made
+    informative = [g for batch in batches_by_step(trainer.home / "inbox")[0] for g in batch.groups
+                   if not teaches_nothing([c.reward for c in g.completions])]
+    assert informative  # what it waited on
+    publish(publish_dir, 1, {name: t * 1.01 for name, t in weights0.items()})
+    swarm.wait_until(lambda: 1 in batches_by_step(trainer.home / "inbox"), timeout_s=120, poll_s=0.5)

@@ -35,7 +35,7 @@ DEFAULT_LISTEN = ["/ip4/0.0.0.0/tcp/4001"]
 
 
 SECTIONS = ("node", "run", "shards", "inference", "validator", "trainer", "diloco", "metagene")
-ROLE_SECTION_KEYS = {"inference": {"model", "tasks", "engine"},
+ROLE_SECTION_KEYS = {"inference": {"model", "tasks", "engine", "groups_per_step"},
                      "validator": {"model", "tasks", "engine", "verify_fraction"}}
 
 
@@ -109,6 +109,10 @@ class InferenceOptions:
     model_dir: Path
     task_spec: str
     engine: str = "auto"
+    # informative groups (completions scored differently) generated on one policy step before the
+    # worker waits for the next (0: no limit); past it, further groups mostly arrive stale,
+    # costing every verifier and used by no trainer
+    groups_per_step: int = 0
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig) if f.name not in ("sections", "run")}

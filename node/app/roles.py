@@ -105,7 +105,8 @@ def _inference(a: Assembly) -> None:
     options = a.options.inference
     a.services.append(InferenceWorker(a.require_overlay("inference"), options.model_dir,
                                       load_task_spec(options.task_spec), engine=options.engine,
-                                      settings=a.rollout_settings(), async_window=a.config.run.async_level))
+                                      settings=a.rollout_settings(), async_window=a.config.run.async_level,
+                                      groups_per_step=options.groups_per_step))
 
 
 def _diloco(a: Assembly) -> None:

@@ -48,6 +48,10 @@ class DemoOptions:
     # the share of batches the trainer re-verifies itself when a validator runs; the rest it
     # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py)
     trainer_verify_fraction: float = 1.0
+    # each worker's informative groups on one policy step before it waits for the next (0: no
+    # limit): the trainer's batch per worker, so the workers together make twice what the trainer
+    # trains on, not the many times more that then arrive stale, and the cores go to training
+    groups_per_step: int = 16
     dashboard: bool = True
 
 
@@ -110,7 +114,8 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
         log(f"validator  {node.peer_id}")
     for index in range(options.workers):
         node = swarm.start(f"inference{index}", ["join", "--role", "inference", "--bootstrap", bootstrap.addr,
-                                                 "--trainer", trainer_id, *common], NODE_ENV)
+                                                 "--trainer", trainer_id, "--groups-per-step",
+                                                 str(options.groups_per_step), *common], NODE_ENV)
         log(f"inference  {node.peer_id}")
     return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
 

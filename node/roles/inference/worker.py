@@ -32,6 +32,7 @@ from intellect_node.node.rollouts.exchange import (
     deliver,
 )
 from intellect_node.node.tasks.schema import Task
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 
@@ -45,6 +46,7 @@ RECEIVER_ROLES = frozenset({"trainer", "validator"})
 BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
+PACE_WAIT_S = 10.0  # a worker past its groups_per_step waits this long for a newer policy, then generates one batch
 
 
 class WorkerSetupError(Exception):
@@ -56,13 +58,14 @@ class WorkerStats:
     batches: int = 0
     tokens: int = 0
     generation_s: float = 0.0
+    paced: int = 0  # waits for a newer policy after groups_per_step on one step
     delivered: dict[str, int] = field(default_factory=lambda: {"stored": 0, "duplicate": 0, "rejected": 0, "failed": 0})
 
     def status(self) -> dict[str, Any]:
         """Is this worker producing: batches, tokens/s of generation, delivery outcomes."""
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
         return {"batches": self.batches, "tokens": self.tokens, "tokens_per_s": round(rate, 1),
-                "delivered": dict(self.delivered)}
+                "paced_waits": self.paced, "delivered": dict(self.delivered)}
 
     def line(self, step: int) -> str:
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
@@ -73,14 +76,17 @@ class WorkerStats:
 
 class InferenceWorker:
     def __init__(self, shards: ShardService, model_dir: Path, tasks: list[Task], *, engine: str = "auto",
-                 settings: RolloutSettings | None = None, async_window: int = 2) -> None:
+                 settings: RolloutSettings | None = None, async_window: int = 2, groups_per_step: int = 0) -> None:
         self.policy = PolicyFollower(shards, model_dir, engine)
         self.tasks = tasks
         self.settings = settings or RolloutSettings()
         self.async_window = async_window
+        self.groups_per_step = groups_per_step
         self.stats = WorkerStats()
         self.name = "inference"
         self._counters: dict[str, int] = {}
+        self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
+        self._informative: dict[int, int] = {}  # step -> groups made on it whose completions scored differently
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -127,9 +133,31 @@ class InferenceWorker:
             if checkpoint is None:
                 await trio.sleep(IDLE_POLL_S)
                 continue
+            if self._share_done(checkpoint.step):
+                await self._pace(checkpoint.step)
+                continue
             if await self.policy.use(checkpoint):
                 log.info("generating on step %d", checkpoint.step)
             await self._one_batch(engine, self.policy.tokenizer, checkpoint)
+
+    def _share_done(self, step: int) -> bool:
+        """This worker generated ``groups_per_step`` informative groups on ``step`` (and the pace
+        wait did not just end: then it generates one more batch). Only groups whose completions
+        scored differently count: the others teach nothing, and how many those are depends on how
+        well the policy does, so a count of all groups would starve the trainer early in a run."""
+        done = bool(self.groups_per_step) and self._informative.get(step, 0) >= self.groups_per_step
+        return done and self._paced_step != step
+
+    async def _pace(self, step: int) -> None:
+        """Wait up to PACE_WAIT_S for a policy newer than ``step``. Groups beyond the trainer's need
+        arrive stale, and every verifier pays for them; but a trainer that still needs this
+        step's groups (many taught nothing) gets one more batch after each wait, never a stall."""
+        self.stats.paced += 1
+        with trio.move_on_after(PACE_WAIT_S):
+            while (newest := self.policy.newest_complete()) is None or newest.step <= step:
+                await trio.sleep(IDLE_POLL_S)
+            return
+        self._paced_step = step
 
     def _usable_checkpoint(self) -> Checkpoint | None:
         """The newest complete checkpoint, unless it is older than the async window allows."""
@@ -149,6 +177,10 @@ class InferenceWorker:
         self._counters = {k: v for k, v in self._counters.items() if int(k) >= step - self.async_window}
         self._counters[str(step)] = first + self.settings.groups_per_batch
         self._save_counters()
+        self._paced_step = None
+        self._informative = {k: v for k, v in self._informative.items() if k >= step - self.async_window}
+        self._informative[step] = self._informative.get(step, 0) + sum(
+            not teaches_nothing([c.reward for c in g.completions]) for g in built.batch.groups)
         self.stats.batches += 1
         self.stats.tokens += built.generated_tokens
         self.stats.generation_s += built.seconds
