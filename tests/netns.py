@@ -156,6 +156,19 @@ class Namespaces:
         self.sh(a, "ip", "link", "set", a_if, "up")
         self.sh(b, "ip", "link", "set", b_if, "up")
 
+    def _bridge(self, short: str) -> str:
+        """A namespace holding one bridge, ``br0``: the shared segment hosts are plugged into."""
+        name = self._add(short)
+        self.sh(name, "ip", "link", "add", "br0", "type", "bridge")
+        self.sh(name, "ip", "link", "set", "br0", "up")
+        return name
+
+    def _plug(self, bridge: str, port: str, namespace: str, device: str, ip: str) -> None:
+        """``namespace``'s ``device`` on ``bridge``'s ``br0`` through port ``port``, at ``ip``/24."""
+        self._veth(bridge, port, namespace, device)
+        self.sh(bridge, "ip", "link", "set", port, "master", "br0")
+        self.sh(namespace, "ip", "addr", "add", f"{ip}/24", "dev", device)
+
 
 @dataclass
 class SmallInternet(Namespaces):
@@ -170,23 +183,16 @@ class SmallInternet(Namespaces):
         if not (1 <= self.publics <= MAX_HOSTS and 0 <= self.homes <= MAX_HOSTS):
             raise ValueError(f"between 1 and {MAX_HOSTS} public hosts and at most {MAX_HOSTS} homes")
 
-    def _on_wan(self, wan: str, index: int, namespace: str, ip: str) -> None:
-        self._veth(wan, f"p{index}", namespace, "up0")
-        self.sh(wan, "ip", "link", "set", f"p{index}", "master", "br0")
-        self.sh(namespace, "ip", "addr", "add", f"{ip}/24", "dev", "up0")
-
     def _build(self) -> None:
-        wan = self._add("wan")
-        self.sh(wan, "ip", "link", "add", "br0", "type", "bridge")
-        self.sh(wan, "ip", "link", "set", "br0", "up")
+        wan = self._bridge("wan")
         for i in range(self.publics):
             namespace = self._add(f"pub{i}")
             ip = f"198.18.0.{2 + i}"
-            self._on_wan(wan, i, namespace, ip)
+            self._plug(wan, f"p{i}", namespace, "up0", ip)
             self.public_ips[namespace] = ip
         for n in range(1, self.homes + 1):
             router, home = self._add(f"nat{n}"), self._add(f"home{n}")
-            self._on_wan(wan, 100 + n, router, f"198.18.0.{10 + n}")
+            self._plug(wan, f"p{100 + n}", router, "up0", f"198.18.0.{10 + n}")
             self._veth(router, "down0", home, "eth0")
             self.sh(router, "ip", "addr", "add", f"198.19.{n}.1/24", "dev", "down0")
             self.sh(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -228,15 +234,11 @@ class LimitedSwitch(Namespaces):
                 "burst", str(burst), "latency", "100ms")
 
     def _build(self) -> None:
-        switch = self._add("switch")
-        self.sh(switch, "ip", "link", "add", "br0", "type", "bridge")
-        self.sh(switch, "ip", "link", "set", "br0", "up")
+        switch = self._bridge("switch")
         for i in range(self.hosts):
             host = self._add(f"host{i}")
-            self._veth(switch, f"p{i}", host, "eth0")
-            self.sh(switch, "ip", "link", "set", f"p{i}", "master", "br0")
             ip = f"198.18.0.{2 + i}"
-            self.sh(host, "ip", "addr", "add", f"{ip}/24", "dev", "eth0")
+            self._plug(switch, f"p{i}", host, "eth0", ip)
             self._limit(host, "eth0")
             self._limit(switch, f"p{i}")
             self.ips[host] = ip
