@@ -1,6 +1,6 @@
 """hivemind's ``DecentralizedAverager``, made exact and all-or-nothing for DiLoCo rounds.
 
-Runs inside the averager child only (it imports hivemind). Three changes, each for
+Runs inside the averager child only (it imports hivemind). Its changes, each for
 specs/diloco.md sections 2 and 4:
 
 - Before the all-reduce, every member's gather payload is checked (round, layout, exponents) and
@@ -9,6 +9,8 @@ specs/diloco.md sections 2 and 4:
 - After the all-reduce, a part that a failed peer was to reduce (hivemind silently keeps the local
   values) or a banned sender (a part averaged over fewer peers) makes the attempt an error, so
   hivemind matches again with the survivors instead of handing back a mixed result.
+- An attempt is applied only when every member posted that its side completed (``commit``):
+  hivemind's all-reduce can complete on a slow member while its groupmates time out on it.
 - The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
   group would send survivors of a failed attempt to different keys.
 - The parts and deltas travel packed (``GridWire``, ``packing``): int8 up and scaled int16 down
@@ -25,6 +27,7 @@ The child runs one averager, so the allowlist and the refused peers are this mod
 
 from __future__ import annotations
 
+import asyncio
 import math
 import multiprocessing as mp
 from typing import Any
@@ -44,6 +47,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.timed_storage import get_dht_time
 
 from intellect_node.node.diloco import grid
+from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, post
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import disagreement, refusal
@@ -175,6 +179,29 @@ class ExactAverager(DecentralizedAverager):
         super().__init__([torch.zeros(layout.elements)], allow_state_sharing=False, compression=GridWire(), **kwargs)
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
+        """One attempt, applied only if every member's side completed (``commit``)."""
+        key = commit_key(self.prefix, group_info.group_id)
+        try:
+            gathered = await self._checked_allreduce(group_info, min_vector_size, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            await self._post_outcome(key, False)
+            raise
+        await self._post_outcome(key, True)
+        try:
+            await await_commit(self.dht, key, [p.to_bytes() for p in group_info.peer_ids])
+        except CommitRefused as exc:
+            raise PartialAllReduce(str(exc)) from None
+        return gathered
+
+    async def _post_outcome(self, key: str, completed: bool) -> None:
+        try:
+            await asyncio.wait_for(post(self.dht, key, self.peer_id.to_bytes(), completed), COMMIT_S)
+        except Exception as exc:  # the others then read silence, which fails the attempt too
+            logger.warning("could not post this member's outcome: %r", exc)
+
+    async def _checked_allreduce(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         try:
             payloads = read_payloads(group_info)
         except FrameError as exc:
