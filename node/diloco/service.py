@@ -140,7 +140,8 @@ class DilocoService:
             finally:
                 if not finished:
                     peer.stopping.set()
-                    peer.client.close()
+                    with trio.CancelScope(shield=True):  # closing waits up to seconds for the child: not on the loop
+                        await trio.to_thread.run_sync(peer.client.close)
 
         stopped: Stopped | None = None
         async with trio.open_nursery() as nursery:
