@@ -19,6 +19,7 @@ from intellect_node.node.app.config import (
     InferenceOptions,
     NodeConfig,
     load_config,
+    whole_number,
 )
 from intellect_node.node.shards.config import (
     ShardConfig,
@@ -26,6 +27,7 @@ from intellect_node.node.shards.config import (
     load_shard_config,
 )
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -215,7 +217,7 @@ def join(
         if model is None:
             err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
-            per_step = _whole("groups_per_step", _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
+            per_step = _whole("[inference] groups_per_step", _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
             inference = dataclasses.replace(_inference_options(cfg, model, tasks, engine), groups_per_step=per_step)
     training = None
     if "trainer" in role and model is not None:
@@ -324,12 +326,13 @@ def without_launch_flags(argv: list[str]) -> list[str]:
     return kept
 
 
-def _whole(name: str, value: Any) -> int:
+def _whole(key: str, value: Any) -> int:
     """A whole number >= 0 from a flag or a config file, or exit 2 naming the key."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        err.print(f"[red]configuration error:[/red] \\[inference] {name}: {value!r} is not a whole number >= 0")
-        raise typer.Exit(2)
-    return value
+    try:
+        return whole_number(key, value, 0)
+    except ConfigError as exc:
+        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
 
 
 def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:
@@ -371,10 +374,10 @@ def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> 
         err.print(f"[red]configuration error:[/red] --tasks: {exc}")
         raise typer.Exit(2) from None
     if model == "tiny":
-        from intellect_node.node.demo.tinymodel import ensure_tiny_model
+        from intellect_node.node.demo.tinymodel import ensure_tiny_model, tiny_model_dir
 
         err.print("preparing the tiny model (built once, about two minutes on 2 cores)...")
-        model_dir = ensure_tiny_model(cfg.layout.models / "tiny")
+        model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
     else:
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():

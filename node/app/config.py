@@ -52,18 +52,22 @@ class RunConfig:
     temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.async_level, int) or self.async_level < 0:
-            raise ConfigError(f"[run] async_level: {self.async_level!r} is not a whole number >= 0")
-        for name in ("max_tokens", "group_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"[run] {name}: {value!r} is not a whole number >= 1")
+        whole_number("[run] async_level", self.async_level, 0)
+        whole_number("[run] max_tokens", self.max_tokens, 1)
+        whole_number("[run] group_size", self.group_size, 1)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not self.temperature > 0:
             raise ConfigError(f"[run] temperature: {self.temperature!r} is not a number > 0")
 
 
 class ConfigError(Exception):
     """A configuration value that cannot be used; the message names the key and the source."""
+
+
+def whole_number(key: str, value: Any, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) of at least ``minimum``; else ConfigError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: {value!r} is not a whole number >= {minimum}")
+    return value
 
 
 @dataclass
