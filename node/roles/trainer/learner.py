@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -84,6 +84,10 @@ class _Tensors:
     mask: torch.Tensor  # [rows, width]: 1.0 on completion tokens
     behavior: torch.Tensor  # [rows, width]: the sampling policy's logprobs there, 0 elsewhere
     has_behavior: torch.Tensor  # [rows] bool: whether the row came with them
+
+    def to(self, device: torch.device) -> _Tensors:
+        """The same micro-batch on ``device`` (packed on the CPU; the model may be on a GPU)."""
+        return _Tensors(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def _pack(rows: Sequence[_Row], pad_id: int) -> _Tensors:
@@ -216,7 +220,9 @@ class GRPOLearner:
         """The micro-batches this process runs for one mini-batch: all of its rows here; a
         sharded learner's share of them."""
         size = self.optim_config.micro_batch_rows
-        return [(mini[i: i + size], _pack(mini[i: i + size], self.pad_id)) for i in range(0, len(mini), size)]
+        device = next(self.model.parameters()).device
+        return [(mini[i: i + size], _pack(mini[i: i + size], self.pad_id).to(device))
+                for i in range(0, len(mini), size)]
 
     def _score(self, tensors: _Tensors, with_entropy: bool,
                entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -282,7 +288,8 @@ class GRPOLearner:
             for c, (chunk, tensors) in enumerate(batches):
                 logprobs, entropy = self._score(tensors, with_entropy=True,
                                                 entropy_grad=bool(self.loss_config.entropy_coef))
-                terms = grpo_loss(logprobs, old[m][c], torch.tensor([r.advantage for r in chunk]), tensors.mask,
+                advantages = torch.tensor([r.advantage for r in chunk], device=tensors.mask.device)
+                terms = grpo_loss(logprobs, old[m][c], advantages, tensors.mask,
                                   normalizer, self.loss_config, entropy=entropy,
                                   ref_logprobs=ref[m][c] if ref is not None else None)
                 terms.loss.backward()
