@@ -14,7 +14,7 @@ The model is the tiny model's shape, untrained (unless ``--model``): an untraine
 never samples EOS, so completions run to their 128 tokens and both sides do the full work. Runs
 alternate between the two and the median of each is reported (the machine is shared).
 
-    .venv/bin/python bench/validate.py [--quick] [--model DIR] [--threads 2]
+    .venv/bin/python bench/validate.py [--quick] [--model DIR] [--threads 2] [--device cuda] [--validator-device cpu]
 
 The last line is ``validate: ours=<rows/s> peer=<rows/s> ratio=<x> target=10 ok|short``.
 """
@@ -36,8 +36,9 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
+from intellect_node.crypto.toploc import Thresholds, verify_proofs  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.engine.base import Engine  # noqa: E402
+from intellect_node.node.engine.base import Engine, PrefillResult  # noqa: E402
 from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
 from intellect_node.node.tasks.schema import Task  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
@@ -46,7 +47,8 @@ from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
 from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
-from intellect_node.protocol.rollouts import RolloutBatch  # noqa: E402
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens  # noqa: E402
+from intellect_node.protocol.run_spec import EnginePair  # noqa: E402
 from intellect_node.protocol.sampling import Replay, margins  # noqa: E402
 
 TARGET = 10.0
@@ -80,16 +82,21 @@ class Judged:
         return sum(len(g.completions) for g in self.built.batch.groups)
 
 
-def generate_and_judge(generator: Engine, validator: Engine, tokenizer: object, tasks: Sequence[Task], *,
-                       run: RunContext, state: JudgeState, worker: Identity, settings: RolloutSettings,
-                       first_counter: int) -> Judged:
-    """What a worker and a validator do for one batch: ``build_batch`` (sampling, capture, proofs,
-    rewards), the signed envelope's round trip, then ``verify_batch`` on the validator's engine
-    (bench/real_model.py judges the real model with it too)."""
+def build(generator: Engine, tokenizer: object, tasks: Sequence[Task], *, worker: Identity,
+          settings: RolloutSettings, first_counter: int) -> tuple[BuiltBatch, float]:
+    """What a worker does for one batch: ``build_batch`` (sampling, capture, proofs, rewards);
+    the batch and the CPU seconds it took."""
     cpu_started = time.process_time()
     built = build_batch(generator, tokenizer, tasks, run_id=RUN, worker=worker.peer_id, step=0,
                         manifest_hash=MANIFEST, first_counter=first_counter, settings=settings)
-    generate_cpu_s = time.process_time() - cpu_started
+    return built, time.process_time() - cpu_started
+
+
+def judge(built: BuiltBatch, generate_cpu_s: float, validator: Engine, tokenizer: object, *, run: RunContext,
+          state: JudgeState, worker: Identity) -> Judged:
+    """What a validator does for a built batch: the signed envelope's round trip, then
+    ``verify_batch`` on the validator's engine (a batch judged twice needs a ``state`` per judge:
+    a judge refuses counters it has seen)."""
     signed = codec.decode(codec.encode(built.batch, worker, lifetime_s=600), RolloutBatch)
     started, cpu_started = time.perf_counter(), time.process_time()
     verdict = verify_batch(signed, engine=validator, tokenizer=tokenizer, run=run,
@@ -97,11 +104,85 @@ def generate_and_judge(generator: Engine, validator: Engine, tokenizer: object, 
     return Judged(built, verdict, generate_cpu_s, time.perf_counter() - started, time.process_time() - cpu_started)
 
 
+def generate_and_judge(generator: Engine, validator: Engine, tokenizer: object, tasks: Sequence[Task], *,
+                       run: RunContext, state: JudgeState, worker: Identity, settings: RolloutSettings,
+                       first_counter: int) -> Judged:
+    """What a worker and a validator do for one batch: ``build`` then ``judge`` (bench/real_model.py
+    judges the real model with them too)."""
+    built, generate_cpu_s = build(generator, tokenizer, tasks, worker=worker, settings=settings,
+                                  first_counter=first_counter)
+    return judge(built, generate_cpu_s, validator, tokenizer, run=run, state=state, worker=worker)
+
+
+class Recording:
+    """A validator's engine whose prefill results are kept: ``verify_batch`` reports the sampling
+    margin and the logprob error it saw, but of TOPLOC only pass or fail, so ``toploc_figures``
+    re-reads the proofs against the hidden states the validator recomputed."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seen: list[tuple[Sequence[int], Sequence[int], PrefillResult]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.engine, name)
+
+    def prefill(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                replays: Sequence[Replay] | None = None) -> list[PrefillResult]:
+        results = self.engine.prefill(prompts, completions, replays)
+        self.seen.extend(zip(prompts, completions, results))
+        return results
+
+
+@dataclass
+class Figures:
+    """The worst of what the completion checks measured, against the run's limits (``pair``):
+    TOPLOC's exponent mismatches and mantissa errors per chunk (largest), the logprob error
+    (largest) and the sampling margin (smallest: accepted while >= -slack)."""
+
+    chunks: int = 0
+    exp_mismatches: int = 0
+    mant_err_mean: float = 0.0
+    mant_err_median: float = 0.0
+    logprob_error: float = 0.0
+    sampling_margin: float = float("inf")
+
+    def add(self, judged: Judged, recorded: Recording, pair: EnginePair) -> None:
+        """Fold in one judged batch (``recorded``: the engine that judged it; its record is emptied)."""
+        proofs = {(tuple(unpack_tokens(g.prompt_ids).tolist()), tuple(unpack_tokens(c.token_ids).tolist())): c.proofs
+                  for g in judged.built.batch.groups for c in g.completions}
+        limits = Thresholds(max_exp_mismatches=pair.toploc_max_exp_mismatches,
+                            max_mant_err_mean=pair.toploc_max_mant_err_mean,
+                            max_mant_err_median=pair.toploc_max_mant_err_median)
+        for prompt, completion, again in recorded.seen:
+            for v in verify_proofs(again.hidden_states, list(proofs[tuple(prompt), tuple(completion)]),
+                                   thresholds=limits):
+                self.chunks += 1
+                self.exp_mismatches = max(self.exp_mismatches, v.exp_mismatches)
+                self.mant_err_mean = max(self.mant_err_mean, v.mant_err_mean)
+                self.mant_err_median = max(self.mant_err_median, v.mant_err_median)
+        recorded.seen.clear()
+        for g in judged.verdict.accepted:
+            if g.max_logprob_error is not None:
+                self.logprob_error = max(self.logprob_error, g.max_logprob_error)
+            if g.min_sampling_margin is not None:
+                self.sampling_margin = min(self.sampling_margin, g.min_sampling_margin)
+
+    def report(self, pair: EnginePair) -> str:
+        return (f"TOPLOC over {self.chunks} chunks: exponent mismatches {self.exp_mismatches} "
+                f"(limit {pair.toploc_max_exp_mismatches}), mantissa error mean {self.mant_err_mean:.3g} "
+                f"(limit {pair.toploc_max_mant_err_mean:g}), median {self.mant_err_median:.3g} "
+                f"(limit {pair.toploc_max_mant_err_median:g}); logprob error {self.logprob_error:.3g} "
+                f"(limit {pair.logprob_atol:g}); sampling margin {self.sampling_margin:.3g} "
+                f"(limit -{pair.sampling_slack:g})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer, smaller runs (< 1 minute)")
     parser.add_argument("--model", type=Path, help="HF-layout model dir (default: tiny shape, untrained)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
+    parser.add_argument("--device", default="cpu", help="the worker's engine (cpu, cuda, ...)")
+    parser.add_argument("--validator-device", default="cpu", help="the validator's engine")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, repeats = (1, 1) if args.quick else (8, 5)
@@ -110,8 +191,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ina-bench-") as tmp:
         model_dir = args.model or ensure_tiny_model(Path(tmp) / "tiny", TinyRecipe(train_steps=0))
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        generator = TorchEngine.from_checkpoint(model_dir, max_batch_rows=64)
-        validator = TorchEngine.from_checkpoint(model_dir, max_batch_rows=64)
+        generator = TorchEngine.from_checkpoint(model_dir, device=args.device, max_batch_rows=64)
+        validator = TorchEngine.from_checkpoint(model_dir, device=args.validator_device, max_batch_rows=64)
         tasks = generate_toy_tasks(seed=2024, count=500)
         run_context = RunContext(build_run_spec(run_id=RUN, authority=worker.peer_id, tasks=tasks, settings=settings,
                                                 async_window=2), tasks)

