@@ -14,13 +14,13 @@ from safetensors.torch import load_file, save_file
 from intellect_node.crypto.toploc import verify_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.demo.local_swarm import LocalSwarm
-from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions
-from intellect_node.node.demo.tinymodel import ensure_tiny_model
+from intellect_node.node.demo.swarm import DEMO_TASKS
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.verdicts import Verdict
+from tests.engine_helpers import demo_tiny_model
 from tests.test_rollout_builder import wide_tiny_model
 
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
@@ -105,7 +105,7 @@ def test_a_worker_past_its_groups_per_step_waits_for_the_next_policy(swarm, tmp_
     completions scored differently (the demo's model on its reversal tasks: most groups are), then
     waits for a newer policy instead of making batches nobody would train on; a newer step ends
     the wait."""
-    model = ensure_tiny_model(DemoOptions().model_cache)
+    model = demo_tiny_model()
     weights0 = load_file(model / "model.safetensors")
     publish_dir = tmp_path / "publish"
     publish_dir.mkdir()
