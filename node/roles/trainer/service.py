@@ -61,6 +61,7 @@ from intellect_node.protocol.rollouts import (
     RolloutBatch,
     unpack_tokens,
 )
+from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
@@ -153,7 +154,7 @@ class TrainerService:
         # worker's claims that the trusted validators' check 14 bounded (validator.service.adopted_result)
         logprobs = {g.counter: g.logprobs for g in result.accepted}
         recent = {key for keys in self.consumed.values() for key in keys}
-        self.counters.filtered_groups += sum(g.reason == "uninformative" for g in result.groups)  # not verified
+        self.counters.filtered_groups += sum(g.reason == UNINFORMATIVE for g in result.groups)  # not verified
         fresh = []
         for group in batch.groups:
             if group.counter not in rewards:

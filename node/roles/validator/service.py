@@ -44,7 +44,7 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
 from intellect_node.protocol.run_spec import RunSpec
-from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict
+from intellect_node.protocol.verdicts import UNINFORMATIVE, AcceptedGroup, RejectedGroup, Verdict
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
@@ -238,9 +238,9 @@ class ValidatorService:
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
         self.accepted_groups += len(result.accepted)
-        skipped = sum(g.reason == "uninformative" for g in result.groups)
+        skipped = sum(g.reason == UNINFORMATIVE for g in result.groups)
         self.uninformative_groups += skipped  # not verified, and no rejection: nobody trains on them
-        self.rejections.update(g.reason or "" for g in result.rejected if g.reason != "uninformative")
+        self.rejections.update(g.reason or "" for g in result.rejected if g.reason != UNINFORMATIVE)
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)

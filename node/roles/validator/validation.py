@@ -38,6 +38,7 @@ from intellect_node.protocol.rollouts import (
 )
 from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
 from intellect_node.protocol.sampling import Replay, first_failure
+from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
 _NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
@@ -156,7 +157,7 @@ def verify_batch(
             results[group.counter] = GroupResult(group.counter, failure)
             continue
         if skip_uninformative and _uninformative(group, task, tokenizer, engine.vocab_size):
-            results[group.counter] = GroupResult(group.counter, "uninformative")
+            results[group.counter] = GroupResult(group.counter, UNINFORMATIVE)
             continue
         seed = sampling_seed(batch.run_id, batch.worker, batch.policy_step, group.counter)
         pending.append(_Pending(
