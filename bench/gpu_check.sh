@@ -11,7 +11,7 @@
 #   .gpu/whl/          wheels the imports need that the machine lacks (cp312 manylinux): base58,
 #                      cryptography and its cffi/pycparser, gguf, and math-verify with
 #                      latex2sympy2_extended and antlr4 (the math reward's child process imports
-#                      them) (both calls, 6 MB)
+#                      them), trio with outcome and sniffio (the tests import it) (both calls, 7 MB)
 #   .gpu/late/         transformers 5.23.0 (pure Python, 13 MB; call 2 only, call 1 has no room):
 #                      the machine's 5.17 imports the GGUF tokenizer without a pad token, which
 #                      the trainer's GRPOLearner needs
@@ -24,6 +24,8 @@
 #                   package importable and checks the GPU, torch and the bench's imports
 #   measure [ARGS]  call 2: joins the halves, installs everything, runs bench/real_model.py with
 #                   ARGS (default: the GPU run below), its output teed to $OUT/log
+#   tests           one call (carry .gpu/whl and .gpu/late): the engine, validation, cheat and GRPO
+#                   test files on the GPU
 #
 # intellect_node is importable without installing the project (pip could not build it offline):
 # setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
@@ -70,7 +72,8 @@ prepare)
     (cd "$gpu/whl" && "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 base58==2.1.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 gguf==0.19.0 \
-        math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2)
+        math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
+        trio==0.35.0 outcome==1.3.0.post0 sniffio==1.3.1)
     (cd "$gpu/late" && "$py" -m pip download -q --no-deps --only-binary=:all: transformers==5.23.0)
     split -b 47M "$wheel" "$gpu/smol.part-"
     (cd "$(dirname "$wheel")" && sha256sum "$(basename "$wheel")") > "$gpu/smol.sha256"
@@ -105,8 +108,18 @@ measure)
       "$py" bench/real_model.py "$@"
       echo "measure: ${SECONDS} s"; } 2>&1 | tee "$out/log"
     ;;
+tests)
+    # one call, no model halves: the engine, rollout, validation, cheat and GRPO tests on the GPU
+    # (the torch engine takes the GPU when it sees one; tiny models are built by the tests)
+    install "$wheels"/*.whl "$late"/*.whl
+    mkdir -p "$out"
+    cd "$root"
+    set -o pipefail
+    "$py" -m pytest -q -p no:cacheprovider tests/test_engine_torch.py tests/test_rollout_builder.py \
+        tests/test_validation.py tests/test_cheats.py tests/test_grpo.py 2>&1 | tee "$out/log"
+    ;;
 *)
-    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS]" >&2
+    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS] | tests" >&2
     exit 2
     ;;
 esac

@@ -43,7 +43,9 @@ VALIDATOR = Identity.generate()
 
 def noisy(weights: dict[str, torch.Tensor], scale: float, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return {name: t + torch.randn(t.shape, generator=generator) * scale * t.abs() for name, t in weights.items()}
+    # drawn on the CPU (the same noise on every machine), added where the weights live
+    return {name: t + torch.randn(t.shape, generator=generator).to(t.device) * scale * t.abs()
+            for name, t in weights.items()}
 
 
 class World:
@@ -244,8 +246,10 @@ def test_a_trainer_trusting_a_validator_skips_only_groups_nobody_learns_from(wor
                             skip_uninformative=skip)
 
     strict, trusting = judge(False), judge(True)
-    assert reasons(strict)[1:3] == ["sampling", "sampling"]
-    assert reasons(trusting)[1:3] == ["sampling", "uninformative"]
+    # the forged tokens are caught by sampling replay, or by termination where the model would not
+    # have stopped there (which fires first depends on the model's logits at those positions)
+    assert all(r in {"sampling", "termination"} for r in reasons(strict)[1:3]), reasons(strict)
+    assert reasons(trusting)[1] in {"sampling", "termination"} and reasons(trusting)[2] == "uninformative"
     for kept, checked in ((0, strict.groups[0]), (3, strict.groups[3])):  # honest: skipped iff all alike
         assert checked.reason is None
         assert (reasons(trusting)[kept] == "uninformative") == teaches_nothing(checked.rewards)

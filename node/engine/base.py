@@ -85,7 +85,9 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled completion; ``hidden_states`` is None when capture was switched off."""
+    """One sampled completion; ``hidden_states`` is None when capture was switched off. Tensors
+    come back on the CPU whatever the engine's device (proofs, the wire and every comparison a
+    verifier makes run there), as from every engine."""
 
     prompt_index: int
     sample_index: int
@@ -97,7 +99,7 @@ class Completion:
 
 @dataclass(frozen=True)
 class PrefillResult:
-    """What a verifier recomputes for one (prompt, completion) pair."""
+    """What a verifier recomputes for one (prompt, completion) pair, on the CPU (as ``Completion``)."""
 
     hidden_states: torch.Tensor  # [len(completion), hidden_size]
     logprobs: torch.Tensor  # [len(completion)], float32

@@ -40,7 +40,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
 
 class TorchEngine(Engine):
-    """Batched generation and prefill with PyTorch (CPU by default).
+    """Batched generation and prefill with PyTorch (on the GPU when there is one, else the CPU).
 
     ``max_batch_rows`` bounds the rows decoded together: a generation chunk holds
     ``max(1, max_batch_rows // n)`` prompts (so one prompt with a larger ``n`` still goes in one
@@ -69,12 +69,15 @@ class TorchEngine(Engine):
     def from_checkpoint(
         cls,
         path: str | Path,
-        device: str = "cpu",
+        device: str | None = None,
         dtype: torch.dtype = torch.float32,
         max_batch_rows: int = 64,
         **options: Any,
     ) -> TorchEngine:
-        """Load with transformers (``sdpa`` attention); extra options go to ``from_pretrained``."""
+        """Load with transformers (``sdpa`` attention); extra options go to ``from_pretrained``.
+        ``device`` None: the first GPU when torch sees one (a node on a GPU machine with
+        ``--engine torch`` generates and verifies there), else the CPU."""
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, attn_implementation="sdpa", **options
         ).to(device)
@@ -230,7 +233,7 @@ class TorchEngine(Engine):
                         token_ids=tokens[row, :k].tolist(),
                         logprobs=logprobs[row, :k].tolist(),
                         finish_reason=reasons[row],
-                        hidden_states=captured[row, :k].clone() if captured is not None else None,
+                        hidden_states=captured[row, :k].to("cpu", copy=True) if captured is not None else None,
                     )
                 )
             grouped.append(group)
@@ -295,5 +298,6 @@ class TorchEngine(Engine):
             logits = self._head(rows)
             lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
             margin = margins(logits, targets, replays[i]) if replays is not None else None
-            results.append(PrefillResult(hidden_states=rows.clone(), logprobs=lp, sampling_margins=margin))
+            results.append(PrefillResult(hidden_states=rows.to("cpu", copy=True), logprobs=lp.cpu(),
+                                         sampling_margins=margin))
         return results
