@@ -1,6 +1,6 @@
 """DiLoCo bench: our DiLoCo against DDP and against OpenDiLoCo's configuration, 2 workers, one run.
 
-    .venv/bin/python bench/diloco.py [--quick] [--link-mbit N]
+    .venv/bin/python bench/diloco.py [--quick] [--link-mbit N] [--rounds R] [-H H] [--batch B]
 
 - DDP: torch.distributed (gloo), 2 processes, gradients all-reduced every step.
 - Ours: 2 processes, each a DilocoPeer with its hivemind averager child: int8 grid, error
@@ -377,7 +377,7 @@ def bench(args: argparse.Namespace, net: LimitedSwitch | None) -> None:
 
 def measure(args: argparse.Namespace, net: LimitedSwitch | None, workers: Workers) -> None:
     rounds, h = args.rounds or (5 if args.quick else 20), args.H or (10 if args.quick else 25)
-    s = DilocoSettings(H=h, batch=8, data="generated:sequences=4096,seq_len=64", matchmaking_s=1.0)
+    s = DilocoSettings(H=h, batch=args.batch, data="generated:sequences=4096,seq_len=64", matchmaking_s=1.0)
     params = sum(v.numel() for v in build_model(s.preset, seed=s.seed).parameters())
     tokens = rounds * h * s.batch * 64 * WORKERS
     link = f"{args.link_mbit:g} Mbit/s links (tbf, network namespaces)" if net else "loopback, no limit"
@@ -425,6 +425,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5 rounds of H=10, the four main runs only (under a minute)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds instead of the preset's (5 quick, 20)")
     parser.add_argument("-H", type=int, default=0, help="inner steps per round instead of the preset's (10 quick, 25)")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="sequences per inner step: more makes a round's compute longer against its all-reduce")
     no_link = unavailable_reason(LimitedSwitch.TOOLS)
     parser.add_argument("--link-mbit", type=float, default=0.0 if no_link else 100.0,
                         help="each worker's link rate in network namespaces; 0: loopback (default: 100 as root "
