@@ -68,7 +68,7 @@ from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS  
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.tasks.verify import task_reward  # noqa: E402
-from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
+from intellect_node.node.demo.tinymodel import ensure_tiny_model, tiny_model_dir  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
 from intellect_node.node.roles.trainer.loss import LossConfig  # noqa: E402
@@ -207,7 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (< 1 minute)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for both sides")
-    parser.add_argument("--model", type=Path, default=DEFAULT_HOME / "models" / "tiny",
+    parser.add_argument("--model", type=Path, default=tiny_model_dir(DEFAULT_HOME / "models"),
                         help="an HF-layout model dir, e.g. `model import`'s (default: the tiny model, built "
                              "there on first use, 1-2 minutes)")
     defaults = Shape()

@@ -376,7 +376,7 @@ def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> 
     if model == "tiny":
         from intellect_node.node.demo.tinymodel import ensure_tiny_model, tiny_model_dir
 
-        err.print("preparing the tiny model (built once, about two minutes on 2 cores)...")
+        err.print("preparing the tiny model (built once, two to three minutes on 2 cores)...")
         model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
     else:
         model_dir = Path(model).expanduser()

@@ -1,10 +1,11 @@
 """End to end: ``intellect-node demo``'s swarm learns (real processes, real model, real overlay).
 
 The margin: the held-out greedy accuracy (200 reversal prompts) must rise by at least
-``MARGIN`` over its start within ``STEPS`` steps. Measured here the default-recipe tiny model
-starts at 0.24 and the demo swarm reaches 0.31-0.34 by step 20-25 at load average 2-10; the best
-evaluation of the run is compared (evaluations come every 5 steps), so one unlucky last evaluation
-cannot fail a run that learned.
+``MARGIN`` over its start within ``STEPS`` steps. The default-recipe tiny model (version 2, 1.8M
+parameters) starts near 0.165 and sits there for its first 30-40 steps before it climbs (measured:
+quiet, 0.165 at the start, 0.115-0.13 at steps 5-20, best 0.27 by step 60, in 143 s of
+training); the best evaluation of the run is compared (evaluations come every 5 steps), so one
+unlucky last evaluation cannot fail a run that learned.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from intellect_node.node.demo.swarm import DemoOptions, run_demo
 from tests.engine_helpers import demo_tiny_model
 
-STEPS = 25
+STEPS = 60
 MARGIN = 0.05
 
 

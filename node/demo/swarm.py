@@ -28,6 +28,7 @@ from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm, death_report
 from intellect_node.node.demo.plot import write_reward_plot
+from intellect_node.node.demo.tinymodel import tiny_model_dir
 
 POLL_S = 1.0
 DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
@@ -40,7 +41,7 @@ class DemoOptions:
     workers: int = 2
     minutes: float = 10.0
     out: Path | None = None
-    model_cache: Path = Path.home() / ".intellect-node" / "models" / "tiny"
+    model_cache: Path = tiny_model_dir(Path.home() / ".intellect-node" / "models")
     async_level: int = 2
     lr: float = 5e-4
     batch_groups: int = 16
@@ -176,7 +177,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]
     root = options.out or Path(tempfile.mkdtemp(prefix="intellect-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     if not (options.model_cache / "config.json").exists():
-        log(f"building the tiny model into {options.model_cache} (once; one to two minutes)...")
+        log(f"building the tiny model into {options.model_cache} (once; two to three minutes)...")
     model_dir = ensure_tiny_model(options.model_cache)
     shutil.rmtree(root / "nodes", ignore_errors=True)  # a fresh run each time: no stale trainer state
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops the nodes too, like Ctrl-C

@@ -3,22 +3,26 @@
 Why build on first use rather than commit weights: the swarm never relies on two machines
 building identical bytes (the trainer publishes checkpoint 0 through the shard overlay, named by
 its manifest hash); what must be reproducible is the recipe, which is recorded next to the
-weights in ``tinymodel.json`` and checked on reuse. Building takes about two minutes on a busy
-2-core machine (one torch thread) and keeps megabytes of binary out of git history.
+weights in ``tinymodel.json`` and checked on reuse. Building takes about two and a half minutes
+on 2 cores (one torch thread, quiet) and keeps megabytes of binary out of git history.
 
 The recipe:
 
 - tokenizer: byte-level BPE trained on toy prompts, digits always split one per token (answers
   are digit strings), three specials ``<pad> <bos> <eos>`` and a chat template that renders a
   prompt as ``<bos>{prompt}\\n``; the completion is the answer followed by ``<eos>``;
-- model: Qwen2 (4 layers, hidden 128, 4 heads over 2 KV heads, tied embeddings), about 0.8M
-  parameters (small on purpose: a GRPO step on two cores must take well under a second), random
-  init from the recipe seed;
+- model: Qwen2 (4 layers, hidden 192, intermediate 576, 6 heads over 2 KV heads, tied
+  embeddings), about 1.8M parameters (small on purpose: a GRPO step on two cores must take well
+  under a second; version 1's hidden 128, 0.83M, stopped near 0.58 under GRPO where this one goes
+  past 0.9 in one process: bench/RESULTS.md, "Model size is the lever"), random init from the
+  recipe seed;
 - training: supervised, loss on the answer and EOS only, AdamW with warm-up and cosine decay,
   three addition batches for one reversal batch, 850 steps of 32: greedy accuracy ends low on
-  purpose so that GRPO has room to raise it (measured: addition 0.135, reversal 0.095 on 200
-  held-out tasks each; 700 steps gave 0.10 / 0.05, 900 steps 0.48 / 0.48: the models sit on
-  the steep part of the curve, so another machine's float rounding may land a few points away).
+  purpose so that GRPO has room to raise it (version 2, measured by ``python -m
+  intellect_node.node.demo.tinymodel``: addition 0.200, reversal 0.290 on about 200 held-out tasks
+  each, and 0.12-0.165 on the demo trainer's 200 reversal prompts; version 1 gave 0.135 / 0.095,
+  and 900 steps of it 0.48 / 0.48: the models sit on the steep part of the curve, so another
+  machine's float rounding may land a few points away).
   Half of the training prompts carry the "Think for N tokens..." suffix so both forms parse.
 """
 
@@ -58,13 +62,13 @@ TRAIN_SEED_OFFSET = 1_000_003  # training tasks never share a seed with evaluati
 class TinyRecipe:
     """Everything that determines the tiny model; stored beside the weights."""
 
-    version: int = 1
+    version: int = 2  # names the cache directory (``tiny_model_dir``): a new recipe, a new version
     seed: int = 0
     vocab_size: int = 320
-    hidden_size: int = 128
-    intermediate_size: int = 384
+    hidden_size: int = 192
+    intermediate_size: int = 576
     num_layers: int = 4
-    num_heads: int = 4
+    num_heads: int = 6
     num_kv_heads: int = 2
     max_positions: int = 256
     train_steps: int = 850
@@ -210,6 +214,12 @@ def build_tiny_model(path: str | Path, recipe: TinyRecipe) -> Path:
     record = {"recipe": recipe.to_json(), "final_loss": final_loss}
     (target / RECIPE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return target
+
+
+def tiny_model_dir(models: Path) -> Path:
+    """Where the default recipe's model lives under a models directory: one directory per recipe
+    version, so a cache built by an older release is left alone rather than refused."""
+    return models / f"tiny-v{TinyRecipe.version}"
 
 
 def ensure_tiny_model(path: str | Path, recipe: TinyRecipe | None = None) -> Path:
