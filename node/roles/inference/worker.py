@@ -74,6 +74,16 @@ class WorkerStats:
                 f"(+{d['duplicate']} dup), rejected {d['rejected']}, undelivered {d['failed']}")
 
 
+@dataclass(frozen=True)
+class StepTally:
+    """What this worker made on one policy step: the next batch's first group counter (persisted:
+    counters never repeat across restarts, check 6) and the groups whose completions scored
+    differently (the pace counts those; lost on restart, which costs at most one step's share)."""
+
+    next_counter: int = 0
+    informative: int = 0
+
+
 class InferenceWorker:
     def __init__(self, shards: ShardService, model_dir: Path, tasks: list[Task], *, engine: str = "auto",
                  settings: RolloutSettings | None = None, async_window: int = 2, groups_per_step: int = 0) -> None:
@@ -84,9 +94,8 @@ class InferenceWorker:
         self.groups_per_step = groups_per_step
         self.stats = WorkerStats()
         self.name = "inference"
-        self._counters: dict[str, int] = {}
+        self._steps: dict[int, StepTally] = {}  # the policy steps inside the async window
         self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
-        self._informative: dict[int, int] = {}  # step -> groups made on it whose completions scored differently
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -107,14 +116,15 @@ class InferenceWorker:
     def _load_counters(self) -> None:
         try:
             data = json.loads(self._state_path.read_text())
-            self._counters = {str(k): int(v) for k, v in data.items()}
+            self._steps = {int(k): StepTally(next_counter=int(v)) for k, v in data.items()}
         except FileNotFoundError:
-            self._counters = {}
+            self._steps = {}
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise WorkerSetupError(f"{self._state_path} is corrupt ({exc}); remove it to start counting at 0") from None
 
     def _save_counters(self) -> None:
-        write_durably(self._state_path, json.dumps(self._counters).encode())
+        counters = {str(step): tally.next_counter for step, tally in self._steps.items()}
+        write_durably(self._state_path, json.dumps(counters).encode())
 
     def status(self) -> dict[str, Any]:
         return self.stats.status()
@@ -145,7 +155,8 @@ class InferenceWorker:
         wait did not just end: then it generates one more batch). Only groups whose completions
         scored differently count: the others teach nothing, and how many those are depends on how
         well the policy does, so a count of all groups would starve the trainer early in a run."""
-        done = bool(self.groups_per_step) and self._informative.get(step, 0) >= self.groups_per_step
+        tally = self._steps.get(step)
+        done = bool(self.groups_per_step) and tally is not None and tally.informative >= self.groups_per_step
         return done and self._paced_step != step
 
     async def _pace(self, step: int) -> None:
@@ -170,17 +181,16 @@ class InferenceWorker:
 
     async def _one_batch(self, engine: Engine, tokenizer: Any, checkpoint: Checkpoint) -> None:
         step = checkpoint.step
-        first = self._counters.get(str(step), 0)
+        tally = self._steps.get(step) or StepTally()
+        first = tally.next_counter
         built = await trio.to_thread.run_sync(lambda: build_batch(
             engine, tokenizer, self.tasks, run_id=self.node.config.run_id, worker=self.node.peer_id, step=step,
             manifest_hash=hashlib.sha256(checkpoint.envelope).digest(), first_counter=first, settings=self.settings))
-        self._counters = {k: v for k, v in self._counters.items() if int(k) >= step - self.async_window}
-        self._counters[str(step)] = first + self.settings.groups_per_batch
+        informative = sum(not teaches_nothing([c.reward for c in g.completions]) for g in built.batch.groups)
+        self._steps = {k: v for k, v in self._steps.items() if k >= step - self.async_window}
+        self._steps[step] = StepTally(first + self.settings.groups_per_batch, tally.informative + informative)
         self._save_counters()
         self._paced_step = None
-        self._informative = {k: v for k, v in self._informative.items() if k >= step - self.async_window}
-        self._informative[step] = self._informative.get(step, 0) + sum(
-            not teaches_nothing([c.reward for c in g.completions]) for g in built.batch.groups)
         self.stats.batches += 1
         self.stats.tokens += built.generated_tokens
         self.stats.generation_s += built.seconds
