@@ -267,7 +267,7 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
         bad = [v for v in verdicts if not v.ok]
         if bad:
             return GroupResult(counter, "toploc", detail=f"completion {j}: {bad[0]}")
-        ours = again.logprobs.to(device="cpu", dtype=torch.float32).numpy()  # a GPU engine's are on the GPU
+        ours = again.logprobs.to(torch.float32).numpy()  # engines return CPU tensors (engine.base)
         error = float(np.max(np.abs(unpack_logprobs(record.logprobs) - ours)))
         if not error <= pair.logprob_atol:
             return GroupResult(counter, "logprobs", detail=f"completion {j}: error {error:.3g} > {pair.logprob_atol}")
