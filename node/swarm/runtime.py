@@ -373,15 +373,21 @@ class Node:
         """
         assert self._nursery is not None
         signed_at = stored_at = provided_at = -float("inf")
+        stored_addrs: tuple[str, ...] | None = None
         while True:
             changed = self._advert_changed.is_set()
             if time.monotonic() - signed_at >= self.config.advert_refresh_s or changed:
                 self._advert_changed = trio.Event()
                 signed_at = time.monotonic()
                 envelope = self._refresh_own_advert()
-                # The DHT copy only has to outlive its own half-life; each put is a lookup plus
-                # stores at ~k peers, which at gossip cadence swamped a 20-node swarm's CPU.
-                if changed or signed_at - stored_at >= self.config.advert_lifetime_s / 2:
+                # The DHT copy only has to outlive its own half-life and carry the addresses a
+                # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
+                # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
+                # a few seconds apart in the demo) cost each node a tenth of its CPU. A new policy
+                # step reaches members by gossip at once; the DHT copy catches up at its refresh.
+                addrs = self._advertised_addrs()
+                if addrs != stored_addrs or signed_at - stored_at >= self.config.advert_lifetime_s / 2:
+                    stored_addrs = addrs
                     provide = signed_at - provided_at >= PROVIDER_REFRESH_S
                     stored_at = signed_at
                     provided_at = signed_at if provide else provided_at
