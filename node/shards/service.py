@@ -210,7 +210,7 @@ class ShardService:
                 self.progress.finish(step, checkpoint.complete)
                 self._fetches.pop(step, None)
             log.info("step %d verified and complete (%d shards)", step, checkpoint.manifest.shard_count)
-            self._provide_held(checkpoint)
+            self._provide_shards(checkpoint)  # its manifest was provided when the fetch began
             self._retain()
             newest = self.store.newest_complete()
             if newest is not None:
@@ -262,6 +262,9 @@ class ShardService:
 
     def _provide_held(self, checkpoint: Checkpoint) -> None:
         self._queue_provide(manifest_key(self.run_id, checkpoint.step))
+        self._provide_shards(checkpoint)
+
+    def _provide_shards(self, checkpoint: Checkpoint) -> None:
         for index, mark in enumerate(checkpoint.verified):
             if mark:
                 self._queue_provide(shard_key(self.run_id, checkpoint.step, index))
