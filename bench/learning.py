@@ -66,7 +66,7 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
 
 
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
-              groups_per_step: int) -> tuple[dict[str, Any], Lines]:
+              groups_per_step: int | None) -> tuple[dict[str, Any], Lines]:
     options = DemoOptions(steps=None, minutes=minutes, out=out, async_level=async_level, dashboard=False,
                           trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
@@ -147,8 +147,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the single process (the cores the swarm shares)")
     parser.add_argument("--trainer-verify-fraction", type=float, default=DemoOptions().trainer_verify_fraction,
                         help="swarm runs: share of batches the trainer re-verifies beside the validator")
-    parser.add_argument("--groups-per-step", type=int, default=DemoOptions().groups_per_step,
-                        help="swarm runs: each worker's groups on one policy step before it waits for the next (0: no limit)")
+    parser.add_argument("--groups-per-step", type=int, default=None,
+                        help="swarm runs: each worker's groups on one policy step before it waits for the next "
+                             "(0: no limit) [default: its share of the trainer's batch]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     minutes = 0.33 if args.quick else args.minutes

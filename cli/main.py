@@ -484,7 +484,7 @@ def demo(steps: Annotated[int | None, typer.Option(help="Also stop after this ma
          peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
          rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10,
          genomes: Annotated[str, typer.Option(help="metagene: generated genomes, or pyrodigal: the four real ones in an installed pyrodigal's test data")] = "generated") -> None:
-    """The whole swarm on this machine: bootstrap, trainer, inference nodes and a validator learn a toy task
+    """The whole swarm on this machine: a trainer, inference nodes and a validator learn a toy task
     (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
         _diloco_demo(peers, rounds, minutes, out)

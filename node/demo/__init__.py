@@ -1,7 +1,7 @@
 """A whole swarm on this machine, for newcomers and for the tests.
 
-- ``swarm``: ``intellect-node demo``: bootstrap, trainer, inference nodes and a validator as
-  processes on 127.0.0.1, learning a toy task.
+- ``swarm``: ``intellect-node demo``: a trainer (the others' bootstrap peer), inference nodes and a
+  validator as processes on 127.0.0.1, learning a toy task.
 - ``diloco``: ``intellect-node demo --workload diloco``: DiLoCo nodes on 127.0.0.1 pretraining the
   tiny Llama; metrics.jsonl, loss.png, summary.json.
 - ``metagene``: ``intellect-node demo --workload metagene``: a generated metagenome, its tokenizer

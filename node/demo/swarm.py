@@ -1,9 +1,11 @@
 """``intellect-node demo``: the whole RL swarm on this machine, learning a toy task on CPU.
 
-A bootstrap node, a trainer, ``workers`` inference nodes and a validator run as separate
-``intellect-node`` processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
+A trainer, ``workers`` inference nodes and a validator run as separate ``intellect-node``
+processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
 terminal's Ctrl-C reaches only the demo, which then stops them in order), sharing one tiny model built once
-into the cache. Identities are created up front so that every node can be told the trainer's peer
+into the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer:
+on two cores a separate bootstrap process cost 7% of the machine, mostly relaying gossip that the
+members exchange anyway (bench/RESULTS.md, "Learning"). Identities are created up front so that every node can be told the trainer's peer
 id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
 after ``minutes`` (by default: what a newcomer should see is how far ten minutes get), at
@@ -15,6 +17,7 @@ of the run: CPU seconds per node and what each role produced, taken just before 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import tempfile
@@ -50,10 +53,17 @@ class DemoOptions:
     # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py)
     trainer_verify_fraction: float = 1.0
     # each worker's informative groups on one policy step before it waits for the next (0: no
-    # limit): the trainer's batch per worker, so the workers together make twice what the trainer
-    # trains on, not the many times more that then arrive stale, and the cores go to training
-    groups_per_step: int = 16
+    # limit; None: its share of the trainer's batch, ``worker_groups_per_step``), so that the
+    # workers together make what the trainer trains on and the cores go to training, not to
+    # groups that arrive stale (bench/RESULTS.md, "Learning")
+    groups_per_step: int | None = None
     dashboard: bool = True
+
+    @property
+    def worker_groups_per_step(self) -> int:
+        if self.groups_per_step is not None:
+            return self.groups_per_step
+        return math.ceil(self.batch_groups / self.workers)
 
 
 @dataclass
@@ -85,7 +95,9 @@ def _peer_id(home: Path) -> str:
 
 def start_demo_swarm(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
     """Start every node; if one fails to start, the ones already running are stopped."""
-    swarm = LocalSwarm(root / "nodes")
+    # the nodes' own membership timings, not the tests' fast ones (LocalSwarm's default): adverts
+    # every 2 s from every node cost a share of two cores that the demo's steps need
+    swarm = LocalSwarm(root / "nodes", timing={})
     try:
         return _start_nodes(swarm, options, model_dir, log)
     except BaseException:
@@ -97,26 +109,24 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
     common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
-    bootstrap = swarm.start_bootstrap()
-    log(f"bootstrap  {bootstrap.addr}")
-    trainer_args = ["join", "--role", "trainer", "--bootstrap", bootstrap.addr, *common, "--lr", str(options.lr),
+    trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
         trainer_args += ["--steps", str(options.steps)]
     if validator_id:
         trainer_args += ["--trust-validator", validator_id, "--verify-fraction", str(options.trainer_verify_fraction)]
     trainer = swarm.start("trainer", trainer_args, NODE_ENV)
-    log(f"trainer    {trainer.peer_id}")
+    log(f"trainer    {trainer.peer_id}  (the swarm's entry point: {trainer.addr})")
     if validator_id:  # before the workers: a validator judges a worker's counters from 0, so one that
         # joins after the first batches waits for the step to leave the window, and the trainer
         # adopting its verdicts with it
-        node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", bootstrap.addr,
+        node = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", trainer.addr,
                                          "--trainer", trainer_id, *common], NODE_ENV)
         log(f"validator  {node.peer_id}")
     for index in range(options.workers):
-        node = swarm.start(f"inference{index}", ["join", "--role", "inference", "--bootstrap", bootstrap.addr,
+        node = swarm.start(f"inference{index}", ["join", "--role", "inference", "--bootstrap", trainer.addr,
                                                  "--trainer", trainer_id, "--groups-per-step",
-                                                 str(options.groups_per_step), *common], NODE_ENV)
+                                                 str(options.worker_groups_per_step), *common], NODE_ENV)
         log(f"inference  {node.peer_id}")
     return DemoSwarm(swarm, swarm.root / "trainer" / "trainer" / "metrics.jsonl")
 
