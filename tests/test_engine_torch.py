@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -103,6 +104,30 @@ def test_prefill_reproduces_generation(
         # bf16 (what TOPLOC keeps) agrees on nearly every element
         same = r.hidden_states.bfloat16() == c.hidden_states.bfloat16()
         assert same.float().mean() > 0.99
+
+
+def test_prefill_in_any_order_and_head_budget_matches_per_pair_prefill(
+    engine: TorchEngine, sampled: list[list[Completion]], prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each prompt runs once for the rows that continue it: shuffled rows of mixed prompts, empty
+    and one-token completions, and a head budget of one position (every completion its own
+    span) give what each pair gives alone, replay margins included."""
+    from intellect_node.node.engine import torch_engine
+    from intellect_node.protocol.sampling import Replay
+
+    flat = [c for group in sampled for c in group]
+    pairs = [(prompts[c.prompt_index], list(c.token_ids)) for c in flat]
+    pairs += [(prompts[0], []), (prompts[1], list(flat[0].token_ids[:1])), (prompts[2], list(flat[3].token_ids[:2]))]
+    order = list(reversed(range(len(pairs))))
+    replays = [Replay(seed=7 + i, temperature=1.0, top_p=0.9, slack=1e-3) for i in range(len(pairs))]
+    monkeypatch.setattr(torch_engine, "HEAD_ELEMENTS", 1)
+    together = engine.prefill([pairs[i][0] for i in order], [pairs[i][1] for i in order], [replays[i] for i in order])
+    for i, got in zip(order, together):
+        (alone,) = engine.prefill([pairs[i][0]], [pairs[i][1]], [replays[i]])
+        assert got.hidden_states.shape == (len(pairs[i][1]), alone.hidden_states.shape[-1])
+        torch.testing.assert_close(got.hidden_states, alone.hidden_states, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.logprobs, alone.logprobs, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(got.sampling_margins, alone.sampling_margins, atol=1e-3)
 
 
 def test_toploc_proofs_from_generation_verify_against_prefill(

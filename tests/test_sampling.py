@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from intellect_node.node.engine.base import SamplingParams, derive_seed
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.protocol.sampling import Replay, first_failure, gumbel, margins, position_key, sample
+from intellect_node.protocol.sampling import Replay, first_failure, gumbel, margins, margins_of_rows, position_key, sample
 from tests.test_rollout_builder import untrained_wide_tiny_model
 
 M64 = (1 << 64) - 1
@@ -47,6 +47,22 @@ def test_draws_follow_the_temperature_and_top_p_distribution() -> None:
     assert np.abs(counts / draws - expected).max() < 0.015
     kept = sample(rows, list(range(draws)), [0] * draws, 1.0, 0.75).unique().tolist()
     assert kept == [0, 3]  # probabilities 0.49 + 0.30 reach 0.75: the top-p set is {0, 3}
+
+
+def test_margins_of_rows_equal_each_rows_own_margins() -> None:
+    """Completions raced together (one call per sampling setting) get each its own margins."""
+    counts = [5, 0, 9, 1, 7]
+    logits = torch.randn(sum(counts), 300, generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, 300, (sum(counts),), generator=torch.Generator().manual_seed(3))
+    replays = [Replay(seed=10 + i, temperature=0.8 if i % 2 else 1.0, top_p=0.9 if i < 3 else 1.0, slack=1e-3)
+               for i in range(len(counts))]
+    together = margins_of_rows(logits, tokens, replays, counts)
+    at = 0
+    for count, replay, got in zip(counts, replays, together):
+        np.testing.assert_array_equal(got, margins(logits[at:at + count], tokens[at:at + count], replay))
+        at += count
+    with pytest.raises(ValueError):
+        margins_of_rows(logits, tokens, replays, counts[:-1])
 
 
 def test_replay_accepts_the_choice_and_names_the_first_forged_position() -> None:

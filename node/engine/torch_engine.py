@@ -13,12 +13,17 @@ exact control over them:
   from its own seed (``base.derive_seed``), so its tokens depend only on its seed and the model's
   logits, not on batch composition, and any validator can replay them.
 
-Verification prefill right-pads ``prompt + completion[:-1]`` without a cache and reads the same
-positions the generation captured (see ``intellect_node.node.engine.base``).
+Verification prefill reads the same positions the generation captured (see
+``intellect_node.node.engine.base``) the way the generation computed them: each distinct prompt runs
+once (a GRPO group's rows share one), its cache is repeated for the rows that continue it, and
+only ``completion[:-1]`` runs per row, at the positions the generation gave those tokens. On the
+demo's short answers that is a third of the tokens of prefilling every ``prompt + completion``
+(bench/RESULTS.md, "Learning").
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,9 +39,10 @@ from intellect_node.node.engine.base import (
     SamplingParams,
     check_prompts,
 )
-from intellect_node.protocol.sampling import Replay, margins, sample
+from intellect_node.protocol.sampling import Replay, margins_of_rows, sample
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+HEAD_ELEMENTS = 1 << 24  # verification logits at once: 64 MiB of float32 (a row of positions at least)
 
 
 class TorchEngine(Engine):
@@ -265,8 +271,8 @@ class TorchEngine(Engine):
             if len(prompts[i]) + len(c) > self.max_positions + 1:
                 raise ValueError(f"pair {i} is longer than the model's positions")
         results: list[PrefillResult | None] = [None] * len(prompts)
-        # similar lengths together: less padding
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(completions[i]))
+        # the rows of one prompt together (they share its run), similar lengths together (less padding)
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), tuple(prompts[i]), len(completions[i])))
         with torch.inference_mode():
             for start in range(0, len(order), self.max_batch_rows):
                 batch = order[start : start + self.max_batch_rows]
@@ -281,23 +287,69 @@ class TorchEngine(Engine):
         batch: list[int],
         replays: Sequence[Replay] | None,
     ) -> list[PrefillResult]:
-        seqs = [list(prompts[i]) + list(completions[i])[:-1] for i in batch]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(batch), width), dtype=torch.long, device=self.device)
-        for row, seq in enumerate(seqs):  # right padding: positions are plain 0..len-1
-            ids[row, : len(seq)] = torch.tensor(seq, device=self.device)
-            mask[row, : len(seq)] = 1
-        hidden = self.model.model(input_ids=ids, attention_mask=mask, use_cache=False)
-        hidden = hidden.last_hidden_state
+        distinct: dict[tuple[int, ...], int] = {}
+        prompt_of_row = [distinct.setdefault(tuple(prompts[i]), len(distinct)) for i in batch]
+        width = max(len(p) for p in distinct)
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(distinct):  # left padding, as the generation's prefill
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
+            mask[row, width - len(prompt) :] = 1
+        cache = DynamicCache(config=self.model.config)
+        prompt_states = self.model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                         past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        rows = torch.tensor(prompt_of_row, device=self.device)
+        # completion[:-1] per row, right-padded after the prompt's columns, at positions len(prompt) + j
+        tails = [list(completions[i])[:-1] for i in batch]
+        tail_width = max(len(t) for t in tails)
+        tail_states = None
+        if tail_width:
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
+            tail_ids = torch.full((len(batch), tail_width), self.pad_id, dtype=torch.long, device=self.device)
+            tail_mask = torch.zeros((len(batch), tail_width), dtype=torch.long, device=self.device)
+            for row, tail in enumerate(tails):
+                tail_ids[row, : len(tail)] = torch.tensor(tail, dtype=torch.long, device=self.device)
+                tail_mask[row, : len(tail)] = 1
+            lengths = torch.tensor([len(prompts[i]) for i in batch], device=self.device)
+            positions = lengths[:, None] + torch.arange(tail_width, device=self.device)[None, :]
+            tail_states = self.model.model(input_ids=tail_ids, attention_mask=torch.cat([mask.index_select(0, rows), tail_mask], 1),
+                                           position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+        # the state before completion token j: the prompt's last for j = 0, tail token j - 1's after
+        states = prompt_states.index_select(0, rows)[:, None]
+        if tail_states is not None:
+            states = torch.cat([states, tail_states], dim=1)
+        counts = [len(completions[i]) for i in batch]
+        valid = torch.arange(states.shape[1], device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
+        flat = states[valid]  # row by row: each completion's positions in order
+        hidden = flat.to("cpu", copy=True)
+        bounds = [0, *itertools.accumulate(counts)]
         results = []
-        for row, i in enumerate(batch):
-            start, count = len(prompts[i]) - 1, len(completions[i])
-            rows = hidden[row, start : start + count]
-            targets = torch.tensor(list(completions[i]), dtype=torch.long, device=self.device)
-            logits = self._head(rows)
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-            margin = margins(logits, targets, replays[i]) if replays is not None else None
-            results.append(PrefillResult(hidden_states=rows.to("cpu", copy=True), logprobs=lp.cpu(),
-                                         sampling_margins=margin))
+        for first, last in _spans(counts, max(1, HEAD_ELEMENTS // self.vocab_size)):
+            part = flat[bounds[first] : bounds[last]]  # the head over whole completions, a bounded number of positions
+            targets = torch.tensor([t for i in batch[first:last] for t in completions[i]], dtype=torch.long,
+                                   device=self.device)
+            logits = self._head(part)
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0].cpu()
+            margin = (margins_of_rows(logits, targets, [replays[i] for i in batch[first:last]], counts[first:last])
+                      if replays is not None else [None] * (last - first))
+            for row, m in zip(range(first, last), margin):
+                a, b = bounds[row] - bounds[first], bounds[row + 1] - bounds[first]
+                results.append(PrefillResult(hidden_states=hidden[bounds[row] : bounds[row + 1]],
+                                             logprobs=logprobs[a:b], sampling_margins=m))
         return results
+
+
+def _spans(counts: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive index ranges ``[first, last)`` of ``counts`` whose sum stays within ``budget``
+    (a range holds at least one item, however large)."""
+    spans, first, total = [], 0, 0
+    for index, count in enumerate(counts):
+        if index > first and total + count > budget:
+            spans.append((first, index))
+            first, total = index, 0
+        total += count
+    if first < len(counts):
+        spans.append((first, len(counts)))
+    return spans
