@@ -4,8 +4,8 @@ A trainer, ``workers`` inference nodes and a validator run as separate ``intelle
 processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
 terminal's Ctrl-C reaches only the demo, which then stops them in order), sharing one tiny model built once
 into the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer:
-on two cores a separate bootstrap process cost 7% of the machine, mostly relaying gossip that the
-members exchange anyway (bench/RESULTS.md, "Learning"). Identities are created up front so that every node can be told the trainer's peer
+on two cores a separate bootstrap process took 7% of the swarm's CPU (bench/RESULTS.md,
+"Cutting the swarm's CPU per step"). Identities are created up front so that every node can be told the trainer's peer
 id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
 after ``minutes`` (by default: what a newcomer should see is how far ten minutes get), at
@@ -55,7 +55,7 @@ class DemoOptions:
     # each worker's informative groups on one policy step before it waits for the next (0: no
     # limit; None: its share of the trainer's batch, ``worker_groups_per_step``), so that the
     # workers together make what the trainer trains on and the cores go to training, not to
-    # groups that arrive stale (bench/RESULTS.md, "Learning")
+    # groups that arrive stale (bench/RESULTS.md, "Cutting the swarm's CPU per step")
     groups_per_step: int | None = None
     dashboard: bool = True
 

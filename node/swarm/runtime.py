@@ -383,8 +383,9 @@ class Node:
                 # The DHT copy only has to outlive its own half-life and carry the addresses a
                 # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
                 # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
-                # a few seconds apart in the demo) cost each node a tenth of its CPU. A new policy
-                # step reaches members by gossip at once; the DHT copy catches up at its refresh.
+                # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
+                # (bench/RESULTS.md, "Cutting the swarm's CPU per step"). A new policy step reaches
+                # members by gossip at once; the DHT copy catches up at its refresh.
                 addrs = self._advertised_addrs()
                 if addrs != stored_addrs or signed_at - stored_at >= self.config.advert_lifetime_s / 2:
                     stored_addrs = addrs
