@@ -149,7 +149,7 @@ def main() -> None:
                         help="swarm runs: share of batches the trainer re-verifies beside the validator")
     parser.add_argument("--groups-per-step", type=int, default=None,
                         help="swarm runs: each worker's groups on one policy step before it waits for the next "
-                             "(0: no limit) [default: its share of the trainer's batch]")
+                             "(0: no limit) [default: the demo's, 1.5x its share of the trainer's batch]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     minutes = 0.33 if args.quick else args.minutes

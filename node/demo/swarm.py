@@ -50,12 +50,14 @@ class DemoOptions:
     batch_groups: int = 16
     validator: bool = True
     # the share of batches the trainer re-verifies itself when a validator runs; the rest it
-    # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py)
-    trainer_verify_fraction: float = 1.0
+    # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py), which the
+    # validator verifies anyway: verifying them twice cost 0.2 CPU s per step
+    trainer_verify_fraction: float = 0.25
     # each worker's informative groups on one policy step before it waits for the next (0: no
-    # limit; None: its share of the trainer's batch, ``worker_groups_per_step``), so that the
-    # workers together make what the trainer trains on and the cores go to training, not to
-    # groups that arrive stale (bench/RESULTS.md, "Cutting the swarm's CPU per step")
+    # limit; None: ``worker_groups_per_step``, half as much again as its share of the trainer's
+    # batch): the workers together make what the trainer trains on and a little more, so that the
+    # trainer finds its next batch ready, without cores spent on groups that arrive stale
+    # (bench/RESULTS.md, "Cutting the swarm's CPU per step": 8, 12 and 16 each of 16)
     groups_per_step: int | None = None
     dashboard: bool = True
 
@@ -63,7 +65,7 @@ class DemoOptions:
     def worker_groups_per_step(self) -> int:
         if self.groups_per_step is not None:
             return self.groups_per_step
-        return math.ceil(self.batch_groups / self.workers)
+        return math.ceil(1.5 * self.batch_groups / self.workers)
 
 
 @dataclass
