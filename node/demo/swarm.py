@@ -1,12 +1,12 @@
 """``intellect-node demo``: the whole RL swarm on this machine, learning a toy task on CPU.
 
 A trainer, ``workers`` inference nodes and a validator run as separate ``intellect-node``
-processes on 127.0.0.1 (node.local_swarm, each in its own session so that a
-terminal's Ctrl-C reaches only the demo, which then stops them in order), sharing one tiny model built once
-into the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer:
-on two cores a separate bootstrap process took 7% of the swarm's CPU (bench/RESULTS.md,
-"Cutting the swarm's CPU per step"). Identities are created up front so that every node can be told the trainer's peer
-id (the run's manifest authority) and the trainer which validator to trust. The demo watches
+processes on 127.0.0.1 (node.local_swarm, each in its own session so that a terminal's Ctrl-C
+reaches only the demo, which then stops them in order), sharing one tiny model built once into
+the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer: on
+two cores a separate bootstrap process took 7% of the swarm's CPU (bench/RESULTS.md, "Cutting the
+swarm's CPU per step"). Identities are created up front so that every node can be told the
+trainer's peer id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
 after ``minutes`` (by default: what a newcomer should see is how far ten minutes get), at
 ``steps`` trainer steps if given, on Ctrl-C, or when a node dies, and always leaves
