@@ -145,6 +145,21 @@ class TorchEngine(Engine):
                 )
         return results
 
+    def _run_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+        """The prompts left-padded in one batch (each ends at the last column, positions counted
+        from its first token), run once: each prompt's last state [prompts, hidden], the attention
+        mask and the KV cache, for generation and for verification alike."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
+            mask[row, width - len(prompt) :] = 1
+        cache = DynamicCache(config=self.model.config)
+        out = self.model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                               past_key_values=cache, use_cache=True)
+        return out.last_hidden_state[:, -1], mask, cache
+
     def _generate_chunk(
         self,
         prompts: Sequence[Sequence[int]],
@@ -155,22 +170,9 @@ class TorchEngine(Engine):
         capture: bool,
     ) -> list[list[Completion]]:
         lengths = torch.tensor([len(prompts[p]) for p in chunk], device=self.device)
-        width = int(lengths.max())
-        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long, device=self.device)
-        for row, p in enumerate(chunk):  # left padding: every prompt ends at column width - 1
-            ids[row, width - len(prompts[p]) :] = torch.tensor(prompts[p], device=self.device)
-            mask[row, width - len(prompts[p]) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[:, -1].repeat_interleave(n, dim=0)
+        last, mask, cache = self._run_prompts([prompts[p] for p in chunk])
+        width = mask.shape[1]
+        hidden = last.repeat_interleave(n, dim=0)
         cache.batch_repeat_interleave(n)
         next_pos = lengths.repeat_interleave(n)
 
@@ -289,24 +291,14 @@ class TorchEngine(Engine):
     ) -> list[PrefillResult]:
         distinct: dict[tuple[int, ...], int] = {}
         prompt_of_row = [distinct.setdefault(tuple(prompts[i]), len(distinct)) for i in batch]
-        width = max(len(p) for p in distinct)
-        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(distinct), width), dtype=torch.long, device=self.device)
-        for row, prompt in enumerate(distinct):  # left padding, as the generation's prefill
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
-            mask[row, width - len(prompt) :] = 1
-        cache = DynamicCache(config=self.model.config)
-        prompt_states = self.model.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                                         past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+        prompt_states, mask, cache = self._run_prompts(list(distinct))
         rows = torch.tensor(prompt_of_row, device=self.device)
         # completion[:-1] per row, right-padded after the prompt's columns, at positions len(prompt) + j
         tails = [list(completions[i])[:-1] for i in batch]
         tail_width = max(len(t) for t in tails)
         tail_states = None
         if tail_width:
-            for layer in cache.layers:
-                layer.keys = layer.keys.index_select(0, rows)
-                layer.values = layer.values.index_select(0, rows)
+            cache.batch_select_indices(rows)  # each row continues its prompt's cache
             tail_ids = torch.full((len(batch), tail_width), self.pad_id, dtype=torch.long, device=self.device)
             tail_mask = torch.zeros((len(batch), tail_width), dtype=torch.long, device=self.device)
             for row, tail in enumerate(tails):
