@@ -26,6 +26,8 @@ The last line is ``learning: ours=<async accuracy> peer=<single-process accuracy
 from __future__ import annotations
 
 import argparse
+import collections
+import copy
 import json
 import random
 import sys
@@ -66,19 +68,22 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
 
 
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
-              groups_per_step: int | None) -> tuple[dict[str, Any], Lines]:
+              groups_per_step: int | None, lr: float) -> tuple[dict[str, Any], Lines]:
     options = DemoOptions(steps=None, minutes=minutes, out=out, async_level=async_level, dashboard=False,
-                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step)
+                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step, lr=lr)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
 
 
 def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, optim: OptimConfig | None = None,
-                       batch_groups: int | None = None) -> tuple[dict[str, Any], Lines]:
+                       batch_groups: int | None = None, lag: int = 0,
+                       steps: int | None = None) -> tuple[dict[str, Any], Lines]:
     """The reference: the demo's model, tasks and recipe in one process, nothing between generation
-    and training. Generation uses the weights being trained (no lag), so the behaviour logprobs
-    are the sampling policy's by construction."""
+    and training. Generation uses the weights being trained (``lag`` 0), so the behaviour logprobs
+    are the sampling policy's by construction; ``lag`` n generates with the weights of n steps
+    before, what an asynchronous swarm's trainer receives, so that one process can tell what
+    staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
@@ -92,16 +97,20 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     batch_groups = batch_groups or demo.batch_groups
     learner = GRPOLearner(model, int(tokenizer.pad_token_id), optim=optim or OptimConfig(lr=demo.lr),
                           loss=trainer.loss, rewards=trainer.rewards, seed=seed)
-    engine = TorchEngine(model, max_batch_rows=256)  # the learner's own module: always the newest weights
+    behaviour = copy.deepcopy(model) if lag else model  # lag 0: the learner's own module, always the newest weights
+    engine = TorchEngine(behaviour, max_batch_rows=256)
+    past_weights = collections.deque([copy.deepcopy(model.state_dict())], maxlen=lag + 1)
     rng = random.Random(f"bench/learning/single/{seed}")
     started, cpu_started = time.monotonic(), time.process_time()
 
+    evaluation_engine = TorchEngine(model, max_batch_rows=256)
+
     def evaluate() -> float:
-        return greedy_accuracy(engine, tokenizer, eval_tasks, max_tokens=learner.optim_config.max_tokens)
+        return greedy_accuracy(evaluation_engine, tokenizer, eval_tasks, max_tokens=learner.optim_config.max_tokens)
 
     lines: Lines = [{"step": 0, "wall_s": 0.0, "eval_accuracy": evaluate(), "eval_measured": True}]
     generated = 0
-    while time.monotonic() - started < minutes * 60:
+    while time.monotonic() - started < minutes * 60 and (steps is None or learner.updates < steps):
         groups: list[TrainingGroup] = []
         while len(groups) < batch_groups:
             chosen = [rng.choice(tasks) for _ in range(batch_groups - len(groups))]
@@ -117,12 +126,16 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
                 if teaches_nothing(rewards):
                     continue
                 groups.append(TrainingGroup(
-                    key=f"single:{learner.updates}:{len(groups)}", worker="single", policy_step=learner.updates,
+                    key=f"single:{learner.updates}:{len(groups)}", worker="single",
+                    policy_step=max(0, learner.updates - lag),
                     task_id=task.problem_id, length_target=target, prompt=tuple(prompt),
                     completions=tuple(tuple(c.token_ids) for c in completions), task_rewards=rewards,
                     logprobs=tuple(tuple(c.logprobs) for c in completions)))
         metrics = learner.step(groups)
         step = learner.updates
+        if lag:
+            past_weights.append(copy.deepcopy(model.state_dict()))
+            behaviour.load_state_dict(past_weights[0])
         measured = step % trainer.eval_every == 0
         line = {"step": step, "wall_s": round(time.monotonic() - started, 3), "task_reward": metrics["task_reward"],
                 "eval_measured": measured, "eval_accuracy": evaluate() if measured else lines[-1]["eval_accuracy"]}
@@ -150,6 +163,11 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=None,
                         help="swarm runs: each worker's groups on one policy step before it waits for the next "
                              "(0: no limit) [default: the demo's, 1.5x its share of the trainer's batch]")
+    parser.add_argument("--lr", type=float, default=DemoOptions().lr, help="every run's learning rate")
+    parser.add_argument("--single-lag", type=int, default=0,
+                        help="single run: generate with the weights of this many steps before (staleness alone)")
+    parser.add_argument("--single-seed", type=int, default=0, help="single run: seed of its tasks and learner")
+    parser.add_argument("--single-steps", type=int, default=None, help="single run: stop at this step too")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     minutes = 0.33 if args.quick else args.minutes
@@ -161,10 +179,12 @@ def main() -> None:
     for name in runs:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
-            results[name] = single_process_run(minutes, root / name, args.threads)
+            results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
+                                               optim=OptimConfig(lr=args.lr), lag=args.single_lag,
+                                               steps=args.single_steps)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step)
+                                      args.groups_per_step, args.lr)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")

@@ -6,7 +6,7 @@
   wait for agreeing verdicts of trusted validators instead (and are verified here if those
   conflict or do not come). Accepted groups that can teach something (their task rewards
   differ) enter the durable pool; the rest are counted.
-- A step takes the oldest ``batch_groups`` pooled groups whose policy step is inside the async
+- A step takes the newest ``batch_groups`` pooled groups whose policy step is inside the async
   window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
   are dropped. The learner trains on them in a worker thread.
 - Then, in this order: the ledger notes which groups the step trained on, one line goes to
@@ -259,15 +259,15 @@ class TrainerService:
             await trio.sleep_forever()
 
     async def _usable(self) -> list[TrainingGroup]:
-        """Pooled groups inside the async window, oldest first; staler ones leave the pool (noted
-        in the ledger first, off the trio loop: it fsyncs)."""
+        """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``);
+        staler ones leave the pool (noted in the ledger first, off the trio loop: it fsyncs)."""
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
         if stale:
             self.counters.stale_groups += len(stale)
             await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale})
             self.pool.discard(stale)
-        return sorted(self.pool.groups.values(), key=lambda g: (g.policy_step, g.key))
+        return self.pool.newest_first()
 
     async def _gather(self) -> list[TrainingGroup]:
         while True:

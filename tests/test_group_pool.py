@@ -1,0 +1,55 @@
+"""The trainer's durable pool: what a restart finds in it, and the order a batch is filled in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from intellect_node.node.roles.trainer.groups import TrainingGroup
+from intellect_node.node.roles.trainer.pool import GroupPool
+
+
+def group(batch: int, counter: int, policy_step: int) -> TrainingGroup:
+    return TrainingGroup(key=f"{batch:064x}:{counter}", worker="w", policy_step=policy_step, task_id="t",
+                         length_target=16, prompt=(5, 6), completions=((7, 1), (8, 1)), task_rewards=(1.0, 0.0),
+                         logprobs=((-0.5, -0.1), (-1.5, -0.2)))
+
+
+def pooled(directory: Path, groups: list[TrainingGroup]) -> GroupPool:
+    pool = GroupPool(directory)
+    pool.persist(groups)
+    pool.admit(groups)
+    return pool
+
+
+def test_newest_policy_step_first_and_in_key_order_within_a_step(tmp_path: Path) -> None:
+    groups = [group(3, 0, 4), group(1, 2, 6), group(2, 0, 5), group(1, 0, 6), group(9, 1, 4), group(0, 7, 5)]
+    pool = pooled(tmp_path, groups)
+    ordered = pool.newest_first()
+    assert [g.policy_step for g in ordered] == [6, 6, 5, 5, 4, 4]
+    assert [g.key for g in ordered] == [group(1, 0, 6).key, group(1, 2, 6).key, group(0, 7, 5).key,
+                                        group(2, 0, 5).key, group(3, 0, 4).key, group(9, 1, 4).key]
+    # insertion order does not matter: two trainers holding the same groups fill the same batch
+    assert [g.key for g in pooled(tmp_path / "other", list(reversed(groups))).newest_first()] == \
+        [g.key for g in ordered]
+
+
+def test_a_restart_finds_every_unconsumed_group_and_drops_the_consumed(tmp_path: Path) -> None:
+    groups = [group(1, c, 3) for c in range(4)]
+    pooled(tmp_path, groups)
+    restarted = GroupPool(tmp_path)
+    assert restarted.load(consumed=[groups[1].key]) == 3
+    assert {g.key for g in restarted.newest_first()} == {groups[0].key, groups[2].key, groups[3].key}
+    assert restarted.groups[groups[0].key] == groups[0]  # tokens, rewards and logprobs survive intact
+    assert len(list(tmp_path.glob("*.group"))) == 3  # the consumed group's file is gone
+
+
+def test_discard_removes_the_file_and_a_bad_key_is_refused(tmp_path: Path) -> None:
+    groups = [group(1, 0, 2), group(1, 1, 2)]
+    pool = pooled(tmp_path, groups)
+    pool.discard([groups[0].key])
+    assert len(pool) == 1 and GroupPool(tmp_path).load(consumed=[]) == 1
+    with pytest.raises(ValueError, match="not a group key"):
+        pool.persist([TrainingGroup(key="../escape:1", worker="w", policy_step=0, task_id="t", length_target=None,
+                                    prompt=(1,), completions=((2,),), task_rewards=(0.0,), logprobs=())])
