@@ -20,6 +20,10 @@ process's at the same wall time; async ahead of sync.
 
     .venv/bin/python bench/learning.py [--quick] [--minutes 10] [--runs async,sync,single] [--out DIR]
 
+What staleness alone costs per step (bench/RESULTS.md, "Staleness per step"): the single run with
+``--single-lag N`` generates with the weights of N steps before; ``--single-steps`` and
+``--single-seed`` make it a per-step study, ``--lr`` and ``--lr-decay-steps`` change every run's recipe.
+
 The last line is ``learning: ours=<async accuracy> peer=<single-process accuracy> ratio=<x> target=0.9 ok|short``.
 """
 
@@ -68,9 +72,10 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
 
 
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
-              groups_per_step: int | None, lr: float) -> tuple[dict[str, Any], Lines]:
+              groups_per_step: int | None, lr: float, lr_decay_steps: int) -> tuple[dict[str, Any], Lines]:
     options = DemoOptions(steps=None, minutes=minutes, out=out, async_level=async_level, dashboard=False,
-                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step, lr=lr)
+                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step, lr=lr,
+                          lr_decay_steps=lr_decay_steps)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -95,7 +100,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     kinds = sorted({t.verification_info["kind"] for t in tasks})
     eval_tasks = held_out_tasks(trainer.eval_tasks, kinds)
     batch_groups = batch_groups or demo.batch_groups
-    learner = GRPOLearner(model, int(tokenizer.pad_token_id), optim=optim or OptimConfig(lr=demo.lr),
+    optim = optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps)
+    learner = GRPOLearner(model, int(tokenizer.pad_token_id), optim=optim,
                           loss=trainer.loss, rewards=trainer.rewards, seed=seed)
     behaviour = copy.deepcopy(model) if lag else model  # lag 0: the learner's own module, always the newest weights
     engine = TorchEngine(behaviour, max_batch_rows=256)
@@ -164,6 +170,8 @@ def main() -> None:
                         help="swarm runs: each worker's groups on one policy step before it waits for the next "
                              "(0: no limit) [default: the demo's, 1.5x its share of the trainer's batch]")
     parser.add_argument("--lr", type=float, default=DemoOptions().lr, help="every run's learning rate")
+    parser.add_argument("--lr-decay-steps", type=int, default=DemoOptions().lr_decay_steps,
+                        help="every run's cosine lr decay, in steps (0: constant lr)")
     parser.add_argument("--single-lag", type=int, default=0,
                         help="single run: generate with the weights of this many steps before (staleness alone)")
     parser.add_argument("--single-seed", type=int, default=0, help="single run: seed of its tasks and learner")
@@ -180,11 +188,11 @@ def main() -> None:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
-                                               optim=OptimConfig(lr=args.lr), lag=args.single_lag,
+                                               optim=OptimConfig(lr=args.lr, decay_steps=args.lr_decay_steps), lag=args.single_lag,
                                                steps=args.single_steps)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, args.lr)
+                                      args.groups_per_step, args.lr, args.lr_decay_steps)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")

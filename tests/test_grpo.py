@@ -198,6 +198,25 @@ def test_several_optimizer_steps_per_rollout_step_and_warmup() -> None:
     assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-9)  # the second mini-batch saw moved weights
 
 
+def test_cosine_decay_after_warmup_then_constant_and_resumed_with_the_state(tmp_path) -> None:
+    config = OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=4, final_lr_fraction=0.1)
+    assert [config.lr_factor(n) for n in range(2)] == [0.5, 1.0]  # warm-up
+    assert config.lr_factor(2) == pytest.approx(1.0) and config.lr_factor(4) == pytest.approx(0.55)
+    assert config.lr_factor(6) == pytest.approx(0.1) and config.lr_factor(1000) == pytest.approx(0.1)
+    assert all(config.lr_factor(n) > config.lr_factor(n + 1) for n in range(2, 6))
+    assert OptimConfig(warmup_steps=0).lr_factor(10_000) == 1.0  # no decay unless asked
+    learner = GRPOLearner(small_model(), pad_id=0, optim=config)
+    lrs = [learner.step(make_groups(1))["lr"] for _ in range(3)]
+    assert lrs == pytest.approx([1e-3 * config.lr_factor(n) for n in range(1, 4)])
+    save_state(tmp_path, {"learner": learner.state_dict()})
+    resumed = GRPOLearner(small_model(), pad_id=0, optim=config)
+    resumed.load_state_dict(load_state(tmp_path)["learner"])
+    assert resumed.step(make_groups(1))["lr"] == pytest.approx(1e-3 * config.lr_factor(4))
+    for bad in ({"decay_steps": -1}, {"final_lr_fraction": 0.0}, {"final_lr_fraction": 1.5}):
+        with pytest.raises(ValueError):
+            OptimConfig(**bad)
+
+
 def test_state_round_trip_resumes_identically(tmp_path) -> None:
     """Saved and loaded through the trainer's state file, a learner continues exactly."""
     first = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(lr=1e-2, warmup_steps=0))

@@ -47,6 +47,10 @@ class DemoOptions:
     model_cache: Path = tiny_model_dir(Path.home() / ".intellect-node" / "models")
     async_level: int = 2
     lr: float = 5e-4
+    # cosine decay of the lr to a tenth over this many trainer steps, constant after (10 minutes
+    # on two cores take the swarm about 415): late steps then move a sharp policy less, which the
+    # swarm's rollouts, a step or more stale, need (bench/RESULTS.md, "Staleness per step")
+    lr_decay_steps: int = 600
     batch_groups: int = 16
     validator: bool = True
     # the share of batches the trainer re-verifies itself when a validator runs; the rest it
@@ -111,8 +115,10 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
     common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
+    trainer_config = swarm.root / "trainer.toml"  # the [optim] settings that have no flag
+    trainer_config.write_text(f"[optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
-                    "--batch-groups", str(options.batch_groups)]
+                    "--trainer-config", str(trainer_config), "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
         trainer_args += ["--steps", str(options.steps)]
     if validator_id:

@@ -48,6 +48,10 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.01
     warmup_steps: int = 5  # linear warm-up, in optimizer steps
+    # then cosine decay to ``final_lr_fraction`` x lr over this many optimizer steps, constant after
+    # (0: constant lr): late in a run a sharp policy moves most per step, which stale rollouts pay for
+    decay_steps: int = 0
+    final_lr_fraction: float = 0.1
     grad_clip: float = 1.0
     micro_batch_rows: int = 64
     optimizer_steps: int = 1  # per rollout step
@@ -59,8 +63,19 @@ class OptimConfig:
             raise ValueError(f"old_policy {self.old_policy!r}; choose one of {OLD_POLICIES}")
         if self.lr <= 0 or self.grad_clip <= 0:
             raise ValueError("lr and grad_clip must be > 0")
-        if self.micro_batch_rows < 1 or self.optimizer_steps < 1 or self.warmup_steps < 0:
-            raise ValueError("micro_batch_rows and optimizer_steps must be >= 1, warmup_steps >= 0")
+        if self.micro_batch_rows < 1 or self.optimizer_steps < 1 or self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("micro_batch_rows and optimizer_steps must be >= 1, warmup_steps and decay_steps >= 0")
+        if not 0 < self.final_lr_fraction <= 1:
+            raise ValueError("final_lr_fraction must be in (0, 1]")
+
+    def lr_factor(self, optimizer_step: int) -> float:
+        """The learning rate of optimizer step ``optimizer_step`` (from 0) as a fraction of ``lr``."""
+        if optimizer_step < self.warmup_steps:
+            return (optimizer_step + 1) / self.warmup_steps
+        if not self.decay_steps:
+            return 1.0
+        progress = min(1.0, (optimizer_step - self.warmup_steps) / self.decay_steps)
+        return self.final_lr_fraction + (1 - self.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @dataclass(frozen=True)
@@ -160,9 +175,7 @@ class GRPOLearner:
         self.seed = seed
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas,
                                            weight_decay=optim.weight_decay)
-        warmup = optim.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
         self.updates = 0  # rollout steps taken, the step of the weights this learner holds
 
     # ---- state -------------------------------------------------------------------------------
