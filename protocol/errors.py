@@ -94,5 +94,13 @@ class Truncated(Rejected):
     reason = "truncated"
 
 
+class Unanswered(Truncated):
+    """Closed before its first byte: no answer rather than a bad one. A busy or restarting honest
+    peer, or one that banned us, does this too, so it costs little (specs/wire.md section 5); a
+    stream or answer cut after its first byte is ``truncated``."""
+
+    reason = "unanswered"
+
+
 class Stalled(Rejected):
     reason = "timeout"

@@ -11,6 +11,7 @@ from intellect_node.node.rollouts.exchange import DeliveryFailed, RolloutReceive
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
+from intellect_node.protocol.errors import Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
 from intellect_node.protocol.rollouts import RolloutBatch
 from tests.inprocess_nodes import make_node
@@ -74,6 +75,43 @@ async def test_delivery_to_an_absent_peer_gives_up_with_a_clear_error(pair):
     with pytest.raises(DeliveryFailed, match="after 2 attempts"):
         with trio.fail_after(30):
             await deliver(worker, Identity.generate().peer_id, b"x", attempts=2, first_backoff_s=0.1)
+
+
+async def test_a_receiver_that_hangs_up_unanswered_costs_little_and_is_not_banned(pair):
+    """A receiver that closes the stream without a reply (busy, stopping, or one that banned the
+    worker) gave no answer, not a bad one: ``unanswered`` at 1 point, so a worker does not ban an
+    honest validator over it (at ``truncated``'s 10 points it did within minutes, in the demo)."""
+    receiver, worker, identity, inbox, _ = pair
+    receiver_id = receiver.host.get_id().to_base58()
+
+    async def hang_up(stream) -> None:
+        await stream.close()
+
+    receiver.host.set_stream_handler(TProtocol(ROLLOUTS_PROTOCOL), hang_up)
+    with pytest.raises(DeliveryFailed, match="after 3 attempts"):
+        with trio.fail_after(30):
+            await deliver(worker, receiver_id, signed_batch(identity), attempts=3, first_backoff_s=0.05)
+    assert worker.scores.rejections["unanswered"] == 3 and worker.scores.rejections["truncated"] == 0
+    assert worker.scores.penalty(receiver_id) <= 3.0 and not worker.scores.is_banned(receiver_id)
+    assert inbox.pending() == []
+
+
+async def test_a_reply_cut_after_its_first_byte_is_truncated():
+    """Unanswered is only for nothing at all: a frame cut after one byte is ``truncated``."""
+    class Scripted:
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        async def read(self, n: int) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+    with pytest.raises(Unanswered):
+        await read_frame(Scripted([]), 1024, 5)
+    for chunks in ([HEADER.pack(8)[:1]], [HEADER.pack(8), b"abc"]):
+        with pytest.raises(Truncated) as raised:
+            await read_frame(Scripted(chunks), 1024, 5)
+        assert type(raised.value) is Truncated
+    assert await read_frame(Scripted([HEADER.pack(3), b"abc"]), 1024, 5) == b"abc"
 
 
 def test_inbox_removes_half_written_files_on_start(tmp_path):

@@ -3,6 +3,7 @@ atomicity and path safety, the mmap loader, and the HTTP server and client again
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import blake3
@@ -22,7 +23,7 @@ from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
 from intellect_node.node.shards.store import PARTIAL, ShardStore
 from intellect_node.protocol import codec
-from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated, Unanswered
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
     ShardComplaint,
@@ -224,6 +225,27 @@ def test_partial_checkpoint_is_never_complete_and_resumes_after_restart(tmp_path
     assert not (again.directory / "verified").exists()
     assert again.data_path.read_bytes() == checkpoint_file.read_bytes()
     assert sorted(p.name for p in reopened.root.iterdir()) == [f"{5:012d}"]
+
+
+def test_data_is_served_while_finalize_renames_its_directory(tmp_path, manifest, checkpoint_file):
+    """finalize renames in a worker thread before the checkpoint's directory says so: a range
+    request in between must still find the data (it was closed unanswered, charged as truncated)."""
+    envelope = signed_envelope(manifest, Identity.generate())
+    store = ShardStore(tmp_path, RUN)
+    checkpoint = store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    fill(store, checkpoint, checkpoint_file, range(manifest.shard_count))
+    partial = checkpoint.directory
+    store.finalize(checkpoint)
+    final, checkpoint.directory = checkpoint.directory, partial  # the instant between rename and assignment
+    fd = store.open_data(checkpoint)
+    try:
+        assert os.read(fd, 1 << 20) == checkpoint_file.read_bytes()[: 1 << 20]
+    finally:
+        os.close(fd)
+    checkpoint.directory = final
+    assert store.prune(0) == [manifest.step]
+    with pytest.raises(FileNotFoundError):
+        store.open_data(checkpoint)
 
 
 def test_finalize_refuses_unverified(tmp_path, manifest):
@@ -467,6 +489,13 @@ async def hostile_server(behaviour: str, length: int, task_status=trio.TASK_STAT
     """Answers one range request badly: truncated, stalled, trickling or with the wrong range."""
     async def handle(stream: trio.SocketStream) -> None:
         await stream.receive_some(65536)
+        if behaviour == "closed":  # no answer at all
+            await stream.aclose()
+            return
+        if behaviour == "cut_head":  # an answer that stops inside its head
+            await stream.send_all(b"HTTP/1.1 20")
+            await stream.aclose()
+            return
         if behaviour == "wrong_range":
             await stream.send_all(f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\ncontent-range: bytes 1-{length}/99999\r\n\r\n".encode())
             return
@@ -486,14 +515,17 @@ async def hostile_server(behaviour: str, length: int, task_status=trio.TASK_STAT
     await trio.serve_listeners(handle, listeners)
 
 
-@pytest.mark.parametrize("behaviour,error", [("truncated", Truncated), ("stall", Stalled), ("trickle", Stalled),
-                                             ("wrong_range", MalformedBody)])
+@pytest.mark.parametrize("behaviour,error", [("truncated", Truncated), ("cut_head", Truncated), ("closed", Unanswered),
+                                             ("stall", Stalled), ("trickle", Stalled), ("wrong_range", MalformedBody)])
 async def test_client_rejects_bad_transfers(behaviour, error):
+    """Each failure by its own reason: a server that closes before answering at all is
+    ``unanswered`` (cheap: honest busy peers do it), one that stops inside its answer ``truncated``."""
     client = ShardClient(Identity.generate(), stall_s=1.0)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(hostile_server, behaviour, SHARD)
-        with trio.fail_after(10), pytest.raises(error):
+        with trio.fail_after(10), pytest.raises(error) as raised:
             await fetch(client, Endpoint(Identity.generate().peer_id, "127.0.0.1", port), 0, SHARD)
+        assert type(raised.value) is error
         nursery.cancel_scope.cancel()
 
 

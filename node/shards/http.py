@@ -20,7 +20,7 @@ import trio
 
 from intellect_node.crypto.envelope import now_ms
 from intellect_node.crypto.identity import Identity, public_key_from_peer_id, verify_signature
-from intellect_node.protocol.errors import Oversize, Stalled, Truncated
+from intellect_node.protocol.errors import Oversize, Stalled, Truncated, Unanswered
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 MAX_HEAD = 16 << 10
@@ -62,7 +62,8 @@ def verify_request(value: bytes, server_peer_id: str, target: str, now: int | No
 
 
 async def read_head(sock: trio.socket.SocketType, timeout_s: float) -> tuple[bytes, bytes]:
-    """(head including the blank line, bytes after it); Oversize, Truncated or Stalled otherwise."""
+    """(head including the blank line, bytes after it); Oversize, Truncated (Unanswered before the
+    first byte) or Stalled otherwise."""
     buffer = bytearray()
     with trio.move_on_after(timeout_s):
         while True:
@@ -72,6 +73,8 @@ async def read_head(sock: trio.socket.SocketType, timeout_s: float) -> tuple[byt
             if len(buffer) > MAX_HEAD:
                 raise Oversize(f"HTTP head over {MAX_HEAD} bytes")
             chunk = await sock.recv(65536)
+            if not chunk and not buffer:
+                raise Unanswered("connection closed before the first byte of the HTTP head")
             if not chunk:
                 raise Truncated(f"connection closed inside the HTTP head after {len(buffer)} bytes")
             buffer += chunk

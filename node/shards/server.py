@@ -248,7 +248,10 @@ class ShardServer:
             raise _HttpError(503, "upload slots full", retry_after=1.0)
         if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
             raise _HttpError(429, "too many uploads to this peer", retry_after=1.0)
-        fd = os.open(checkpoint.data_path, os.O_RDONLY)
+        try:
+            fd = self.store.open_data(checkpoint)
+        except FileNotFoundError:
+            raise _HttpError(404, "step not held") from None
         self.active += 1
         self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
         hands_out = not checkpoint.origin or self.relays(peer)  # counts for seed mode (_seed_check)

@@ -40,6 +40,10 @@ PENALTIES: dict[str, float] = {
     # cheap for us, but a peer that keeps trying is flooding, so it costs a little.
     "no_slot": 1.0,
     "member_table_full": 0.0,  # an honest relay forwards adverts our full table refuses
+    # Closed before the first byte: what a busy or restarting honest peer, or one that banned us,
+    # does too; at 10 points two honest demo nodes banned each other within minutes. Retried with
+    # back-off by the caller; one that never answers still costs a little.
+    "unanswered": 1.0,
 }
 DEFAULT_PENALTY = 10.0
 

@@ -5,27 +5,33 @@ from __future__ import annotations
 import trio
 from libp2p.abc import INetStream
 
-from intellect_node.protocol.errors import Stalled, Truncated
+from intellect_node.protocol.errors import Stalled, Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, frame, frame_length
 
 
-async def _read_exactly(stream: INetStream, count: int) -> bytes:
+async def _read_exactly(stream: INetStream, count: int, *, opening: bool = False) -> bytes:
+    """``count`` bytes; Truncated if the stream ends first (Unanswered if ``opening`` and it
+    ended before the first byte)."""
     buffer = bytearray()
     while len(buffer) < count:
         try:
             chunk = await stream.read(count - len(buffer))
+            how = ""
         except Exception as exc:  # libp2p signals EOF and resets with several exception types
-            raise Truncated(f"stream ended after {len(buffer)} of {count} bytes ({type(exc).__name__})") from None
+            chunk, how = b"", f" ({type(exc).__name__})"
         if not chunk:
-            raise Truncated(f"stream ended after {len(buffer)} of {count} bytes")
+            if opening and not buffer:
+                raise Unanswered(f"stream ended before its first byte{how}")
+            raise Truncated(f"stream ended after {len(buffer)} of {count} bytes{how}")
         buffer += chunk
     return bytes(buffer)
 
 
 async def read_frame(stream: INetStream, limit: int, timeout_s: float) -> bytes:
-    """One frame's payload; Oversize before reading a too-long payload, Stalled past the deadline."""
+    """One frame's payload; Oversize before reading a too-long payload, Stalled past the deadline,
+    Unanswered if the stream ends before the frame's first byte."""
     with trio.move_on_after(timeout_s) as scope:
-        length = frame_length(await _read_exactly(stream, HEADER.size), limit)
+        length = frame_length(await _read_exactly(stream, HEADER.size, opening=True), limit)
         return await _read_exactly(stream, length) if length else b""
     assert scope.cancelled_caught
     raise Stalled(f"no complete frame within {timeout_s:g} s")
