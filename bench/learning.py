@@ -103,13 +103,12 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     optim = optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps)
     learner = GRPOLearner(model, int(tokenizer.pad_token_id), optim=optim,
                           loss=trainer.loss, rewards=trainer.rewards, seed=seed)
-    behaviour = copy.deepcopy(model) if lag else model  # lag 0: the learner's own module, always the newest weights
-    engine = TorchEngine(behaviour, max_batch_rows=256)
-    past_weights = collections.deque([copy.deepcopy(model.state_dict())], maxlen=lag + 1)
+    evaluation_engine = TorchEngine(model, max_batch_rows=256)  # the learner's own module: the newest weights
+    behaviour = copy.deepcopy(model) if lag else model
+    engine = TorchEngine(behaviour, max_batch_rows=256) if lag else evaluation_engine
+    past_weights = collections.deque([copy.deepcopy(model.state_dict())] if lag else [], maxlen=lag + 1)
     rng = random.Random(f"bench/learning/single/{seed}")
     started, cpu_started = time.monotonic(), time.process_time()
-
-    evaluation_engine = TorchEngine(model, max_batch_rows=256)
 
     def evaluate() -> float:
         return greedy_accuracy(evaluation_engine, tokenizer, eval_tasks, max_tokens=learner.optim_config.max_tokens)
