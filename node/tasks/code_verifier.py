@@ -5,11 +5,14 @@ layout), each test case one of:
 
 - ``{"type": "stdin_stdout", "input": "...", "output": "..."}``: the program reads ``input`` on
   stdin and must print ``output`` (compared line by line, trailing whitespace ignored);
-- ``{"type": "assert", "code": "..."}``: ``code`` (e.g. ``assert add(1, 2) == 3``) runs after the
-  solution in the same module and must exit with status 0.
+- ``{"type": "assert", "code": "..."}``: ``code`` (e.g. ``assert add(1, 2) == 3``) must run to its
+  end against the solution's functions; it runs in a sandbox of its own that sees the solution
+  only through plain values (``intellect_node.node.tasks.assert_check``), so no exit status, exit
+  hook, trace hook or odd ``__eq__`` of the solution's can make it pass.
 
-Every test runs in its own sandboxed process (``intellect_node.node.tasks.sandbox``). The reward is binary: all
+Every test runs in its own sandbox (``intellect_node.node.tasks.sandbox``). The reward is binary: all
 tests pass or nothing, as a partial score would reward programs that special-case easy tests.
+Without kernel isolation on this machine ``SandboxUnavailable`` is raised: nothing runs unisolated.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from intellect_node.node.tasks.assert_check import passes_asserts
 from intellect_node.node.tasks.sandbox import SandboxLimits, run_python
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -68,6 +72,6 @@ def verify_code(
             result = run_python(code, stdin=case["input"], limits=limits)
             if not result.ok or _normalize(result.stdout) != _normalize(case["output"]):
                 return False
-        elif not run_python(f"{code}\n\n{case['code']}\n", limits=limits).ok:
+        elif not passes_asserts(code, case["code"], limits):
             return False
     return True
