@@ -1,8 +1,10 @@
 """Bytes <-> signed, schema-checked messages.
 
 The order of checks is the point: size first (no work on oversize input), then the envelope's
-fixed layout, type, signature and validity window (``intellect_node.crypto.envelope``), then msgpack with strict
-options, then the message's schema, then the binding between content and signer. Each failure is a
+fixed layout, type, signature and validity window (``intellect_node.crypto.envelope``), then
+msgpack with strict options and the bounds the type's schema allows (``bounded_msgpack``: lengths,
+objects, depth, checked before a Python object is built), then the message's schema, then the
+binding between content and signer. Each failure is a
 ``intellect_node.protocol.errors.Rejected`` subclass; nothing else escapes ``decode``.
 """
 
@@ -14,8 +16,8 @@ from typing import Generic, TypeVar
 import msgpack
 from intellect_node.crypto.envelope import OpenedEnvelope, open_envelope, seal
 from intellect_node.crypto.identity import Identity
+from intellect_node.protocol.bounded_msgpack import record_limits, unpack
 from intellect_node.protocol.errors import (
-    MalformedBody,
     NewerVersion,
     Oversize,
     UnsupportedVersion,
@@ -72,10 +74,7 @@ def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | 
         raise NewerVersion(f"protocol version {envelope.protocol_version}, newest spoken here {max(SUPPORTED_VERSIONS)}")
     if envelope.protocol_version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(f"protocol version {envelope.protocol_version}, supported {sorted(SUPPORTED_VERSIONS)}")
-    try:
-        body = msgpack.unpackb(envelope.body, raw=False, strict_map_key=True, use_list=True)
-    except (ValueError, TypeError) as exc:  # msgpack's errors (ExtraData, FormatError, ...) are ValueErrors
-        raise MalformedBody(f"body is not one msgpack value: {exc}") from None
+    body = unpack(envelope.body, record_limits(cls, cls.MAX_SIZE), f"{cls.TYPE} body")
     message = cls.from_wire(body)
     message.check_signer(envelope.signer_peer_id)
     return Signed(message=message, envelope=envelope)

@@ -19,6 +19,8 @@ from typing import Any
 import msgpack
 
 from intellect_node.node.diloco.grid import LEVELS
+from intellect_node.protocol.bounded_msgpack import MAX_OBJECTS, Limits, unpack
+from intellect_node.protocol.errors import Rejected
 
 HEADER = struct.Struct(">I")
 PRE_INIT_LIMIT = 1 << 20
@@ -28,6 +30,13 @@ PREFIX = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 class FrameError(Exception):
     """A frame or message that breaks the protocol; the message says which part."""
+
+
+def frame_limits(limit: int) -> Limits:
+    """Bounds for a frame body of at most ``limit`` bytes. The largest message, ``init``, holds up
+    to 65536 shapes of 8 dimensions (about 590,000 objects) three levels deep."""
+    return Limits(max_bytes=limit, max_str_len=1 << 16, max_bin_len=limit, max_array_len=1 << 17,
+                  max_map_len=1 << 10, max_objects=MAX_OBJECTS, max_depth=4)
 
 
 def payload_limit(elements: int) -> int:
@@ -69,11 +78,11 @@ def receive(sock: socket.socket, limit: int) -> dict[str, Any]:
 
 
 def decode(body: bytes, limit: int) -> dict[str, Any]:
+    """The frame's map, decoded within ``frame_limits(limit)`` (protocol/bounded_msgpack.py)."""
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=limit, max_str_len=1 << 16,
-                                  max_array_len=1 << 17, max_map_len=1 << 10, max_ext_len=0)
-    except (ValueError, msgpack.UnpackException, TypeError) as exc:
-        raise FrameError(f"frame body is not valid msgpack: {type(exc).__name__}: {exc}"[:300]) from None
+        message = unpack(body, frame_limits(limit), "frame body")
+    except Rejected as exc:
+        raise FrameError(f"frame body is not valid msgpack within its bounds ({exc.reason}): {exc}"[:300]) from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise FrameError("a frame must hold a map with a string 'type'")
     return message
