@@ -54,7 +54,7 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
 DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/reachability.py
-DELIVERY_STATUSES = frozenset({"stored", "duplicate", "rejected"})
+DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected"})
 MAX_DELIVERY_REPLY = 1024
 
 

@@ -120,6 +120,8 @@ class RolloutBatch(Message):
     groups: tuple[RolloutGroup, ...] = wire(ListOf(Nested(RolloutGroup), max_items=1024))
 
     def check(self, path: str) -> None:
+        if not self.groups:  # names no work: nothing a judge could credit, judge or refuse
+            raise InvalidValue(f"{path}.groups: a batch without groups")
         counters = [group.counter for group in self.groups]
         if len(set(counters)) != len(counters):
             raise InvalidValue(f"{path}.groups: a task counter appears twice")

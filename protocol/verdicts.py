@@ -28,12 +28,15 @@ from intellect_node.protocol.schema import (
 # Check 17's reason: a group skipped unverified by a trainer that trusts a validator, because its
 # completions all scored alike and no GRPO step learns from it; not a rejection of the worker.
 UNINFORMATIVE = "uninformative"
+# A group that passed every check in a batch where another group is a proven cheat: the worker is
+# banned and none of the batch is used (burn one counter, deliver a good one beside it).
+CHEATING_BATCH = "cheating_batch"
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (
     "wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
     "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
     "wrong_group_size", "wrong_prompt", "duplicate_group", "bad_tokens", "toploc", "logprobs",
-    "termination", "sampling", UNINFORMATIVE,
+    "termination", "sampling", CHEATING_BATCH, UNINFORMATIVE,
 )
 # Reasons any node can re-check from the signed batch (plus, for a replay, the earlier batch):
 # no honest worker produces them, so one is enough to ban the worker for the run.

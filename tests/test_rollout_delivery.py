@@ -6,9 +6,10 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 
+from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.rollouts.exchange import DeliveryFailed, RolloutReceiver, deliver
-from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.rollouts.inbox import InboxFull, InboxLimits, RolloutInbox
 from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Truncated, Unanswered
@@ -114,13 +115,42 @@ async def test_a_reply_cut_after_its_first_byte_is_truncated():
     assert await read_frame(Scripted([HEADER.pack(3), b"abc"]), 1024, 5) == b"abc"
 
 
+def _envelope(identity: Identity, body: bytes = b"batch") -> bytes:
+    return seal(identity, "rollout_batch", 1, body, lifetime_s=60)
+
+
 def test_inbox_removes_half_written_files_on_start(tmp_path):
     inbox = RolloutInbox(tmp_path)
-    digest, new = inbox.store(b"batch")
-    assert new and inbox.store(b"batch") == (digest, False)
+    envelope = _envelope(Identity.generate())
+    digest, new = inbox.store(envelope)
+    assert new and inbox.store(envelope) == (digest, False)
     (tmp_path / f"{'0' * 64}.batch.tmp-123").write_bytes(b"half")
     reopened = RolloutInbox(tmp_path)
     assert reopened.pending() == [digest]
     assert not list(tmp_path.glob("*.tmp-*"))
     with pytest.raises(ValueError):
         reopened.load("../../etc/passwd")
+
+
+def test_inbox_bounds_each_worker_and_the_total(tmp_path):
+    """A flooding worker fills only its own share; the others still get in; a judged batch frees
+    its room; the accounting survives a restart."""
+    limits = InboxLimits(per_worker_batches=3, per_worker_bytes=10_000, total_batches=5, total_bytes=1 << 20)
+    inbox = RolloutInbox(tmp_path, limits)
+    flooder, honest, third = Identity.generate(), Identity.generate(), Identity.generate()
+    stored = [inbox.store(_envelope(flooder, bytes([i])))[0] for i in range(3)]
+    with pytest.raises(InboxFull, match="batches of this worker"):
+        inbox.store(_envelope(flooder, b"more"))
+    with pytest.raises(InboxFull, match="bytes of this worker"):
+        inbox.store(_envelope(honest, b"x" * 10_000))
+    inbox.store(_envelope(honest, b"a"))
+    inbox.store(_envelope(honest, b"b"))
+    with pytest.raises(InboxFull, match="batches wait"):
+        inbox.store(_envelope(third))
+    inbox.remove(stored[0])
+    assert inbox.store(_envelope(third))[1]
+    reopened = RolloutInbox(tmp_path, limits)
+    assert reopened.held_by(flooder.peer_id) == 2 and reopened.held_by(third.peer_id) == 1
+    with pytest.raises(InboxFull):
+        reopened.store(_envelope(third, b"again"))
+    assert len(reopened.pending()) == 5

@@ -79,7 +79,8 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
     assert resumed == list(range(resumed[0], resumed[0] + len(resumed)))
 
     ledger = read_jsonl(home / "trainer" / "ledger.jsonl")
-    accounted = {key for entry in ledger for key in entry.get("trained", []) + entry.get("stale", [])}
+    accounted = {key for entry in ledger
+                 for key in entry.get("trained", []) + entry.get("stale", []) + entry.get("banned", [])}
     still_pooled = {p.name.removesuffix(".group").replace("-", ":") for p in (home / "trainer" / "pool").glob("*.group")}
     lost = pooled - accounted - still_pooled
     assert not lost, f"{len(lost)} accepted groups lost across the kill"

@@ -25,6 +25,7 @@ from intellect_node.node.tasks.schema import with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator import validation
 from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
 from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol import codec
@@ -231,37 +232,58 @@ def test_tampered_logprobs_are_rejected(world: World) -> None:
     assert reasons(world.verify(dataclasses.replace(batch, groups=tuple(groups)))) == [None, None, "logprobs", None]
 
 
-def test_a_trainer_trusting_a_validator_skips_only_groups_nobody_learns_from(world: World) -> None:
-    """Check 17: a forged group whose completions all score alike is ``uninformative`` without a
-    prefill (no trainer learns from it), a forged group that would teach is still caught, and a
-    validator (no skip) catches both."""
+def test_a_trainer_trusting_a_validator_skips_only_groups_a_trusted_verdict_found_uninformative(
+        world: World) -> None:
+    """Check 17: a group whose rewards an agreed trusted verdict found all alike is
+    ``uninformative`` without a prefill (no trainer learns from it); a forged group that verdict
+    rejected is not in that set and is caught here too."""
     worker = Identity.generate()  # counters from 0, judged below with fresh judge states
     batch = world.build(worker=worker, first_counter=0)
     eos = world.validator.eos_token_ids[0]
-    task = next(t for t in world.tasks if t.problem_id == batch.groups[1].task_id)
-    solved = world.tokenizer.encode(task.verification_info["answer"], add_special_tokens=False) + [eos]
-    honest = [unpack_tokens(c.token_ids).tolist() for c in batch.groups[1].completions]
-    teaching = world.remake(batch, 1, tokens=[solved, [eos], *honest[2:]])  # rewards 1, 0, ...: informative
-    forged = world.remake(teaching, 2, tokens=[[eos]] * len(batch.groups[2].completions))  # all 0
+    forged = world.remake(batch, 2, tokens=[[eos]] * len(batch.groups[2].completions))  # all 0
     signed = codec.decode(codec.encode(forged, worker, lifetime_s=600), RolloutBatch)
 
-    def judge(skip: bool):
+    def judge(uninformative: frozenset[int]):
         return verify_batch(signed, engine=world.validator, tokenizer=world.tokenizer, run=world.run,
                             checkpoint_step_of=world.step_of, newest_step=STEP, state=JudgeState(),
-                            skip_uninformative=skip)
+                            uninformative=uninformative)
 
-    strict, trusting = judge(False), judge(True)
-    # the forged tokens are caught by sampling replay, or by termination where the model would not
-    # have stopped there (which fires first depends on the model's logits at those positions)
-    assert all(r in {"sampling", "termination"} for r in reasons(strict)[1:3]), reasons(strict)
-    assert reasons(trusting)[1] in {"sampling", "termination"} and reasons(trusting)[2] == "uninformative"
-    for kept, checked in ((0, strict.groups[0]), (3, strict.groups[3])):  # honest: skipped iff all alike
-        assert checked.reason is None
-        assert (reasons(trusting)[kept] == "uninformative") == teaches_nothing(checked.rewards)
-    skipped = reasons(trusting).count("uninformative")
-    assert trusting.completions == (4 - skipped) * SETTINGS.group_size < strict.completions
+    strict = judge(frozenset())  # what the trusted validator found
+    assert reasons(strict)[2] in {"sampling", "termination"}, reasons(strict)
+    alike = frozenset(g.counter for g in strict.accepted if teaches_nothing(g.rewards))
+    trusting = judge(alike)
+    assert reasons(trusting)[2] == reasons(strict)[2]
+    for index, checked in enumerate(strict.groups):
+        if checked.reason is None:
+            assert (reasons(trusting)[index] == "uninformative") == teaches_nothing(checked.rewards)
+    assert trusting.completions == strict.completions - len(alike) * SETTINGS.group_size
     assert set(trusting.credited) == {g.counter for g in forged.groups}  # counters are used up either way
     assert "uninformative" not in PROVEN_CHEATS
+
+
+def test_only_verified_tokens_are_ever_scored(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rewards (for code tasks: running the program) are computed only on completions that passed
+    every check: forged tokens are never decoded into a verifier, with or without check 17."""
+    worker = Identity.generate()
+    batch = world.build(worker=worker, first_counter=0)
+    eos = world.validator.eos_token_ids[0]
+    forged = world.remake(batch, 1, tokens=[[eos]] * len(batch.groups[1].completions))
+    signed = codec.decode(codec.encode(forged, worker, lifetime_s=600), RolloutBatch)
+    scored: list[str] = []
+    real_reward = validation.task_reward
+
+    def recording_reward(task, text, *args, **kwargs):
+        scored.append(text)
+        return real_reward(task, text, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "task_reward", recording_reward)
+    for skip in (frozenset(), frozenset({forged.groups[1].counter})):
+        scored.clear()
+        result = verify_batch(signed, engine=world.validator, tokenizer=world.tokenizer, run=world.run,
+                              checkpoint_step_of=world.step_of, newest_step=STEP, state=JudgeState(),
+                              uninformative=skip)
+        assert reasons(result)[1] in {"sampling", "termination", "uninformative"}
+        assert len(scored) == sum(len(g.rewards) for g in result.accepted) > 0
 
 
 def test_proofs_from_another_rollout_are_rejected(world: World) -> None:

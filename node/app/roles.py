@@ -130,7 +130,7 @@ ROLE_BUILDERS: dict[str, Callable[[Assembly], None]] = {
 def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Service]:
     """The services ``node`` runs for ``config.roles``: overlay, rollout inbox, then each role's."""
     from intellect_node.node.rollouts.exchange import RolloutReceiver
-    from intellect_node.node.rollouts.inbox import RolloutInbox
+    from intellect_node.node.rollouts.inbox import shared_inbox
     from intellect_node.node.shards.service import ShardService
 
     a = Assembly(node, config, options)
@@ -138,7 +138,7 @@ def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Servi
         a.overlay = ShardService(node, options.shards)  # registers its gossip handlers now
         a.services.append(a.overlay)
     if RECEIVER_ROLES & set(config.roles):
-        a.receiver = RolloutReceiver(RolloutInbox(config.layout.inbox))
+        a.receiver = RolloutReceiver(shared_inbox(config.layout.inbox))
         a.services.append(a.receiver)
     for role, build in ROLE_BUILDERS.items():
         if role in config.roles:

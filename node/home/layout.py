@@ -56,6 +56,11 @@ class HomeLayout:
         return self.root / "verdicts"
 
     @property
+    def quarantine(self) -> Path:
+        """Batches whose judging failed (kept for ``intellect-node verify``, newest few only)."""
+        return self.root / "quarantine"
+
+    @property
     def validator_secret(self) -> Path:
         """The local secret a verifier draws its sampled batches from (mode 0600)."""
         return self.root / "validator_secret"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.rollouts.inbox import InboxFull, RolloutInbox
 from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
@@ -52,7 +52,7 @@ class RolloutReceiver:
         self.inbox = inbox
         self.on_stored = on_stored
         self.name = "rollouts"
-        self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, rejected
+        self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, busy, rejected
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -91,7 +91,13 @@ class RolloutReceiver:
         signed = codec.decode(envelope, RolloutBatch)
         if signed.message.run_id != self.node.config.run_id:
             raise InvalidValue(f"batch for run {signed.message.run_id!r}")
-        digest, new = await trio.to_thread.run_sync(self.inbox.store, envelope)
+        if self.node.scores.is_banned(signed.signer_peer_id):  # relayed by another peer: not its fault
+            return "rejected", "banned_worker"
+        try:
+            digest, new = await trio.to_thread.run_sync(self.inbox.store, envelope)
+        except InboxFull as exc:
+            log.info("inbox full for %s: %s", peer_id, exc)
+            return "busy", str(exc)
         if not new:
             return "duplicate", ""
         log.info("stored rollout batch %s from %s (%d groups)", digest[:12], peer_id, len(signed.message.groups))
@@ -105,8 +111,9 @@ async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts:
                   first_backoff_s: float = 0.5) -> str:
     """Send one batch envelope to ``peer_id``; returns "stored" or "duplicate".
 
-    Retries transport failures with exponential backoff (``DeliveryFailed`` when they run out); a
-    "rejected" answer is final (``DeliveryRejected``).
+    Retries transport failures and "busy" answers (the receiver's inbox share is full) with
+    exponential backoff (``DeliveryFailed`` when they run out); a "rejected" answer is final
+    (``DeliveryRejected``).
     """
     peer = ID.from_base58(peer_id)
     backoff = first_backoff_s
@@ -128,7 +135,9 @@ async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts:
         else:
             if status == "rejected":
                 raise DeliveryRejected(f"{peer_id} rejected the batch: {reason}")
-            return status
+            if status != "busy":
+                return status
+            last_error = f"busy: {reason}"
         await trio.sleep(backoff)
         backoff *= 2
     raise DeliveryFailed(f"{peer_id} did not take the batch after {attempts} attempts ({last_error})")

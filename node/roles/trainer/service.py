@@ -19,7 +19,8 @@
 ``ledger.jsonl`` is the audit trail of every accepted group's fate, written ahead (fsynced) of
 the action it records: ``{"step": s, "trained": [keys]}`` for the groups step s trained on (a
 restart that redoes step s appends a second line for it; the last one holds), and
-``{"step": s, "stale": [keys]}`` for groups that aged out of the async window unused. It is what
+``{"step": s, "stale": [keys], "banned": [keys]}`` for groups that aged out of the async window
+unused, or whose worker was banned before they were trained on. It is what
 credits workers for accepted rollouts, and what the crash tests check for lost groups.
 
 A restart resumes from the saved state with the same step numbering; the overlay still holds the
@@ -106,6 +107,7 @@ class TrainerCounters:
 
     filtered_groups: int = 0  # all-equal task rewards: accepted, or not verified (check 17)
     stale_groups: int = 0
+    banned_groups: int = 0  # accepted, then dropped unused: their worker was banned in the window
     train_s: float = 0.0
     wait_s: float = 0.0
     elapsed_s: float = 0.0  # wall time of the run before this process started
@@ -113,7 +115,7 @@ class TrainerCounters:
 
     def to_state(self) -> dict[str, Any]:
         return {"filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
-                "train_s": self.train_s, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
+                "banned_groups": self.banned_groups, "train_s": self.train_s, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
                 "last_eval": self.last_eval}
 
 
@@ -260,13 +262,18 @@ class TrainerService:
 
     async def _usable(self) -> list[TrainingGroup]:
         """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``);
-        staler ones leave the pool (noted in the ledger first, off the trio loop: it fsyncs)."""
+        staler ones, and those of a worker banned since they were accepted (a cheat proven later
+        in the same window), leave the pool (noted in the ledger first, off the trio loop: it
+        fsyncs)."""
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
-        if stale:
+        banned = [key for key, g in self.pool.groups.items()
+                  if g.policy_step >= oldest and self.node.scores.is_banned(g.worker)]
+        if stale or banned:
             self.counters.stale_groups += len(stale)
-            await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale})
-            self.pool.discard(stale)
+            self.counters.banned_groups += len(banned)
+            await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale, "banned": banned})
+            self.pool.discard(stale + banned)
         return self.pool.newest_first()
 
     async def _gather(self) -> list[TrainingGroup]:

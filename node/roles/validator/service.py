@@ -13,11 +13,12 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ import trio
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.policy import PolicyFollower
-from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
     GroupResult,
@@ -37,14 +38,22 @@ from intellect_node.node.roles.validator.verdict_trust import (
     TrustedVerdicts,
     ban_worker,
 )
-from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.rollouts.inbox import shared_inbox
 from intellect_node.node.rollouts.run_spec import build_run_spec
 from intellect_node.node.tasks.schema import Task
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
 from intellect_node.protocol.run_spec import RunSpec
-from intellect_node.protocol.verdicts import UNINFORMATIVE, AcceptedGroup, RejectedGroup, Verdict
+from intellect_node.protocol.verdicts import (
+    CHEATING_BATCH,
+    PROVEN_CHEATS,
+    UNINFORMATIVE,
+    AcceptedGroup,
+    RejectedGroup,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
@@ -52,7 +61,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 VERDICT_LIFETIME_S = 3600.0
-RESCAN_S = 2.0  # deferred batches (checkpoint not here yet) are retried this often
+RESCAN_S = 2.0  # deferred batches (checkpoint not here yet) are looked at again this often
+QUARANTINE_KEEP = 32  # batches whose judging failed, kept for inspection (the newest)
+
+
+@dataclass(frozen=True)
+class WaitingBatch:
+    """What the judge keeps of a batch between looks, decoded once: the batch without its groups
+    (all the batch-wide checks read), its counters and its expiry. A deferred batch is looked at
+    again from this alone; the full batch is decoded a second time only when it is judged."""
+
+    header: RolloutBatch
+    counters: tuple[int, ...]
+    expiry_ms: int
+
+    @classmethod
+    def of(cls, signed: codec.Signed[RolloutBatch]) -> WaitingBatch:
+        batch = signed.message
+        return cls(replace(batch, groups=()), tuple(g.counter for g in batch.groups), signed.envelope.expiry_ms)
+
+    @property
+    def worker(self) -> str:
+        return self.header.worker
 
 
 @dataclass(frozen=True)
@@ -126,9 +156,13 @@ class ValidatorService:
         spec = run_spec or build_run_spec(run_id=node.config.run_id, authority=node.peer_id, tasks=tasks,
                                           settings=settings or RolloutSettings(), async_window=async_window)
         self.run_context = RunContext(spec, tasks)
-        self.inbox = RolloutInbox(node.config.layout.inbox)
+        self.inbox = shared_inbox(node.config.layout.inbox)
         self.verdict_dir = node.config.layout.verdicts
         self.verdict_dir.mkdir(parents=True, exist_ok=True)
+        self.quarantine_dir = node.config.layout.quarantine
+        self._waiting: dict[str, WaitingBatch] = {}  # decoded once, judged later (deferred)
+        self.dropped: Counter[str] = Counter()  # batches dropped unjudged: banned worker, expired
+        self.failed_batches = 0  # judging raised: the batch is quarantined, its worker charged
         self.secret = load_or_create_secret(node.config.layout.validator_secret)
         self.seen = JudgeState()
         self.on_judged = on_judged
@@ -150,20 +184,36 @@ class ValidatorService:
         return {"rows_verified": self.rows, "rows_per_s": round(self.rows / self.seconds, 1) if self.seconds else 0.0,
                 "accepted_groups": self.accepted_groups, "rejected_groups": dict(self.rejections),
                 "uninformative_groups": self.uninformative_groups,
-                "adopted_batches": self.adopted_batches, "waiting_in_inbox": len(self._waiting_since)}
+                "adopted_batches": self.adopted_batches, "waiting_for_verdicts": len(self._waiting_since),
+                "deferred": len(self._waiting), "dropped_batches": dict(self.dropped),
+                "failed_batches": self.failed_batches}
 
     def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
         """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
         self._wake.set()
 
     def _load_records(self) -> None:
+        """Rebuild the counters, the content index and the bans this node proved from its records,
+        so a restart judges as the node did before it."""
         for path in self.verdict_dir.glob("*.json"):
-            record = json.loads(path.read_text())
-            self.seen.credit(record["worker"], record["step"], record["counters"])
+            try:
+                record = json.loads(path.read_text())
+                self.seen.credit(record["worker"], record["step"], record["counters"])
+                for digest in record.get("contents", ()):
+                    self.seen.contents.setdefault(bytes.fromhex(digest), record["step"])
+                cheats = record.get("cheats", ())
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("unreadable verdict record %s: %s", path.name, exc)
+                continue
+            if cheats:
+                self._proven_cheats.append((record["worker"], ", ".join(cheats)))
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
+        self._proven_cheats: list[tuple[str, str]] = []
         await trio.to_thread.run_sync(self._load_records)
+        for worker, why in self._proven_cheats:
+            ban_worker(node, worker, f"{why} (own verdict, before a restart)")
         engine = await self.policy.load()
         log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
                  engine.name, len(self.tasks), 100 * self.options.verify_fraction, len(self.inbox.pending()))
@@ -171,11 +221,55 @@ class ValidatorService:
         while True:
             self._wake = trio.Event()
             for digest in self.inbox.pending():
-                await self._handle(digest)
+                await self._judge_guarded(digest)
             with trio.move_on_after(RESCAN_S):
                 await self._wake.wait()
 
     # ---- one batch ----------------------------------------------------------------------------
+
+    async def _judge_guarded(self, digest: str) -> None:
+        """``_handle`` inside a guard: whatever one batch does to the judge costs its sender, never
+        the service. The batch leaves the inbox for the quarantine (so it is not judged again in
+        a loop) and its worker is charged ``judge_error``."""
+        try:
+            await self._handle(digest)
+        except Exception as exc:  # noqa: BLE001 - the guard's whole point; trio.Cancelled is a BaseException
+            self.failed_batches += 1
+            worker = self.inbox.worker_of(digest)
+            log.exception("judging batch %s from %s failed; quarantined", digest[:12], worker)
+            self._quarantine(digest)
+            if worker is not None:
+                self.node.scores.reject(worker, "judge_error", f"batch {digest[:12]}: {type(exc).__name__}: {exc}")
+
+    def _quarantine(self, digest: str) -> None:
+        self._waiting.pop(digest, None)
+        self._waiting_since.pop(digest, None)
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(self.inbox.directory / f"{digest}.batch", self.quarantine_dir / f"{digest}.batch")
+            kept = sorted(self.quarantine_dir.glob("*.batch"), key=lambda p: p.stat().st_mtime)
+            for old in kept[:-QUARANTINE_KEEP]:
+                old.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not quarantine batch %s: %s", digest[:12], exc)
+        self.inbox.remove(digest)
+
+    def _drop(self, digest: str, why: str) -> None:
+        """Leave a batch unjudged: nothing of it is credited or used."""
+        self.dropped[why] += 1
+        self._waiting.pop(digest, None)
+        self._waiting_since.pop(digest, None)
+        self.inbox.remove(digest)
+
+    def _decode(self, digest: str) -> codec.Signed[RolloutBatch] | None:
+        try:
+            return codec.decode(self.inbox.load(digest), RolloutBatch)
+        except Rejected as exc:  # expired while it waited, or a file damaged on disk
+            log.warning("dropping inbox batch %s: %s", digest[:12], exc)
+            self._drop(digest, exc.reason)
+        except FileNotFoundError:
+            self._drop(digest, "missing")
+        return None
 
     def _step_of(self, manifest_hash: bytes) -> int | None:
         checkpoint = self.policy.checkpoint_with_manifest(manifest_hash)
@@ -184,42 +278,61 @@ class ValidatorService:
     async def _handle(self, digest: str) -> None:
         engine, tokenizer = self.policy.engine, self.policy.tokenizer
         assert engine is not None
-        try:
-            signed = codec.decode(self.inbox.load(digest), RolloutBatch)
-        except Rejected as exc:  # expired while it waited, or a file damaged on disk
-            log.warning("dropping inbox batch %s: %s", digest[:12], exc)
-            self.inbox.remove(digest)
+        signed = None
+        waiting = self._waiting.get(digest)
+        if waiting is None:
+            signed = self._decode(digest)
+            if signed is None:
+                return
+            waiting = self._waiting[digest] = WaitingBatch.of(signed)
+        if self.node.scores.is_banned(waiting.worker):
+            self._drop(digest, "banned_worker")  # e.g. the good counter delivered beside a burnt one
             return
-        except FileNotFoundError:
+        if waiting.expiry_ms <= time.time() * 1000:
+            self._drop(digest, "expired")
             return
-        batch = signed.message
+        header = waiting.header
         newest = self.policy.newest_known_step(self.node)
-        reason = batch_precheck(batch, spec=self.run_context.spec, validator_engine=engine.name,
+        reason = batch_precheck(header, spec=self.run_context.spec, validator_engine=engine.name,
                                 newest_step=newest, checkpoint_step_of=self._step_of)
-        if reason == "unknown_checkpoint" or (reason == "stale_step" and batch.policy_step > newest):
+        if reason == "unknown_checkpoint" or (reason == "stale_step" and header.policy_step > newest):
             return  # the overlay has not brought that checkpoint yet: the batch waits in the inbox
-        counters = [g.counter for g in batch.groups]
-        if reason is None and min(counters) > self.seen.expected(batch.worker, batch.policy_step):
+        counters = list(waiting.counters)
+        if reason is None and min(counters) > self.seen.expected(header.worker, header.policy_step):
             return  # a counter gap: waits for the earlier counters until its step leaves the window
         if reason is None and not sampled(self.secret, digest, self.options.verify_fraction):
             if self.on_judged is not None and self.options.trusted:
-                adopted = self._trusted_result(digest, batch)
-                if adopted is None:
+                agreed = self._trusted_verdict(digest)
+                if agreed is None:
                     return  # waits in the inbox for a trusted verdict
-                if adopted is not False:
-                    self.seen.credit(batch.worker, batch.policy_step, counters)
+                if agreed is not False:
+                    signed = signed or self._decode(digest)
+                    if signed is None:
+                        return
+                    adopted = adopted_result(signed.message, agreed)
+                    self.seen.credit(header.worker, header.policy_step, counters)
                     self.accepted_groups += len(adopted.accepted)
                     self.adopted_batches += 1
-                    await self.on_judged(digest, batch, adopted)
-                    self._record(digest, batch, None)
+                    await self.on_judged(digest, signed.message, adopted)
+                    self._record(digest, signed.message, None)
                     return
                 # conflicting verdicts, or none in time: verify it here
             else:
-                self.seen.credit(batch.worker, batch.policy_step, counters)
-                self._record(digest, batch, None)
+                self.seen.credit(header.worker, header.policy_step, counters)
+                self._record_unjudged(digest, header, counters)
                 return
+        signed = signed or self._decode(digest)
+        if signed is None:
+            return
+        await self._verify(digest, signed)
+
+    async def _verify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
+        """Judge ``signed`` with this node's own prefill, record and gossip the verdict."""
+        engine, tokenizer = self.policy.engine, self.policy.tokenizer
+        assert engine is not None
+        batch = signed.message
         checkpoint = self.policy.checkpoint_with_manifest(batch.manifest_hash)
-        if reason is None and checkpoint is not None:
+        if checkpoint is not None:
             await self.policy.use(checkpoint)
         # judged as the run stands now, not as it stood before the weights swap: the trainer may
         # have stepped meanwhile and the store pruned the batch's checkpoint, which must read as
@@ -232,9 +345,11 @@ class ValidatorService:
             return resolved[manifest_hash] if manifest_hash in resolved else self._step_of(manifest_hash)
 
         started = time.perf_counter()
+        uninformative = self._uninformative_counters(digest) if self.options.skip_uninformative else frozenset()
         result = await trio.to_thread.run_sync(lambda: verify_batch(
             signed, engine=engine, tokenizer=tokenizer, run=self.run_context, checkpoint_step_of=step_of,
-            newest_step=newest, state=self.seen, skip_uninformative=self.options.skip_uninformative))
+            newest_step=newest, state=self.seen, uninformative=uninformative))
+        result = without_cheating_batch(result)
         self.seconds += time.perf_counter() - started
         self.rows += result.completions
         self.accepted_groups += len(result.accepted)
@@ -244,9 +359,10 @@ class ValidatorService:
         if self.on_judged is not None:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
-        self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited)
-        await self.node.publish_announcement(envelope)
         verdict = codec.decode(envelope, Verdict).message
+        self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited,
+                     cheats=verdict.cheats)
+        await self.node.publish_announcement(envelope)
         if verdict.cheats:
             ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")
         elif result.accepted:
@@ -256,9 +372,18 @@ class ValidatorService:
                  digest[:12], batch.worker, batch.policy_step, len(result.accepted), len(result.rejected),
                  sorted({g.reason for g in result.rejected}), rate)
 
-    def _trusted_result(self, digest: str, batch: RolloutBatch) -> BatchVerdict | None | bool:
-        """The agreed trusted verdict on an unsampled batch as a result; None: keep waiting;
-        False: verify it here (trusted verdicts conflict, or none came within the wait)."""
+    def _uninformative_counters(self, digest: str) -> frozenset[int]:
+        """Check 17 from an agreed trusted verdict on this batch, if one is here: the counters whose
+        rewards (computed by the trusted validators on tokens they verified) are all equal. This
+        node never scores, or runs, a worker's tokens it has not verified itself."""
+        agreed = self.trusted_verdicts.agreed(digest)
+        if not isinstance(agreed, Verdict):
+            return frozenset()
+        return frozenset(g.counter for g in agreed.accepted if teaches_nothing(g.rewards))
+
+    def _trusted_verdict(self, digest: str) -> Verdict | None | bool:
+        """The agreed trusted verdict on an unsampled batch; None: keep waiting; False: verify it
+        here (trusted verdicts conflict, or none came within the wait)."""
         agreed = self.trusted_verdicts.agreed(digest)
         if agreed is False:
             self.trusted_verdicts.conflicts += 1
@@ -270,9 +395,7 @@ class ValidatorService:
             log.info("no trusted verdict on batch %s within %.0f s: verifying it here", digest[:12],
                      self.options.verdict_wait_s)
         self._waiting_since.pop(digest, None)
-        if not isinstance(agreed, Verdict):
-            return False
-        return adopted_result(batch, agreed)
+        return agreed if isinstance(agreed, Verdict) else False
 
     def _own_accepted(self, digest: str) -> set[int] | None:
         """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
@@ -290,12 +413,34 @@ class ValidatorService:
                                       for g in result.rejected))
 
     def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = (),
-                credited: Iterable[int] | None = None) -> None:
-        """Durably note the batch (and its verdict), then drop it from the inbox. ``counters`` are
-        those credited (all of an unjudged batch), so a restart rebuilds the same ledger."""
+                credited: Iterable[int] | None = None, cheats: Iterable[str] = ()) -> None:
+        """Durably note the batch (its verdict, the counters credited, the contents it entered in
+        the content index, the cheats it proved), then drop it from the inbox, so a restart
+        rebuilds the same ledger and the same bans."""
         counters = [g.counter for g in batch.groups] if credited is None else list(credited)
-        record = {"worker": batch.worker, "step": batch.policy_step, "counters": counters,
-                  "verdict": envelope.hex() if envelope is not None else None,
-                  "accepted": list(accepted)}
+        contents = [group_digest(g.prompt_ids, [c.token_ids for c in g.completions]).hex()
+                    for g in batch.groups] if envelope is not None else []
+        self._write_record(digest, {"worker": batch.worker, "step": batch.policy_step, "counters": counters,
+                                    "verdict": envelope.hex() if envelope is not None else None,
+                                    "accepted": list(accepted), "contents": contents, "cheats": list(cheats)})
+
+    def _record_unjudged(self, digest: str, header: RolloutBatch, counters: list[int]) -> None:
+        """An unsampled batch: its counters are used, nothing else of it is known here."""
+        self._write_record(digest, {"worker": header.worker, "step": header.policy_step, "counters": counters,
+                                    "verdict": None, "accepted": [], "contents": [], "cheats": []})
+
+    def _write_record(self, digest: str, record: dict[str, Any]) -> None:
         write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
+        self._waiting.pop(digest, None)
         self.inbox.remove(digest)
+
+
+def without_cheating_batch(result: BatchVerdict) -> BatchVerdict:
+    """A batch in which any group is a proven cheat gives nothing: its sound groups become
+    ``cheating_batch`` (their counters stay credited), so burning one counter and delivering a
+    good one beside it in the same batch earns nothing either."""
+    if not any(g.reason in PROVEN_CHEATS for g in result.groups):
+        return result
+    groups = tuple(GroupResult(g.counter, CHEATING_BATCH, detail="another group of the batch is a proven cheat")
+                   if g.reason is None else g for g in result.groups)
+    return replace(result, groups=groups)

@@ -27,7 +27,7 @@ from intellect_node.node.engine.base import (
 )
 from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.tasks.schema import Task, with_length_target
-from intellect_node.node.tasks.verify import task_reward, teaches_nothing
+from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
 from intellect_node.protocol.rollouts import (
@@ -130,14 +130,15 @@ def batch_precheck(batch: RolloutBatch, *, spec: RunSpec, validator_engine: str,
 def verify_batch(
     signed_batch: codec.Signed[RolloutBatch], *, engine: Engine, tokenizer: object, run: RunContext,
     checkpoint_step_of: Callable[[bytes], int | None], newest_step: int, state: JudgeState,
-    skip_uninformative: bool = False,
+    uninformative: frozenset[int] = frozenset(),
 ) -> BatchVerdict:
     """Judge every group of ``signed_batch``; the caller has loaded its checkpoint into ``engine``.
 
     ``state`` is updated: a counter is credited when its group is judged (accepted or not), and
-    every group that reaches the content check enters the content index. ``skip_uninformative``
-    (check 17, a trainer that trusts a validator): a group whose recomputed task rewards are all
-    equal is ``uninformative`` without the prefill, since no trainer learns from it.
+    every group that reaches the content check enters the content index. ``uninformative`` (check
+    17, a trainer that trusts a validator): counters whose task rewards an agreed trusted verdict
+    found all equal; they pass the cheap checks and are then ``uninformative`` without the prefill,
+    since no trainer learns from them. Nothing here scores or runs tokens before they are verified.
     """
     batch = signed_batch.message
     spec = run.spec
@@ -156,7 +157,7 @@ def verify_batch(
         if failure is not None:
             results[group.counter] = GroupResult(group.counter, failure)
             continue
-        if skip_uninformative and _uninformative(group, task, tokenizer, engine.vocab_size):
+        if group.counter in uninformative:
             results[group.counter] = GroupResult(group.counter, UNINFORMATIVE)
             continue
         seed = sampling_seed(batch.run_id, batch.worker, batch.policy_step, group.counter)
@@ -216,16 +217,6 @@ def _cheap_checks(batch: RolloutBatch, group: RolloutGroup, run: RunContext, tok
         return "wrong_prompt", task, [], False
     digest = group_digest(group.prompt_ids, [c.token_ids for c in group.completions])
     return None, task, prompt, state.content_seen(digest, batch.policy_step)
-
-
-def _uninformative(group: RolloutGroup, task: Task, tokenizer: object, vocab_size: int) -> bool:
-    """Check 17: the task rewards of the decoded completions are all equal. Tokens outside the
-    vocabulary are never skipped this way: the prefill names them (``bad_tokens``)."""
-    completions = [unpack_tokens(c.token_ids) for c in group.completions]
-    if any(len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size) for ids in completions):
-        return False
-    return teaches_nothing([task_reward(task, tokenizer.decode(ids.tolist(), skip_special_tokens=True))
-                            for ids in completions])
 
 
 def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
