@@ -126,3 +126,42 @@ def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_pa
     huge = envelope + bytes(ANNOUNCE_MAX_BYTES)
     validators["announce"](ID.from_base58(forwarder.peer_id), SimpleNamespace(data=huge, from_id=origin))
     assert scores.rejections["oversize"] == 1 and scores.penalty(forwarder.peer_id) > 0
+
+
+async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_its_handler(tmp_path, nursery) -> None:
+    """Random bytes, a length prefix over the 2-byte limit, a truncated frame and a request of the
+    wrong size on /ina/dialback/1.0.0: each is counted (outcome ``rejected``) and charged by its
+    reason in the handler, nothing reaches the stream guard, and the server still answers."""
+    from intellect_node.node.swarm.reachability import REFUSED, ask, tcp_port
+    from intellect_node.protocol.framing import DIALBACK_PROTOCOL, HEADER
+    from libp2p.custom_types import TProtocol
+
+    server = make_node(tmp_path, "server", RUN)
+    addrs = await nursery.start(server.run)
+    requester = make_node(tmp_path, "requester", RUN, bootstrap=addrs)
+    await nursery.start(requester.run)
+    peer = server.host.get_id()
+    garbage = [
+        (b"\x8f\x13\xa2\x07" + bytes(range(60)), "oversize"),  # random bytes: a huge length prefix
+        (HEADER.pack(1 << 30), "oversize"),
+        (HEADER.pack(2) + b"\x01", "truncated"),  # then the stream ends
+        (HEADER.pack(1) + b"\x01", "invalid_value"),  # a port is 2 bytes
+    ]
+    for sent, (data, reason) in enumerate(garbage, start=1):
+        before = server.scores.rejections[reason]
+        stream = await requester.host.new_stream(peer, [TProtocol(DIALBACK_PROTOCOL)])
+        await stream.write(data)
+        await stream.close()
+        with trio.move_on_after(5):
+            while server.dialback.outcomes["rejected"] < sent:
+                await trio.sleep(0.02)
+        assert server.dialback.outcomes["rejected"] == sent, data
+        assert server.scores.rejections[reason] == before + 1, reason
+    assert not server.guard.errors and server.scores.rejections["handler_error"] == 0
+    assert server.scores.penalty(requester.peer_id) > 0 and not server.scores.is_banned(requester.peer_id)
+    server.dialback._last_by_ip["127.0.0.1"] = __import__("time").monotonic()  # so the answer is a quick refusal
+    answer = None
+    with trio.move_on_after(10):
+        while answer is None:  # the last handler may still hold the peer's one dial-back slot
+            answer = await ask(requester.host, peer, tcp_port(requester.addrs()) or 1)
+    assert answer == (REFUSED, "127.0.0.1")

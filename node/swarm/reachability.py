@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import multiaddr
 import trio
 from intellect_node.node.swarm.guard import ip_of, peer_of
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
-from intellect_node.protocol.errors import InvalidValue
+from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
@@ -59,10 +60,15 @@ def tcp_port(addrs: list[str]) -> int | None:
 
 
 class DialBackServer:
-    """Answers dial-back requests; bounded in concurrency and per requester IP, counted by outcome."""
+    """Answers dial-back requests; bounded in concurrency and per requester IP, counted by outcome.
 
-    def __init__(self, host: IHost) -> None:
+    Every malformed request (garbage, a length prefix over ``MAX_REQUEST``, a truncated or stalled
+    frame, a request of the wrong size) ends here, not in the stream guard: counted as the outcome
+    ``rejected``, charged to the requester by its reason (``PeerScores``), and the stream closed."""
+
+    def __init__(self, host: IHost, scores: PeerScores) -> None:
         self.host = host
+        self.scores = scores
         self.outcomes: Counter[str] = Counter()
         self._busy = trio.CapacityLimiter(MAX_CONCURRENT)
         self._last_by_ip: dict[str, float] = {}
@@ -85,28 +91,39 @@ class DialBackServer:
     async def serve(self, stream: INetStream) -> None:
         ip, peer = ip_of(stream), peer_of(stream)
         try:
-            request = await read_frame(stream, MAX_REQUEST, REQUEST_TIMEOUT_S)
-            if len(request) != 2 or peer is None or not _is_ipv4(ip):
-                raise InvalidValue(f"dial-back request of {len(request)} bytes from {ip or 'an unknown IP'}")
-            port = int.from_bytes(request, "big")
-            if not port or not self._admit(ip):
-                self.outcomes["refused"] += 1
-                await write_frame(stream, REFUSED + ip.encode())
-                return
             try:
-                self._busy.acquire_nowait()
-            except trio.WouldBlock:
-                self.outcomes["refused"] += 1
-                await write_frame(stream, REFUSED + ip.encode())
+                request = await read_frame(stream, MAX_REQUEST, REQUEST_TIMEOUT_S)
+                if len(request) != MAX_REQUEST:
+                    raise InvalidValue(f"dial-back request of {len(request)} bytes, expected {MAX_REQUEST}")
+            except Rejected as exc:
+                self.outcomes["rejected"] += 1
+                self.scores.reject(peer, exc.reason, f"dial-back request from {ip or 'an unknown IP'}: {exc}")
                 return
+            answer = await self._answer(ip, peer, int.from_bytes(request, "big"))
             try:
-                ok = await dial_and_prove(self.host, ip, port, ID.from_base58(peer))
-            finally:
-                self._busy.release()
-            self.outcomes["reachable" if ok else "unreachable"] += 1
-            await write_frame(stream, (REACHABLE if ok else UNREACHABLE) + ip.encode())
+                await write_frame(stream, answer + ip.encode())
+            except Exception as exc:  # the requester gave up or reset: nothing to charge
+                log.debug("dial-back answer to %s not delivered: %r", peer, exc)
         finally:
             await close_quietly(stream)
+
+    async def _answer(self, ip: str, peer: str | None, port: int) -> bytes:
+        """The status byte for a well-formed request; REFUSED when this server will not dial (an
+        IP that is not IPv4 or asked recently, port 0, every dial-back slot busy)."""
+        if not port or peer is None or not _is_ipv4(ip) or not self._admit(ip):
+            self.outcomes["refused"] += 1
+            return REFUSED
+        try:
+            self._busy.acquire_nowait()
+        except trio.WouldBlock:
+            self.outcomes["refused"] += 1
+            return REFUSED
+        try:
+            ok = await dial_and_prove(self.host, ip, port, ID.from_base58(peer))
+        finally:
+            self._busy.release()
+        self.outcomes["reachable" if ok else "unreachable"] += 1
+        return REACHABLE if ok else UNREACHABLE
 
 
 def _is_ipv4(ip: str) -> bool:

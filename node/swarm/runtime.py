@@ -135,7 +135,7 @@ class Node:
         self.supervisor = Supervisor()
         self.connections = ConnectionManager(self.host)
         self.reachability = Reachability()
-        self.dialback = DialBackServer(self.host)
+        self.dialback = DialBackServer(self.host, self.scores)
         self.relay = RelayService(self.host, relay_limits(config.relay_max_reservations, config.relay_reservation_ttl_s,
                                                           config.relay_circuit_duration_s, config.relay_circuit_bytes))
         self.relay_client = RelayClient(self.host, self.relay)
