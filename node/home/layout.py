@@ -56,6 +56,11 @@ class HomeLayout:
         return self.root / "verdicts"
 
     @property
+    def bans(self) -> Path:
+        """Every peer this node banned, one JSON line each (read back at start)."""
+        return self.root / "bans.jsonl"
+
+    @property
     def quarantine(self) -> Path:
         """Batches whose judging failed (kept for ``intellect-node verify``, newest few only)."""
         return self.root / "quarantine"

@@ -8,11 +8,15 @@ peer with a clock hiccup or a flaky link recovers.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from intellect_node.node.home.durable import append_durably
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,7 @@ PENALTIES: dict[str, float] = {
     "expired": 0.0,
     "replayed": 0.0,
     "unknown_type": 0.0,  # a newer version's message: forwarded by honest peers, not evidence
+    "unjudgeable": 0.0,  # e.g. a manifest at a node that knows no trainer: honest peers forward it
     "newer_version": 0.0,  # a newer protocol version: an upgraded honest peer
     "from_future": 5.0,
     "timeout": 5.0,
@@ -53,6 +58,9 @@ class PeerScores:
     ban_threshold: float = 100.0
     half_life_s: float = 600.0
     on_ban: Callable[[str], None] | None = None
+    # one JSON line per ban, appended (fsynced) as it happens and read back by ``restore``: a
+    # proven cheat stays banned for the run across restarts
+    ban_log: Path | None = None
     rejections: Counter[str] = field(default_factory=Counter)
     _penalty: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (points, at)
     banned: set[str] = field(default_factory=set)
@@ -82,8 +90,34 @@ class PeerScores:
             return
         self.banned.add(peer_id)
         log.warning("banned peer %s: %s", peer_id, why)
+        if self.ban_log is not None:
+            try:
+                append_durably(self.ban_log, json.dumps({"peer_id": peer_id, "why": why[:200], "at": time.time()}))
+            except OSError as exc:
+                log.warning("could not record the ban of %s: %s", peer_id, exc)
         if self.on_ban is not None:
             self.on_ban(peer_id)
 
     def is_banned(self, peer_id: str) -> bool:
         return peer_id in self.banned
+
+    def restore(self, max_lines: int = 1_000_000) -> int:
+        """Read the bans of earlier runs of this node from ``ban_log`` (without ``on_ban``: the
+        caller applies them once its transports exist); a damaged line is skipped. Returns how
+        many peers are banned now."""
+        if self.ban_log is None:
+            return 0
+        try:
+            with open(self.ban_log, encoding="utf-8", errors="replace") as handle:
+                for number, line in enumerate(handle):
+                    if number >= max_lines:
+                        break
+                    try:
+                        peer_id = json.loads(line)["peer_id"]
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    if type(peer_id) is str and len(peer_id) <= 128:
+                        self.banned.add(peer_id)
+        except FileNotFoundError:
+            pass
+        return len(self.banned)

@@ -90,6 +90,17 @@ class JoinError(Exception):
     """The node could not reach the swarm; the message says what to do about it."""
 
 
+def _peer_ids(peer_ids: Sequence[str] | set[str]) -> list[ID]:
+    """The libp2p ids of ``peer_ids``, skipping any that does not parse."""
+    out = []
+    for peer_id in peer_ids:
+        try:
+            out.append(ID.from_base58(peer_id))
+        except ValueError:
+            continue
+    return out
+
+
 def _only(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     """True if ``exc`` is one of ``kinds``, or a group (trio's nurseries wrap) of nothing else."""
     if isinstance(exc, BaseExceptionGroup):
@@ -125,7 +136,8 @@ class Node:
         self.identity = identity
         self.hardware = hardware
         self.peer_id = identity.peer_id
-        self.scores = PeerScores(on_ban=self._on_ban)
+        self.scores = PeerScores(on_ban=self._on_ban, ban_log=config.layout.bans)
+        self.scores.restore()
         self.view = MemberView(config.run_id)
         self.view.vouch(self.peer_id)
         self.peer_cache = PeerCache(config.layout.peer_cache)
@@ -158,6 +170,7 @@ class Node:
         defaulted = self.config.listen == DEFAULT_LISTEN
         listen = [multiaddr.Multiaddr(addr) for addr in claim_listen_addrs(self.config.listen, defaulted=defaulted)]
         self.pubsub, router = build_pubsub(self.host, guard=self.guard)
+        self.pubsub.blacklisted_peers.update(_peer_ids(self.scores.banned))  # bans from before a restart
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.dht.register_validator(DHT_NAMESPACE, AdvertRecordValidator(self.scores))
         topic = members_topic(self.config.run_id)
@@ -643,7 +656,9 @@ class Node:
             peer = ID.from_base58(peer_id)
         except ValueError:
             return
-        self.pubsub.blacklisted_peers.add(peer)
+        pubsub = getattr(self, "pubsub", None)  # before ``run`` built it, it takes the bans at birth
+        if pubsub is not None:
+            pubsub.blacklisted_peers.add(peer)
         if self._nursery is not None:
             self._nursery.start_soon(self._disconnect, peer)
 
