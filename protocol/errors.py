@@ -34,6 +34,7 @@ __all__ = [
     "Stalled",
     "Truncated",
     "UnknownMessageType",
+    "Unjudgeable",
     "UnsupportedVersion",
     "NewerVersion",
     "WrongType",
@@ -100,6 +101,14 @@ class Unanswered(Truncated):
     stream or answer cut after its first byte is ``truncated``."""
 
     reason = "unanswered"
+
+
+class Unjudgeable(Rejected):
+    """A message this node has no way to judge (a checkpoint manifest when it knows no trainer):
+    dropped unforwarded and counted, never charged. The forwarder did not write it, and nothing
+    about it is proven wrong; an honest node that knows the trainer forwards it rightly."""
+
+    reason = "unjudgeable"
 
 
 class Stalled(Rejected):

@@ -165,3 +165,51 @@ async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_it
         while answer is None:  # the last handler may still hold the peer's one dial-back slot
             answer = await ask(requester.host, peer, tcp_port(requester.addrs()) or 1)
     assert answer == (REFUSED, "127.0.0.1")
+
+
+def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signature_it_is(tmp_path) -> None:
+    """An inference node started without --trainer cannot judge a manifest: it drops it unforwarded,
+    counts it (``unjudgeable``) and charges nobody (it charged honest forwarders 60 points per
+    trainer checkpoint). A node that knows the trainer charges a foreign manifest to its signer,
+    never to the forwarder, and accepts the trainer's."""
+    from types import SimpleNamespace
+
+    from intellect_node.crypto.identity import Identity
+    from intellect_node.node.shards.checkpoint import build_manifest
+    from intellect_node.node.shards.config import ShardConfig
+    from intellect_node.node.shards.service import ShardService
+    from intellect_node.node.swarm.gossip import install_validator
+    from intellect_node.protocol import codec
+    from intellect_node.protocol.keys import ANNOUNCE_MAX_BYTES
+    from libp2p.peer.id import ID
+
+    from tests.shards_swarm import make_checkpoint
+
+    make_checkpoint(tmp_path / "step-1.safetensors", 3, seed=1)
+    manifest = build_manifest(tmp_path / "step-1.safetensors", run_id=RUN, step=1, parent_step=None, shard_size=1 << 16)
+    trainer, rogue, forwarder = Identity.generate(), Identity.generate(), Identity.generate()
+
+    def gossip_validator(name: str, trainer_id: str | None):  # type: ignore[no-untyped-def]
+        node = make_node(tmp_path, name, RUN)
+        ShardService(node, ShardConfig(data_dir=tmp_path / name / "shards", trainer=trainer_id))
+        validators = {}
+        pubsub = SimpleNamespace(set_topic_validator=lambda topic, fn, is_async: validators.__setitem__(topic, fn))
+        accepted = tuple(cls for cls, _ in node._announcement_handlers.values())  # as Node.run installs it
+        install_validator(pubsub, "announce", accepted, node._on_announcement, node.scores, max_size=ANNOUNCE_MAX_BYTES)
+
+        def deliver(signer: Identity) -> bool:
+            message = SimpleNamespace(data=codec.encode(manifest, signer, lifetime_s=600),
+                                      from_id=ID.from_base58(signer.peer_id).to_bytes())
+            return validators["announce"](ID.from_base58(forwarder.peer_id), message)
+        return node, deliver
+
+    inference, deliver = gossip_validator("no-trainer", None)
+    assert deliver(trainer) is False and deliver(rogue) is False
+    assert inference.scores.rejections["unjudgeable"] == 2
+    assert inference.scores.penalty(forwarder.peer_id) == 0 and inference.scores.penalty(trainer.peer_id) == 0
+
+    knowing, deliver = gossip_validator("knows-trainer", trainer.peer_id)
+    assert deliver(trainer) is True
+    assert deliver(rogue) is False
+    assert knowing.scores.rejections["unauthorized_signer"] == 1
+    assert knowing.scores.penalty(forwarder.peer_id) == 0 and knowing.scores.penalty(rogue.peer_id) > 59

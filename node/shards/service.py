@@ -36,10 +36,11 @@ from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.protocol import codec
-from intellect_node.protocol.errors import InvalidValue, Rejected
+from intellect_node.protocol.errors import InvalidValue, Rejected, Unjudgeable
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
     ShardComplaint,
+    UnauthorizedSigner,
     authorize_manifest,
     manifest_key,
     shard_key,
@@ -101,7 +102,18 @@ class ShardService:
         return signed
 
     def _on_manifest_gossip(self, signed: codec.Signed[CheckpointManifest], raw: bytes) -> bool:
-        self._authorize(signed)
+        """Queue a manifest heard on gossip. The forwarder never pays for whose signature it is:
+        without a trainer this node cannot judge one (``Unjudgeable``, free); with one, a manifest
+        signed by another key is its signer's fault (the gossip originator, checked against the
+        envelope), charged to the signer and dropped. (Charged to the forwarder, an inference node
+        started without --trainer took 60 points per trainer checkpoint from honest neighbours.)"""
+        if self.trainer is None:
+            raise Unjudgeable(f"manifest of step {signed.message.step}: this node knows no trainer (--trainer)")
+        try:
+            self._authorize(signed)
+        except UnauthorizedSigner as exc:
+            self.node.scores.reject(signed.signer_peer_id, exc.reason, f"manifest on gossip: {exc}")
+            return False
         try:
             self._incoming_send.send_nowait((signed, raw))
         except trio.WouldBlock:
