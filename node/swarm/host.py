@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 def build_host(identity: Identity, connection_config: ConnectionConfig | None = None) -> IHost:
-    """A plain py-libp2p host; ``connections.ConnectionManager`` takes over its inbound path."""
+    """A plain py-libp2p host; ``connections.ConnectionManager`` takes over its inbound path. Its
+    addresses, wherever libp2p sends them, are the dialable ones (``advertised_multiaddrs``)."""
     private = Ed25519PrivateKey.new(identity.seed)
     key_pair = KeyPair(private, private.get_public_key())
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
@@ -41,6 +42,7 @@ def build_host(identity: Identity, connection_config: ConnectionConfig | None = 
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
         connection_config=connection_config,
+        addrs_factory=advertised_multiaddrs,
     )
 
 
@@ -111,12 +113,42 @@ def dialable_hosts(listen_host: str) -> list[str]:
 
 
 def dialable_addrs(addrs: list[str]) -> list[str]:
-    """``addrs`` with every ``/ip4/0.0.0.0/...`` replaced by one address per dialable interface."""
+    """``addrs`` with every unspecified address made dialable: ``/ip4/0.0.0.0/...`` becomes one
+    address per dialable IPv4 interface (``dialable_hosts``), ``/ip6/::/...`` one per global IPv6
+    interface; an unspecified address left over (an IPv6 listener on a machine without global IPv6)
+    is dropped, never advertised."""
     out: list[str] = []
     for addr in addrs:
-        prefix = "/ip4/0.0.0.0/"
-        if addr.startswith(prefix):
-            out.extend(f"/ip4/{host}/{addr[len(prefix):]}" for host in dialable_hosts("0.0.0.0"))
-        else:
+        ip4, ip6 = "/ip4/0.0.0.0/", "/ip6/::/"
+        if addr.startswith(ip4):
+            out.extend(f"/ip4/{host}/{addr[len(ip4):]}" for host in dialable_hosts("0.0.0.0"))
+        elif addr.startswith(ip6):
+            out.extend(f"/ip6/{host}/{addr[len(ip6):]}" for host in _global_ipv6_hosts())
+        elif not _unspecified(addr):
             out.append(addr)
     return list(dict.fromkeys(out))
+
+
+def advertised_multiaddrs(candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+    """The host's ``addrs_factory``: what ``host.get_addrs()`` returns, so what identify sends as
+    listenAddrs and in its signed peer record, what kad puts in provider records and peer routing
+    answers, and what our adverts carry. py-libp2p 0.8.1 would send a 0.0.0.0 listener as
+    ``/ip4/0.0.0.0/...``, which js- and go-libp2p peers stored as the node's only address."""
+    return [multiaddr.Multiaddr(addr) for addr in dialable_addrs([str(candidate) for candidate in candidates])]
+
+
+def _unspecified(addr: str) -> bool:
+    parts = addr.split("/")
+    if len(parts) < 3 or parts[1] not in ("ip4", "ip6"):
+        return False
+    try:
+        return ipaddress.ip_address(parts[2]).is_unspecified
+    except ValueError:
+        return True  # not an address at all: never advertise it either
+
+
+def _global_ipv6_hosts() -> list[str]:
+    """Global-scope IPv6 interface addresses (a link-local one needs a zone no multiaddr carries)."""
+    found = [entry.address for entries in psutil.net_if_addrs().values() for entry in entries
+             if entry.family == socket.AF_INET6]
+    return [ip for ip in found if "%" not in ip and ipaddress.ip_address(ip).is_global]

@@ -28,7 +28,6 @@ from intellect_node.node.swarm.holepunch import CountingDCUtR
 from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
-    dialable_addrs,
 )
 from intellect_node.node.swarm.membership import (
     AdvertRecordValidator,
@@ -215,8 +214,9 @@ class Node:
             self.peer_cache.save()
 
     def addrs(self) -> list[str]:
-        """The multiaddrs peers can dial (a 0.0.0.0 listener becomes one address per interface)."""
-        return dialable_addrs([str(addr) for addr in self.host.get_addrs()])
+        """The multiaddrs peers can dial (a 0.0.0.0 listener becomes one address per interface):
+        the host's own, as identify and the DHT send them (``host.advertised_multiaddrs``)."""
+        return [str(addr) for addr in self.host.get_addrs()]
 
     # ---- joining ---------------------------------------------------------------------------
 
