@@ -42,6 +42,7 @@ _HEADS: list[tuple[int, int]] = (
 )
 assert len(_HEADS) == 256
 
+
 @dataclass(frozen=True)
 class Limits:
     """What one frame may hold. Lengths are msgpack's: bytes of a string (UTF-8), entries of a map.
@@ -60,10 +61,11 @@ class Limits:
 @functools.cache
 def record_limits(record: type[Record], max_bytes: int) -> Limits:
     """The bounds for a ``record`` frame of at most ``max_bytes``, from its schema: the most objects
-    a valid one can hold (never more than ``MAX_OBJECTS``, nor one per byte) and its nesting depth,
-    both exact; each length is the schema's longest with room (``_roomy``), so a map with one field
-    too many or a string one character too long is still the schema's to name (``extra_field``,
-    ``invalid_value``: a newer peer's extra field costs less than ``oversize``)."""
+    a valid one can hold plus ``SCHEMA_SLACK`` (never more than ``MAX_OBJECTS``, nor one per byte),
+    its nesting depth plus one, and each length the schema's longest with room (``_roomy``). The
+    room leaves a value of the wrong type, a map with a field too many or a string a character too
+    long to the schema to name (``wrong_type``, ``extra_field``, ``invalid_value``: a newer peer's
+    extra field must not cost ``oversize``); the scan only stops what would cost memory."""
     shape = _shape(Nested(record))
     return Limits(max_bytes=max_bytes, max_str_len=min(_roomy(shape.str_len), max_bytes),
                   max_bin_len=min(_roomy(shape.bin_len), max_bytes),
