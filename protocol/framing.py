@@ -10,9 +10,9 @@ from __future__ import annotations
 import struct
 
 import msgpack
+from intellect_node.protocol.bounded_msgpack import Limits, unpack
 from intellect_node.protocol.errors import (
     InvalidValue,
-    MalformedBody,
     Oversize,
     WrongType,
 )
@@ -22,6 +22,10 @@ MEMBERS_PROTOCOL = "/ina/members/1.0.0"
 MAX_MEMBERS_REQUEST = 8192          # one NodeAdvert envelope, or nothing for a read-only query
 MAX_MEMBERS_RESPONSE = 1 << 20      # a msgpack list of advert envelopes
 MAX_MEMBERS_PER_RESPONSE = 512
+# A list of advert envelopes (binaries of at most one request's size), nothing else.
+MEMBERS_RESPONSE_LIMITS = Limits(max_bytes=MAX_MEMBERS_RESPONSE, max_str_len=0, max_bin_len=MAX_MEMBERS_REQUEST,
+                                 max_array_len=MAX_MEMBERS_PER_RESPONSE, max_map_len=0,
+                                 max_objects=1 + MAX_MEMBERS_PER_RESPONSE, max_depth=1)
 
 
 def frame(payload: bytes) -> bytes:
@@ -42,32 +46,28 @@ def encode_envelope_list(envelopes: list[bytes]) -> bytes:
 
 def decode_envelope_list(payload: bytes) -> list[bytes]:
     """The envelopes in a members response; each still needs ``intellect_node.protocol.codec.decode``."""
-    try:
-        value = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
-    except (ValueError, TypeError) as exc:
-        raise MalformedBody(f"members response is not msgpack: {exc}") from None
+    value = unpack(payload, MEMBERS_RESPONSE_LIMITS, "members response")
     if type(value) is not list or not all(type(item) is bytes for item in value):
         raise WrongType("members response must be a list of byte strings")
-    if len(value) > MAX_MEMBERS_PER_RESPONSE:
-        raise InvalidValue(f"{len(value)} adverts, at most {MAX_MEMBERS_PER_RESPONSE}")
     return value
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
 DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/reachability.py
 DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected"})
 MAX_DELIVERY_REPLY = 1024
+MAX_DELIVERY_REASON = 200  # characters
+# {"status": ..., "reason": ...}: one map of two short strings.
+DELIVERY_REPLY_LIMITS = Limits(max_bytes=MAX_DELIVERY_REPLY, max_str_len=4 * MAX_DELIVERY_REASON, max_bin_len=0,
+                               max_array_len=0, max_map_len=2, max_objects=5, max_depth=1)
 
 
 def encode_delivery_reply(status: str, reason: str = "") -> bytes:
-    return msgpack.packb({"status": status, "reason": reason[:200]}, use_bin_type=True)
+    return msgpack.packb({"status": status, "reason": reason[:MAX_DELIVERY_REASON]}, use_bin_type=True)
 
 
 def decode_delivery_reply(payload: bytes) -> tuple[str, str]:
     """(status, reason) of a rollout delivery answer; ``Rejected`` if it is not one."""
-    try:
-        value = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except (ValueError, TypeError) as exc:
-        raise MalformedBody(f"delivery reply is not msgpack: {exc}") from None
+    value = unpack(payload, DELIVERY_REPLY_LIMITS, "delivery reply")
     if type(value) is not dict or set(value) != {"status", "reason"}:
         raise WrongType("delivery reply must be a map of status and reason")
     status, reason = value["status"], value["reason"]

@@ -53,3 +53,14 @@ def test_discard_removes_the_file_and_a_bad_key_is_refused(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="not a group key"):
         pool.persist([TrainingGroup(key="../escape:1", worker="w", policy_step=0, task_id="t", length_target=None,
                                     prompt=(1,), completions=((2,),), task_rewards=(0.0,), logprobs=())])
+
+
+@pytest.mark.parametrize("damage", [b"", b"\xc1", b"\x91" * 100_000, b"\x81\xa3key\x01", b"\xdd\xff\xff\xff\xff"])
+def test_a_damaged_pool_file_is_set_aside_not_a_crash(tmp_path: Path, damage: bytes) -> None:
+    """A pooled group damaged on disk (torn, garbage, absurdly nested, the wrong shape) is renamed
+    ``.damaged`` at load and the rest of the pool is read: a restart never crash-loops on it."""
+    pooled(tmp_path, [group(1, 0, 3), group(2, 0, 3)])
+    (tmp_path / f"{1:064x}-0.group").write_bytes(damage)
+    again = GroupPool(tmp_path)
+    assert again.load(consumed=()) == 1 and f"{2:064x}:0" in again.groups
+    assert (tmp_path / f"{1:064x}-0.damaged").exists()

@@ -9,6 +9,7 @@ an already trained group back.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,8 +17,14 @@ from pathlib import Path
 import msgpack
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.trainer.groups import TrainingGroup
+from intellect_node.protocol.bounded_msgpack import Limits, unpack
+from intellect_node.protocol.errors import Rejected
 
+log = logging.getLogger(__name__)
 SUFFIX = ".group"
+# the largest group a run can accept fits: 64 completions of 32768 tokens, each with its logprobs
+GROUP_FILE_LIMITS = Limits(max_bytes=64 << 20, max_str_len=256, max_bin_len=0, max_array_len=1 << 16,
+                           max_map_len=16, max_objects=5_000_000, max_depth=4)
 KEY = re.compile(r"[0-9a-f]{64}:[0-9]{1,10}")
 
 
@@ -38,7 +45,12 @@ class GroupPool:
         """Read the groups left on disk, dropping those a saved step already consumed."""
         consumed = set(consumed)
         for path in sorted(self.directory.glob(f"*{SUFFIX}")):
-            group = TrainingGroup.from_wire(msgpack.unpackb(path.read_bytes()))
+            try:
+                group = TrainingGroup.from_wire(unpack(path.read_bytes(), GROUP_FILE_LIMITS, "pooled group"))
+            except (Rejected, OSError, KeyError, TypeError, ValueError) as exc:  # damaged: set aside, no crash loop
+                log.warning("setting aside unreadable pooled group %s: %s", path.name, exc)
+                path.replace(path.with_suffix(".damaged"))
+                continue
             if group.key in consumed:
                 path.unlink(missing_ok=True)
             else:
