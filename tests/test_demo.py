@@ -30,7 +30,10 @@ def test_demo_swarm_learns_toy_reversal(tmp_path) -> None:
     lines = [json.loads(raw) for raw in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [line["step"] for line in lines if "task_reward" in line]
     assert trained == list(range(1, STEPS + 1))  # one line per trainer step, none skipped
-    assert summary["eval_accuracy_start"] <= 0.3
+    # The tiny model sits on the steep part of its warm-up curve (node/demo/tinymodel/build.py):
+    # with the same pinned packages it starts at 0.165 on the CPU it was tuned on and at 0.535 on
+    # another (2026-11-26); the bound only says the task is far from solved at the start.
+    assert summary["eval_accuracy_start"] <= 0.6
     assert summary["eval_accuracy_best"] >= summary["eval_accuracy_start"] + MARGIN, summary
     assert summary["rejected_groups"] == 0  # honest workers only: no false rejections
     assert summary["accepted_groups"] > 0
