@@ -4,6 +4,11 @@
 # dependency range pulls a newer torch with several GB of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# code tasks run under bubblewrap (node/tasks/sandbox.py): install it when we may, else say so
+if ! command -v bwrap >/dev/null; then
+    if [[ $(id -u) == 0 ]]; then apt-get install -y bubblewrap >/dev/null || echo "setup: could not install bubblewrap: code tasks will be refused" >&2
+    else echo "setup: bubblewrap missing (sudo apt-get install -y bubblewrap): code tasks will be refused" >&2; fi
+fi
 python3 -m venv .venv
 py=.venv/bin/python
 $py -m pip install -q --upgrade pip

@@ -9,7 +9,9 @@
 - ``intellect_node.node.tasks.math_verifier``: last ``\\boxed{}`` answer vs ground truth, symbolic equivalence
   (math-verify) in a time- and memory-limited child process.
 - ``intellect_node.node.tasks.code_verifier``: fenced Python program vs stdin/stdout or assert tests.
-- ``intellect_node.node.tasks.sandbox``: the locked-down child process the code tests run in.
+- ``intellect_node.node.tasks.sandbox``: bubblewrap + seccomp isolation the code tests run in
+  (``_sandbox_boot.py`` runs inside it; ``seccomp``: the BPF filter it loads).
+- ``intellect_node.node.tasks.assert_check``: assert tests judged in a second sandbox from plain values.
 - ``intellect_node.node.tasks.verify``: ``task_reward(task, completion)``, dispatching on the task type.
 - ``intellect_node.node.tasks.solve_rate``: measure solve rates with a model, for the offline filter.
 
