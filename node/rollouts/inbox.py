@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -58,11 +59,15 @@ class RolloutInbox:
         directory.mkdir(parents=True, exist_ok=True)
         for leftover in directory.glob(f"*{SUFFIX}{TMP_MARK}*"):
             leftover.unlink(missing_ok=True)
-        self._held: dict[str, tuple[str, int]] = {}  # digest -> (worker, bytes)
+        # digest -> (worker, bytes), in arrival order; ``store`` runs in a worker thread while the
+        # judge removes batches on the trio loop, so every change holds the lock
+        self._held: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()
         self._batches: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
         self._total_bytes = 0
-        for path in directory.glob(f"*{SUFFIX}"):
+        found = sorted(directory.glob(f"*{SUFFIX}"), key=lambda p: (p.stat().st_mtime, p.name))
+        for path in found:
             try:
                 with open(path, "rb") as handle:
                     worker = envelope_signer(handle.read(len(MAGIC) + PUBLIC_KEY_SIZE))
@@ -107,32 +112,27 @@ class RolloutInbox:
         ``InboxFull`` when it would pass a bound (nothing is written then)."""
         digest = hashlib.sha256(envelope).hexdigest()
         final = self._path(digest)
-        if digest in self._held or final.exists():
-            return digest, False
         worker = envelope_signer(envelope)
-        self._check_room(worker, len(envelope))
-        write_durably(final, envelope, tmp_suffix=f"{TMP_MARK}{os.getpid()}")
-        self._account(digest, worker, len(envelope))
+        with self._lock:  # room is taken before the write, so two stores cannot both pass a bound
+            if digest in self._held:
+                return digest, False
+            self._check_room(worker, len(envelope))
+            self._account(digest, worker, len(envelope))
+        try:
+            write_durably(final, envelope, tmp_suffix=f"{TMP_MARK}{os.getpid()}")
+        except BaseException:
+            self._forget(digest)
+            raise
         return digest, True
 
     def pending(self) -> list[str]:
         """Digests of the held batches, oldest first."""
-        paths = []
-        for digest in list(self._held):
-            path = self._path(digest)
-            try:
-                paths.append((path.stat().st_mtime, path.name, digest))
-            except FileNotFoundError:
-                self._forget(digest)
-        return [digest for _, _, digest in sorted(paths)]
+        with self._lock:
+            return list(self._held)
 
     def worker_of(self, digest: str) -> str | None:
         held = self._held.get(digest)
         return held[0] if held else None
-
-    def pending_of(self, worker: str) -> list[str]:
-        """Digests of ``worker``'s held batches."""
-        return [digest for digest, (who, _) in self._held.items() if who == worker]
 
     def load(self, digest: str) -> bytes:
         return self._path(digest).read_bytes()
@@ -142,7 +142,19 @@ class RolloutInbox:
         self._path(digest).unlink(missing_ok=True)
         self._forget(digest)
 
+    def move_out(self, digest: str, directory: Path) -> None:
+        """Move a held batch's file into ``directory`` (kept for inspection) and forget it here."""
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(self._path(digest), directory / self._path(digest).name)
+        finally:
+            self._forget(digest)
+
     def _forget(self, digest: str) -> None:
+        with self._lock:
+            self._drop_account(digest)
+
+    def _drop_account(self, digest: str) -> None:
         held = self._held.pop(digest, None)
         if held is not None:
             worker, size = held

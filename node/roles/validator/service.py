@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 import time
 from collections import Counter
@@ -192,9 +191,10 @@ class ValidatorService:
         """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
         self._wake.set()
 
-    def _load_records(self) -> None:
-        """Rebuild the counters, the content index and the bans this node proved from its records,
-        so a restart judges as the node did before it."""
+    def _load_records(self) -> list[tuple[str, str]]:
+        """Rebuild the counters and the content index from this node's records, so a restart judges
+        as the node did before it; returns the (worker, cheats) its own verdicts proved."""
+        proven = []
         for path in self.verdict_dir.glob("*.json"):
             try:
                 record = json.loads(path.read_text())
@@ -206,13 +206,12 @@ class ValidatorService:
                 log.warning("unreadable verdict record %s: %s", path.name, exc)
                 continue
             if cheats:
-                self._proven_cheats.append((record["worker"], ", ".join(cheats)))
+                proven.append((record["worker"], ", ".join(cheats)))
+        return proven
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
-        self._proven_cheats: list[tuple[str, str]] = []
-        await trio.to_thread.run_sync(self._load_records)
-        for worker, why in self._proven_cheats:
+        for worker, why in await trio.to_thread.run_sync(self._load_records):
             ban_worker(node, worker, f"{why} (own verdict, before a restart)")
         engine = await self.policy.load()
         log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
@@ -242,24 +241,26 @@ class ValidatorService:
                 self.node.scores.reject(worker, "judge_error", f"batch {digest[:12]}: {type(exc).__name__}: {exc}")
 
     def _quarantine(self, digest: str) -> None:
-        self._waiting.pop(digest, None)
-        self._waiting_since.pop(digest, None)
+        self._forget(digest)
         try:
-            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(self.inbox.directory / f"{digest}.batch", self.quarantine_dir / f"{digest}.batch")
-            kept = sorted(self.quarantine_dir.glob("*.batch"), key=lambda p: p.stat().st_mtime)
+            self.inbox.move_out(digest, self.quarantine_dir)
+            kept = sorted(self.quarantine_dir.iterdir(), key=lambda p: p.stat().st_mtime)
             for old in kept[:-QUARANTINE_KEEP]:
                 old.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("could not quarantine batch %s: %s", digest[:12], exc)
-        self.inbox.remove(digest)
+            self.inbox.remove(digest)
 
     def _drop(self, digest: str, why: str) -> None:
         """Leave a batch unjudged: nothing of it is credited or used."""
         self.dropped[why] += 1
+        self._forget(digest)
+        self.inbox.remove(digest)
+
+    def _forget(self, digest: str) -> None:
+        """What the judge kept of a batch while it waited (its header, its wait for verdicts)."""
         self._waiting.pop(digest, None)
         self._waiting_since.pop(digest, None)
-        self.inbox.remove(digest)
 
     def _decode(self, digest: str) -> codec.Signed[RolloutBatch] | None:
         try:
@@ -276,7 +277,7 @@ class ValidatorService:
         return checkpoint.step if checkpoint is not None else None
 
     async def _handle(self, digest: str) -> None:
-        engine, tokenizer = self.policy.engine, self.policy.tokenizer
+        engine = self.policy.engine
         assert engine is not None
         signed = None
         waiting = self._waiting.get(digest)
@@ -431,7 +432,7 @@ class ValidatorService:
 
     def _write_record(self, digest: str, record: dict[str, Any]) -> None:
         write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
-        self._waiting.pop(digest, None)
+        self._forget(digest)
         self.inbox.remove(digest)
 
 
