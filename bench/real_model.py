@@ -65,7 +65,7 @@ from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa:
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
-from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.node.tasks.math_words import generate_math_tasks  # noqa: E402
 from intellect_node.protocol.rollouts import unpack_logprobs, unpack_tokens  # noqa: E402
 

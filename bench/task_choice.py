@@ -71,7 +71,7 @@ from intellect_node.node.roles.inference.builder import RolloutSettings, build_b
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.service import without_cheating_batch  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
-from intellect_node.node.rollouts.run_spec import build_run_spec  # noqa: E402
+from intellect_node.protocol.run_spec import build_run_spec  # noqa: E402
 from intellect_node.node.tasks.schema import Task, with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402
 from intellect_node.node.tasks.verify import task_reward  # noqa: E402

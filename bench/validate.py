@@ -45,7 +45,7 @@ from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
-from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import EnginePair  # noqa: E402

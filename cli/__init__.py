@@ -1,5 +1,8 @@
 """The ``intellect-node`` command line (typer). Thin: parses, loads config, calls ``node``.
 
 - ``main``: the application and every command but the ones below.
+- ``doctor``: ``intellect-node doctor``, one line per check of this machine with its fix.
+- ``metagene``: ``intellect-node metagene ...``, the genomic workload's commands.
+- ``model``: ``intellect-node model ...``, bringing a pretrained model into the HF layout.
 - ``verify``: ``intellect-node verify``, the validator's verdict on one stored batch.
 """

@@ -31,11 +31,9 @@ def verify(
     """Judge one stored rollout batch exactly as a validator would; print each group's verdict."""
     from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch
-    from intellect_node.node.rollouts.run_spec import build_run_spec
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
-    from intellect_node.protocol import codec
     from intellect_node.protocol.errors import Rejected
-    from intellect_node.protocol.run_spec import RunSpec, authorize_run_spec
+    from intellect_node.protocol.run_spec import RunSpec, build_run_spec, read_signed_spec
 
     try:
         signed = load_batch(batch_file)
@@ -45,12 +43,10 @@ def verify(
                                   settings=RolloutSettings(), async_window=2)
             signer = None
         else:
-            signed_spec = codec.decode(run_spec.read_bytes(), RunSpec)
-            spec, signer = signed_spec.message, signed_spec.signer_peer_id
-            authorize_run_spec(spec, signer, authority or signer, spec.run_id)
+            spec, signer = read_signed_spec(run_spec, RunSpec, authority=authority, run_id=None)
         result = judge_stored_batch(signed, checkpoint_dir=checkpoint, spec=spec, tasks=task_list,
                                     engine_name=engine)
-    except (Rejected, TaskSpecError, ValueError) as exc:
+    except (Rejected, TaskSpecError, ValueError, OSError) as exc:
         err.print(f"[red]refused:[/red] {type(exc).__name__}: {exc}")
         raise typer.Exit(2) from None
     verdict = result.verdict

@@ -1,10 +1,27 @@
 """Wire formats and pure protocol logic; no sockets, no threads, no torch.
 
-- ``intellect_node.protocol.schema``: the strict field validators every message is decoded through.
-- ``intellect_node.protocol.codec``: bytes <-> signed, schema-checked messages (size limit before decoding).
-- ``intellect_node.protocol.messages``: the message types (``NodeAdvert``, ...) and their registry.
-- ``intellect_node.protocol.keys``: DHT keys and gossip topic names derived from run id and peer id.
-- ``intellect_node.protocol.errors``: one exception class per rejection reason, each with a stable ``reason``.
+The bytes:
 
-The normative description of every byte lives in ``specs/``; this package follows it.
+- ``schema``: the strict field validators every message is decoded through.
+- ``bounded_msgpack``: msgpack decoding under explicit bounds (bytes, lengths, nesting, objects).
+- ``codec``: bytes <-> signed, schema-checked messages (size limit before decoding).
+- ``framing``: length-prefixed frames on libp2p streams, and the delivery reply.
+- ``errors``: one exception class per rejection reason, each with a stable ``reason``.
+
+The messages:
+
+- ``messages``: the message types (``NodeAdvert``, ...) and their registry.
+- ``manifest``: the weight broadcast's signed checkpoint manifests and shard complaints.
+- ``rollouts``: the rollout batch a worker delivers, with its groups and completions.
+- ``verdicts``: a validator's signed judgement of one batch, and every rejection reason.
+- ``run_spec``: the signed run specs (RL and DiLoCo): build, sign, load (bounded), check.
+
+The rules peers must agree on:
+
+- ``assignment``: which task, length target and sampling seed a worker's counter gets.
+- ``sampling``: the replayable sampler: each token a public function of the seed and the model.
+- ``keys``: DHT keys and gossip topic names derived from run id and peer id.
+
+The normative description of every byte lives in ``specs/``; this package follows it. Nothing here
+imports ``node`` or ``cli``.
 """

@@ -1,4 +1,6 @@
-"""Run specs: what a run's nodes must agree on, signed once by the run's authority.
+"""Run specs: what a run's nodes must agree on, signed once by the run's authority. The one module
+for both kinds: the messages, building the RL spec from a run's shape, signing, loading (bounded)
+and the checks every node applies.
 
 ``RunSpec`` (the RL run): a validator that judged a batch by the batch's own declarations (its temperature, its
 ``max_tokens``, its engine and therefore its tolerances) would let the claimant choose how it is
@@ -12,15 +14,18 @@ the same loading check (``load_signed_spec``). specs/run_spec.md is normative.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
-from intellect_node.protocol.rollouts import MAX_COMPLETION_TOKENS
+from intellect_node.protocol.rollouts import MAX_COMPLETION_TOKENS, SamplingSettings
 from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
 
 S = TypeVar("S", "RunSpec", "DilocoRunSpec")
@@ -86,6 +91,11 @@ class RunSpec(AuthoritySigned, Message):
         """The tolerances for that engine pair, or None when the run does not allow it."""
         return next((e for e in self.engines if (e.worker, e.validator) == (worker_engine, validator_engine)), None)
 
+    @property
+    def sampling(self) -> SamplingSettings:
+        """What every batch of the run must declare, and every worker samples with (check 2)."""
+        return SamplingSettings(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens)
+
 
 @dataclass(frozen=True)
 class DilocoRunSpec(AuthoritySigned, Message):
@@ -121,13 +131,79 @@ def load_signed_spec(data: bytes, kind: type[S], *, authority: str, run_id: str)
     return signed.message
 
 
-def task_set_digest(tasks: Iterable[tuple[str, str, str]]) -> bytes:
+def sign_spec(spec: RunSpec | DilocoRunSpec, identity: Identity, lifetime_s: float) -> bytes:
+    """The authority's signed envelope of ``spec``, put through the nodes' own loading check, so
+    a spec its nodes would refuse (a field out of bounds, another signer) fails here, naming why."""
+    envelope = codec.encode(spec, identity, lifetime_s=lifetime_s)
+    load_signed_spec(envelope, type(spec), authority=identity.peer_id, run_id=spec.run_id)
+    return envelope
+
+
+def read_signed_spec(path: Path, kind: type[S], *, authority: str | None,
+                     run_id: str | None) -> tuple[S, str]:
+    """The spec in the file at ``path`` and its signer, reading no more than ``kind.MAX_SIZE`` + 1
+    bytes before decoding; refused (``Rejected``) as ``load_signed_spec``; ``OSError`` when the
+    file cannot be read. ``authority``/``run_id`` None accept the spec's own signer and run: only
+    for a person inspecting a spec (``intellect-node verify`` prints whom it judged by), never for
+    a node judging its run."""
+    with path.open("rb") as f:
+        data = f.read(kind.MAX_SIZE + 1)
+    signed = codec.decode(data, kind)
+    spec, signer = signed.message, signed.signer_peer_id
+    authorize_run_spec(spec, signer, signer if authority is None else authority,
+                       spec.run_id if run_id is None else run_id)
+    return spec, signer
+
+
+class TaskLike(Protocol):
+    """What the digest reads of a task (node.tasks.schema.Task has it)."""
+
+    problem_id: str
+    prompt: str
+    verification_info: Mapping[str, Any]
+
+
+def task_set_digest(tasks: Iterable[TaskLike]) -> bytes:
     """sha256 over the run's tasks in order, each (problem_id, prompt, canonical verification
     JSON) as three u32-big-endian-length-prefixed UTF-8 strings: the task list every assignment
     indexes into, so two nodes with different lists cannot both match one spec."""
     h = hashlib.sha256(TASK_SET_DOMAIN)
-    for fields in tasks:
-        for value in fields:
+    for task in tasks:
+        canonical = json.dumps(task.verification_info, sort_keys=True, separators=(",", ":"))
+        for value in (task.problem_id, task.prompt, canonical):
             raw = value.encode("utf-8")
             h.update(struct.pack(">I", len(raw)) + raw)
     return h.digest()
+
+
+class RunShape(Protocol):
+    """The rollouts' shape a run spec fixes (node.roles.inference.builder.RolloutSettings has it)."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    group_size: int
+    length_targets: Sequence[int]
+
+
+# Measured honest figures of the torch engine judged by itself (specs/sampling.md section 4,
+# specs/validation.md): TOPLOC limits that reject 1% weight noise, float32 logprob noise, and a
+# sampling slack (logit units) about 1000x float32 logit noise; measured honest margins were
+# never negative (every honest token the replay's exact choice).
+TORCH_TORCH = EnginePair(worker="torch", validator="torch", toploc_max_exp_mismatches=38,
+                         toploc_max_mant_err_mean=2.0, toploc_max_mant_err_median=2.0,
+                         logprob_atol=1e-3, sampling_slack=1e-3)
+DEFAULT_MAX_GROUPS_PER_STEP = 4096
+
+
+def build_run_spec(*, run_id: str, authority: str, tasks: Sequence[TaskLike], settings: RunShape,
+                   async_window: int, model_id: str = "", model_digest: bytes = bytes(32),
+                   max_groups_per_step: int = DEFAULT_MAX_GROUPS_PER_STEP,
+                   engines: tuple[EnginePair, ...] = (TORCH_TORCH,)) -> RunSpec:
+    """The spec of a run of this shape over ``tasks``. vLLM pairs are absent by default: a pair
+    admits a claim only with tolerances the authority calibrated on that engine."""
+    return RunSpec(run_id=run_id, authority=authority, model_id=model_id, model_digest=model_digest,
+                   task_set_digest=task_set_digest(tasks), temperature=float(settings.temperature),
+                   top_p=float(settings.top_p), max_tokens=settings.max_tokens, group_size=settings.group_size,
+                   length_targets=tuple(settings.length_targets), async_window=async_window,
+                   max_groups_per_step=max_groups_per_step, engines=engines)

@@ -27,7 +27,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator import validation
 from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
-from intellect_node.node.rollouts.run_spec import TORCH_TORCH, build_run_spec
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens

@@ -15,11 +15,8 @@ from pathlib import Path
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco.settings import DilocoSettings
-from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.run_spec import DilocoRunSpec, load_signed_spec
-
-MAX_SPEC_FILE = DilocoRunSpec.MAX_SIZE
+from intellect_node.protocol.run_spec import DilocoRunSpec, read_signed_spec, sign_spec
 
 
 class RunSpecError(ValueError):
@@ -30,20 +27,16 @@ def sign_run_spec(identity: Identity, run_id: str, allowlist: tuple[str, ...], l
     """The owner's signed envelope admitting ``allowlist`` to ``run_id``'s rounds; ``Rejected``
     (naming the field) for one that its nodes would refuse, such as a string that is no peer id."""
     spec = DilocoRunSpec(run_id=run_id, authority=identity.peer_id, allowlist=tuple(dict.fromkeys(allowlist)))
-    envelope = codec.encode(spec, identity, lifetime_s=lifetime_s)
-    load_signed_spec(envelope, DilocoRunSpec, authority=identity.peer_id, run_id=run_id)  # the nodes' own check
-    return envelope
+    return sign_spec(spec, identity, lifetime_s)
 
 
 def read_run_spec(path: Path, *, authority: str, run_id: str) -> DilocoRunSpec:
     """The spec at ``path`` if ``authority`` signed it for ``run_id``, else ``RunSpecError``."""
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_SPEC_FILE + 1)  # the size bound before any decoding
+        spec, _ = read_signed_spec(path, DilocoRunSpec, authority=authority, run_id=run_id)
+        return spec
     except OSError as exc:
         raise RunSpecError(f"[diloco] run_spec {path}: cannot read it: {exc.strerror or exc}") from None
-    try:
-        return load_signed_spec(data, DilocoRunSpec, authority=authority, run_id=run_id)
     except Rejected as exc:
         raise RunSpecError(f"[diloco] run_spec {path} refused ({exc.reason}): {exc}") from None
 

@@ -38,13 +38,12 @@ from intellect_node.node.roles.validator.verdict_trust import (
     ban_worker,
 )
 from intellect_node.node.rollouts.inbox import shared_inbox
-from intellect_node.node.rollouts.run_spec import build_run_spec
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
-from intellect_node.protocol.run_spec import RunSpec
+from intellect_node.protocol.run_spec import RunSpec, build_run_spec
 from intellect_node.protocol.verdicts import (
     CHEATING_BATCH,
     PROVEN_CHEATS,

@@ -12,7 +12,6 @@ group's reason.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,15 +52,8 @@ class RunContext:
     tasks: Sequence[Task]
 
     def __post_init__(self) -> None:
-        if tasks_digest(self.tasks) != self.spec.task_set_digest:
+        if task_set_digest(self.tasks) != self.spec.task_set_digest:
             raise ValueError("the task list does not match the run spec's task-set digest")
-
-
-def tasks_digest(tasks: Sequence[Task]) -> bytes:
-    """``task_set_digest`` of a task list (verification info as canonical JSON)."""
-    return task_set_digest((t.problem_id, t.prompt, json.dumps(t.verification_info, sort_keys=True,
-                                                                 separators=(",", ":")))
-                           for t in tasks)
 
 
 @dataclass(frozen=True)
