@@ -11,7 +11,17 @@
 - ``tasks``: task sets and reward verifiers (toy, math, code sandbox).
 - ``app``: one node process: configuration, role assembly, logging, signals.
 - ``home``: what a node keeps on disk, written durably.
+- ``metagene``: the METAGENE-1 workload: reads in, tokenizer, packing, pretraining, evaluation.
+- ``models``: real pretrained models (GGUF, HF) brought into the HF layout the engines load.
 - ``demo``: a whole swarm on this machine, its dashboard and plot, and the tiny CPU model.
 
-Dependencies point one way: ``cli -> node -> protocol, crypto``.
+Dependencies point one way: ``cli -> node -> protocol -> crypto``. Inside ``node``, each tier
+imports only the tiers below it (tests/test_layering.py holds the tree to it)::
+
+    demo
+    app
+    roles, diloco
+    rollouts, shards, engine, tasks, metagene, models
+    swarm
+    home, config
 """

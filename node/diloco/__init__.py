@@ -12,6 +12,7 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   manifest this node signs; a joiner fetches only what a majority of live members vouch for.
 - ``checkpoint``: save and resume at a round boundary (global state, residual, inner AdamW),
   durably, with every field checked on load.
+- ``packing``: how the grid's numbers travel inside hivemind's all-reduce, the exact packed format.
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.

@@ -6,6 +6,8 @@
 - ``intellect_node.node.engine.torch_engine``: ``TorchEngine``, the GPU when torch sees one, else the CPU; HF-layout Llama and Qwen2.
 - ``intellect_node.node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
 - ``intellect_node.node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
+- ``intellect_node.node.engine.chunked_head``: log-probabilities of chosen tokens with the LM head run
+  over a few rows at a time (the full vocabulary's logits never held at once).
 
 ``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class; nothing heavy is
 imported until then, so ``import node.engine`` stays cheap.

