@@ -1,0 +1,68 @@
+"""What every test shares: the child-process reaper.
+
+The reaper: integration tests start real nodes, averager children, sandboxes and helper processes.
+A test that fails half-way can leave one running, which then holds a port, a file lock or a core
+for the rest of the run (and on CI, for the next job). After each test module, and once more at the
+end of the session, every process this pytest process started that is still alive is terminated
+(SIGTERM, then SIGKILL after a grace period) and named in a warning, so a leak is seen and fixed
+rather than piling up. Module scope, not test scope: module fixtures legitimately keep a swarm
+running across the tests of their file.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+GRACE_S = 5.0
+
+
+def reap_children(where: str) -> list[str]:
+    """Terminate every live descendant of this process; return what was reaped, for the warning."""
+    children = [c for c in psutil.Process(os.getpid()).children(recursive=True) if _alive(c)]
+    if not children:
+        return []
+    names = [_describe(c) for c in children]
+    for child in children:
+        _signal(child, "terminate")
+    _, alive = psutil.wait_procs(children, timeout=GRACE_S)
+    for child in alive:
+        _signal(child, "kill")
+    psutil.wait_procs(alive, timeout=GRACE_S)
+    warnings.warn(f"{where} left {len(names)} process(es) running, reaped: {names}", stacklevel=1)
+    return names
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid} {' '.join(process.cmdline())[:120]}"
+    except psutil.Error:
+        return str(process.pid)
+
+
+def _signal(process: psutil.Process, how: str) -> None:
+    try:
+        getattr(process, how)()
+    except psutil.Error:
+        pass  # already gone
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reap_after_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    reap_children(request.module.__name__)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    reap_children("the test session")
