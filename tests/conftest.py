@@ -19,11 +19,14 @@ import psutil
 import pytest
 
 GRACE_S = 5.0
+# multiprocessing's own helpers live as long as the interpreter by design and are shared by tests
+INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def reap_children(where: str) -> list[str]:
     """Terminate every live descendant of this process; return what was reaped, for the warning."""
-    children = [c for c in psutil.Process(os.getpid()).children(recursive=True) if _alive(c)]
+    children = [c for c in psutil.Process(os.getpid()).children(recursive=True)
+                if _alive(c) and not any(helper in _describe(c) for helper in INTERPRETER_HELPERS)]
     if not children:
         return []
     names = [_describe(c) for c in children]

@@ -12,10 +12,9 @@ with the number of rows, which stays within float32 rounding. Under autograd eve
 checkpointed: its logits are recomputed in backward instead of kept, which is what bounds the
 trainer's memory.
 
-Call sites that should use it (owned elsewhere at the time of writing): the trainer's
-``node/roles/trainer/learner.py`` (``log_softmax(head(states).float())`` with entropy),
-``TorchEngine.prefill`` (verification) and its decode-step log-probabilities in
-``node/engine/torch_engine.py``.
+The trainer's ``token_logprobs`` (node/roles/trainer/learner.py) computes its policy and reference
+log-probabilities through it. ``TorchEngine.prefill`` bounds its own head calls (``HEAD_ELEMENTS``)
+because verification also needs each row's full logits for the sampling margins.
 """
 
 from __future__ import annotations

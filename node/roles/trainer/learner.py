@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from intellect_node.node.engine.chunked_head import chunked_token_logprobs
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
 from intellect_node.node.roles.trainer.rewards import (
@@ -151,12 +152,10 @@ def token_logprobs(model: nn.Module, tensors: _Tensors, with_entropy: bool,
                                 use_cache=True).last_hidden_state
     # the state before completion token j: the prompt's last for j = 0, completion token j - 1's after
     states = torch.cat([prompt_states[:, -1:].index_select(0, rows), completion_states[:, :-1]], dim=1)
-    logp = torch.log_softmax(head(states).float(), dim=-1)
-    chosen = logp.gather(-1, tensors.completion_ids[..., None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        source = logp if entropy_grad else logp.detach()
-        entropy = -(source.exp() * source).sum(-1)
+    # the head a few rows at a time: never rows x vocab float32 logits (and their graph) at once
+    chosen, entropy = chunked_token_logprobs(head, states, tensors.completion_ids, with_entropy=with_entropy)
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()
     return chosen, entropy
 
 
