@@ -30,6 +30,9 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _CHUNK_ELEMENTS = 1 << 22  # scores computed at once by a verifier: 32 MiB of float64
+# A group whose flips are this unlikely under the engine pair's honest noise is refused (and, being
+# a sampling failure, proven): at 1e-9 an honest worker of 10^6 groups is refused with chance 1e-3.
+FLIP_ALPHA = 1e-9
 
 
 @dataclass(frozen=True)
@@ -122,48 +125,109 @@ def margins(logits: torch.Tensor, tokens: torch.Tensor, replay: Replay) -> np.nd
     vocab]. Competitors are the tokens kept with the top-p cut lowered by ``slack`` (mass units:
     logit noise of size d moves cumulative mass by at most about d); a claimed token outside the
     set with the cut raised by ``slack`` gets -inf."""
-    return _margins(logits, tokens, [position_key(replay.seed, p) for p in range(len(tokens))], replay)
+    return _replay(logits, tokens, [position_key(replay.seed, p) for p in range(len(tokens))], replay).margins
+
+
+@dataclass(frozen=True)
+class TokenReplay:
+    """A verifier's replay of a completion's tokens: per position the claimed token's ``margins``
+    (as ``margins``) and the ``gaps`` of the verifier's own race there (its best score minus its
+    second best, over the same competitors): how close a position was to a tie, which is what
+    honest numeric noise can flip (``flip_test``)."""
+
+    margins: np.ndarray
+    gaps: np.ndarray
 
 
 def margins_of_rows(logits: torch.Tensor, tokens: torch.Tensor, replays: Sequence[Replay],
-                    counts: Sequence[int]) -> list[np.ndarray]:
-    """``margins`` of several completions at once: their logits and tokens concatenated in order,
+                    counts: Sequence[int]) -> list[TokenReplay]:
+    """The replays of several completions at once: their logits and tokens concatenated in order,
     ``counts[i]`` positions for ``replays[i]``. Completions with the same sampling settings race in
     one call, which on short completions costs a fraction of one call each."""
     if len(replays) != len(counts) or sum(counts) != len(tokens):
         raise ValueError("need one replay and one position count per completion, covering every token")
     bounds = np.cumsum([0, *counts])
-    results: list[np.ndarray] = [np.zeros(0)] * len(replays)
+    results: list[TokenReplay] = [TokenReplay(np.zeros(0), np.zeros(0))] * len(replays)
     settings: dict[tuple[float, float, float], list[int]] = {}
     for i, replay in enumerate(replays):
         settings.setdefault((replay.temperature, replay.top_p, replay.slack), []).append(i)
     for members in settings.values():
         index = torch.tensor([p for i in members for p in range(bounds[i], bounds[i + 1])], dtype=torch.long)
         keys = [position_key(replays[i].seed, p) for i in members for p in range(counts[i])]
-        joined = _margins(logits.index_select(0, index.to(logits.device)), tokens[index], keys, replays[members[0]])
+        joined = _replay(logits.index_select(0, index.to(logits.device)), tokens[index], keys, replays[members[0]])
         at = 0
         for i in members:
-            results[i] = joined[at:at + counts[i]]
+            results[i] = TokenReplay(joined.margins[at:at + counts[i]], joined.gaps[at:at + counts[i]])
             at += counts[i]
     return results
 
 
-def _margins(logits: torch.Tensor, tokens: torch.Tensor, keys: Sequence[int], replay: Replay) -> np.ndarray:
-    """The margins of positions with race ``keys``, computed in row chunks to bound memory."""
+def _replay(logits: torch.Tensor, tokens: torch.Tensor, keys: Sequence[int], replay: Replay) -> TokenReplay:
+    """Margins and gaps of the positions with race ``keys``, in row chunks to bound memory."""
     rows = max(1, _CHUNK_ELEMENTS // max(1, logits.shape[-1]))
-    out = []
+    margin_parts, gap_parts = [], []
     for start in range(0, len(tokens), rows):
         part = logits[start:start + rows]
         index = tokens[start:start + rows].to(device=logits.device, dtype=torch.long)[:, None]
         scores, narrowest, widest = _race(part, keys[start:start + rows], replay.temperature, replay.top_p,
                                           replay.slack)
         own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
-        best_other = scores.masked_fill(~narrowest, -math.inf).scatter(-1, index, -math.inf).max(dim=-1).values
-        out.append((own - best_other).cpu().numpy())
-    return np.concatenate(out) if out else np.zeros(0)
+        competing = scores.masked_fill(~narrowest, -math.inf)
+        best_other = competing.scatter(-1, index, -math.inf).max(dim=-1).values
+        margin_parts.append((own - best_other).cpu().numpy())
+        top = competing.topk(min(2, competing.shape[-1]), dim=-1).values
+        gap = top[:, 0] - top[:, 1] if top.shape[-1] > 1 else torch.full_like(top[:, 0], math.inf)
+        gap_parts.append(gap.nan_to_num(nan=math.inf).cpu().numpy())
+    if not margin_parts:
+        return TokenReplay(np.zeros(0), np.zeros(0))
+    return TokenReplay(np.concatenate(margin_parts), np.concatenate(gap_parts))
 
 
 def first_failure(margin: np.ndarray, slack: float) -> int | None:
     """The first position whose margin is below -slack, or None when every token replays."""
     bad = np.nonzero(~(margin >= -slack))[0]
     return int(bad[0]) if bad.size else None
+
+
+@dataclass(frozen=True)
+class FlipTest:
+    """How often the claimed tokens were not the verifier's exact choice (``flips``: margin < 0,
+    yet within the slack), against how often honest noise of the engine pair flips positions
+    this close to a tie (``expected``), and the chance of at least that many flips under honest
+    noise (``p_value``, Poisson upper tail)."""
+
+    flips: int
+    expected: float
+    p_value: float
+
+
+def flip_test(replays: Sequence[TokenReplay], logit_noise: float, temperature: float) -> FlipTest:
+    """specs/sampling.md section 4: a position whose race gap (score units) is ``g`` is flipped by
+    honest noise with probability ``Phi(-g * T / logit_noise)``, ``logit_noise`` being the pair's
+    calibrated standard deviation of the error in a difference of two logits. Summed over the
+    positions, that is the honest expectation; a worker steering near-ties flips more."""
+    margins = np.concatenate([r.margins for r in replays]) if replays else np.zeros(0)
+    gaps = np.concatenate([r.gaps for r in replays]) if replays else np.zeros(0)
+    flips = int(np.count_nonzero(margins < 0))
+    expected = 0.0
+    if logit_noise > 0 and gaps.size:
+        z = torch.from_numpy(-np.minimum(gaps, 1e300) * temperature / logit_noise)
+        expected = float(torch.special.ndtr(z).sum())
+    return FlipTest(flips, expected, poisson_at_least(flips, expected))
+
+
+def poisson_at_least(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean): the upper terms summed where the tail is small (k above
+    the mean), so a p-value of 1e-9 is not lost to 1 - (1 - 1e-9) rounding."""
+    if k <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+
+    def term(i: int) -> float:
+        return math.exp(i * math.log(mean) - mean - math.lgamma(i + 1))
+
+    if k > mean:
+        span = k + 50 + int(20 * math.sqrt(mean))
+        return min(1.0, math.fsum(term(i) for i in range(k, span)))
+    return max(0.0, 1.0 - math.fsum(term(i) for i in range(k)))

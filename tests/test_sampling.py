@@ -14,7 +14,17 @@ from transformers import AutoTokenizer
 
 from intellect_node.node.engine.base import SamplingParams, derive_seed
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.protocol.sampling import Replay, first_failure, gumbel, margins, margins_of_rows, position_key, sample
+from intellect_node.protocol.sampling import (
+    Replay,
+    first_failure,
+    flip_test,
+    gumbel,
+    margins,
+    margins_of_rows,
+    poisson_at_least,
+    position_key,
+    sample,
+)
 from tests.test_rollout_builder import untrained_wide_tiny_model
 
 M64 = (1 << 64) - 1
@@ -59,7 +69,7 @@ def test_margins_of_rows_equal_each_rows_own_margins() -> None:
     together = margins_of_rows(logits, tokens, replays, counts)
     at = 0
     for count, replay, got in zip(counts, replays, together):
-        np.testing.assert_array_equal(got, margins(logits[at:at + count], tokens[at:at + count], replay))
+        np.testing.assert_array_equal(got.margins, margins(logits[at:at + count], tokens[at:at + count], replay))
         at += count
     with pytest.raises(ValueError):
         margins_of_rows(logits, tokens, replays, counts[:-1])
@@ -104,3 +114,55 @@ def test_same_seed_same_tokens_on_threads_and_batch_sizes_and_replay_margin(engi
         results = engine.prefill([p for p in prompts for _ in range(8)], runs[0], replays)
         smallest = min(smallest, min(float(r.sampling_margins.min()) for r in results))
     assert smallest > 0
+
+
+def _race_order(logits: torch.Tensor, seed: int, temperature: float) -> torch.Tensor:
+    """Each position's tokens by race score, best first (top-p 1)."""
+    keys = [position_key(seed, p) for p in range(logits.shape[0])]
+    return (logits.double() / temperature + gumbel(keys, logits.shape[-1])).argsort(dim=-1, descending=True)
+
+
+def test_the_gap_is_how_far_the_runner_up_is_behind() -> None:
+    """The sampler's own choice has margin = gap; the runner-up claimed instead has margin = -gap."""
+    logits = torch.randn(40, 500, generator=torch.Generator().manual_seed(4))
+    replay = Replay(seed=9, temperature=0.7, top_p=1.0, slack=0.5)
+    order = _race_order(logits, replay.seed, replay.temperature)
+    chosen, runner_up = order[:, 0], order[:, 1]
+    [exact] = margins_of_rows(logits, chosen, [replay], [40])
+    [second] = margins_of_rows(logits, runner_up, [replay], [40])
+    assert (exact.gaps > 0).all()
+    np.testing.assert_allclose(exact.margins, exact.gaps)
+    np.testing.assert_allclose(second.margins, -exact.gaps)
+    np.testing.assert_array_equal(second.gaps, exact.gaps)
+
+
+def test_honest_noise_passes_the_flip_test_and_steering_near_ties_does_not() -> None:
+    """A worker whose logits differ from the verifier's by noise of the pair's size flips about as
+    many positions as the test expects; one that takes the runner-up wherever it is close (inside
+    a slack that admits the noise) flips far more and is caught."""
+    noise, temperature = 0.05, 1.0
+    generator = torch.Generator().manual_seed(5)
+    honest_p, steered_p, steered_flips = [], [], 0
+    for seed in range(20):
+        verifier = torch.randn(64, 800, generator=generator) * 3
+        worker = verifier + torch.randn(64, 800, generator=generator) * (noise / np.sqrt(2))
+        replay = Replay(seed=seed, temperature=temperature, top_p=1.0, slack=0.5)
+        honest = _race_order(worker, seed, temperature)[:, 0]
+        [replayed] = margins_of_rows(verifier, honest, [replay], [64])
+        honest_p.append(flip_test([replayed], noise, temperature).p_value)
+        order = _race_order(verifier, seed, temperature)
+        steered = torch.where(torch.from_numpy(replayed.gaps < 0.3), order[:, 1], order[:, 0])
+        [cheat] = margins_of_rows(verifier, steered, [replay], [64])
+        assert first_failure(cheat.margins, replay.slack) is None  # the slack alone would not catch it
+        result = flip_test([cheat], noise, temperature)
+        steered_p.append(result.p_value)
+        steered_flips += result.flips
+    assert min(honest_p) > 1e-3
+    assert steered_flips >= 40 and max(steered_p) < 1e-4  # each of 64 positions only; a group has hundreds
+
+
+def test_the_poisson_tail() -> None:
+    assert poisson_at_least(0, 3.0) == 1.0 and poisson_at_least(1, 0.0) == 0.0
+    assert poisson_at_least(1, 0.5) == pytest.approx(1 - np.exp(-0.5))
+    tail = sum(np.exp(-1.0) / math.factorial(i) for i in range(12, 40))  # summed upwards, no 1 - (1 - x) loss
+    assert poisson_at_least(12, 1.0) == pytest.approx(tail, rel=1e-9) and 0 < tail < 1e-9

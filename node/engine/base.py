@@ -103,8 +103,10 @@ class PrefillResult:
 
     hidden_states: torch.Tensor  # [len(completion), hidden_size]
     logprobs: torch.Tensor  # [len(completion)], float32
-    # per token, when a replay was asked: protocol.sampling.margins of the claimed tokens
+    # per token, when a replay was asked (protocol.sampling.TokenReplay): the claimed tokens'
+    # margins, and the gaps of the verifier's own race (how near each position was to a tie)
     sampling_margins: np.ndarray | None = None
+    sampling_gaps: np.ndarray | None = None
 
 
 def derive_seed(seed: int, index: int) -> int:

@@ -324,12 +324,15 @@ class TorchEngine(Engine):
                                    device=self.device)
             logits = self._head(part)
             logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0].cpu()
-            margin = (margins_of_rows(logits, targets, [replays[i] for i in batch[first:last]], counts[first:last])
-                      if replays is not None else [None] * (last - first))
-            for row, m in zip(range(first, last), margin):
+            replayed = (margins_of_rows(logits, targets, [replays[i] for i in batch[first:last]],
+                                        counts[first:last])
+                        if replays is not None else [None] * (last - first))
+            for row, replay in zip(range(first, last), replayed):
                 a, b = bounds[row] - bounds[first], bounds[row + 1] - bounds[first]
                 results.append(PrefillResult(hidden_states=hidden[bounds[row] : bounds[row + 1]],
-                                             logprobs=logprobs[a:b], sampling_margins=m))
+                                             logprobs=logprobs[a:b],
+                                             sampling_margins=None if replay is None else replay.margins,
+                                             sampling_gaps=None if replay is None else replay.gaps))
         return results
 
 

@@ -49,7 +49,7 @@ from intellect_node.node.engine.base import (
     SamplingParams,
     check_prompts,
 )
-from intellect_node.protocol.sampling import Replay, margins, sample
+from intellect_node.protocol.sampling import Replay, margins_of_rows, sample
 
 SEED_ARG = "ina_seed"  # SamplingParams.extra_args key: the completion's protocol seed
 SAMPLING_ARGS = ("ina_temperature", "ina_top_p")
@@ -302,15 +302,16 @@ class VllmEngine(Engine):
                 continue
             rows, logprobs = self._capture_pass(list(prompt) + list(completion))
             hidden = rows[start : start + count]
-            margin = None
+            replayed = None
             if replays is not None:
                 logits = self.llm.apply_model(partial(_logits, hidden, self.vocab_size))[0]
-                margin = margins(logits, torch.tensor(list(completion)), replays[i])
+                replayed = margins_of_rows(logits, torch.tensor(list(completion)), [replays[i]], [len(completion)])[0]
             results.append(
                 PrefillResult(
                     hidden_states=hidden,
                     logprobs=torch.tensor(logprobs[start + 1 :], dtype=torch.float32),
-                    sampling_margins=margin,
+                    sampling_margins=None if replayed is None else replayed.margins,
+                    sampling_gaps=None if replayed is None else replayed.gaps,
                 )
             )
         return results

@@ -36,7 +36,7 @@ from intellect_node.protocol.rollouts import (
     unpack_tokens,
 )
 from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
-from intellect_node.protocol.sampling import Replay, first_failure
+from intellect_node.protocol.sampling import FLIP_ALPHA, Replay, TokenReplay, first_failure, flip_test
 from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
@@ -238,13 +238,14 @@ def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
 
 def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine, tokenizer: object,
                  spec: RunSpec, pair: EnginePair) -> GroupResult:
-    """Completion checks 13-16 (TOPLOC, logprobs, termination, sampling) for each completion, then the recomputed rewards."""
+    """Completion checks 13-16 (TOPLOC, logprobs, termination, sampling) for each completion, the
+    group's flip test (specs/sampling.md section 4), then the recomputed rewards."""
     counter = item.group.counter
     eos = set(engine.eos_token_ids)
     thresholds = Thresholds(max_exp_mismatches=pair.toploc_max_exp_mismatches,
                             max_mant_err_mean=pair.toploc_max_mant_err_mean,
                             max_mant_err_median=pair.toploc_max_mant_err_median)
-    rewards, logprobs, margin, worst = [], [], float("inf"), 0.0
+    logprobs, margin, worst = [], float("inf"), 0.0
     for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed)):
         verdicts = verify_proofs(again.hidden_states, list(record.proofs), thresholds=thresholds)
         bad = [v for v in verdicts if not v.ok]
@@ -263,9 +264,16 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
             return GroupResult(counter, "sampling", detail=(
                 f"completion {j}: token {position} (id {tokens[position]}) is not the sampler's choice: "
                 f"margin {again.sampling_margins[position]:.3g} < -{pair.sampling_slack}"))
-        rewards.append(float(task_reward(item.task, tokenizer.decode(tokens, skip_special_tokens=True))))
         logprobs.append(tuple(float(x) for x in ours))
         margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
+    flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.logit_noise,
+                      spec.temperature)
+    if flips.p_value < FLIP_ALPHA:
+        return GroupResult(counter, "sampling", detail=(
+            f"{flips.flips} tokens are not the sampler's exact choice where the engine pair's noise explains "
+            f"{flips.expected:.3g} (p = {flips.p_value:.2g} < {FLIP_ALPHA:g})"))
+    rewards = [float(task_reward(item.task, tokenizer.decode(tokens, skip_special_tokens=True)))
+               for tokens in item.completions]
     return GroupResult(counter, None, tuple(rewards), logprobs=tuple(logprobs),
                        min_sampling_margin=margin, max_logprob_error=worst)
 
