@@ -13,9 +13,9 @@ import ipaddress
 import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.swarm.host import advertised_multiaddrs, build_host, dialable_addrs, dialable_hosts
 from intellect_node.node.swarm.runtime import Node
+from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol import codec
 from intellect_node.protocol.messages import NodeAdvert
 from libp2p.identity.identify.identify import ID as IDENTIFY
@@ -75,9 +75,9 @@ async def test_identify_sends_dialable_listen_addrs_and_peer_record() -> None:
 
 async def test_dht_provider_records_peer_routing_and_adverts_are_dialable(tmp_path, nursery) -> None:
     def node(name: str, bootstrap: list[str]) -> Node:
-        config = NodeConfig(home=tmp_path / name, run_id="addr-test", roles=["inference"],
-                            listen=["/ip4/0.0.0.0/tcp/0"], bootstrap=bootstrap, new_swarm=not bootstrap,
-                            heartbeat_s=1.0, discovery_s=2.0)
+        config = SwarmSettings(home=tmp_path / name, run_id="addr-test", roles=("inference",),
+                               listen=("/ip4/0.0.0.0/tcp/0",), bootstrap=tuple(bootstrap), new_swarm=not bootstrap,
+                               heartbeat_s=1.0, discovery_s=2.0)
         config.home.mkdir(parents=True)
         return Node(config, Identity.generate(), CPU_HARDWARE)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.node.app.config import InferenceOptions
+from intellect_node.node.app.config import InferenceOptions, NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
 from intellect_node.node.shards.config import load_shard_config
 from tests.inprocess_nodes import make_node
@@ -14,19 +14,19 @@ from tests.inprocess_nodes import make_node
 
 def test_relay_only_roles_run_the_overlay_and_the_inbox(tmp_path: Path) -> None:
     node = make_node(tmp_path, "relay", "assembly-run")
-    node.config.roles = ["inference", "validator"]
-    shards = load_shard_config(node.config.home, {}, environ={})
-    services = assemble(node, node.config, RoleOptions(shards=shards))
+    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference", "validator"])
+    shards = load_shard_config(config.home, {}, environ={})
+    services = assemble(node, config, RoleOptions(shards=shards))
     assert [s.name for s in services] == ["shards", "rollouts"]
     assert services[1].on_stored is None  # no verifier on this node: nothing judges the inbox here
 
 
 def test_a_role_that_needs_checkpoints_refuses_to_run_without_the_overlay(tmp_path: Path) -> None:
     node = make_node(tmp_path, "worker", "assembly-run")
-    node.config.roles = ["inference"]
+    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference"])
     options = RoleOptions(inference=InferenceOptions(model_dir=tmp_path, task_spec="toy:seed=0,count=4"))
     with pytest.raises(ValueError, match="inference role needs the shard overlay"):
-        assemble(node, node.config, options)
+        assemble(node, config, options)
 
 
 def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: Path) -> None:
@@ -36,13 +36,13 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     from intellect_node.node.roles.validator.service import ValidatorOptions
 
     node = make_node(tmp_path, "both", "assembly-run")
-    node.config.roles = ["inference", "validator"]
-    node.config.run = RunConfig(max_tokens=128, group_size=4, temperature=0.5)
-    shards = load_shard_config(node.config.home, {}, environ={})
+    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference", "validator"],
+                        run=RunConfig(max_tokens=128, group_size=4, temperature=0.5))
+    shards = load_shard_config(config.home, {}, environ={})
     tasks = "toy:seed=0,count=4"
     options = RoleOptions(shards=shards, inference=InferenceOptions(model_dir=tmp_path, task_spec=tasks),
                           validator=ValidatorOptions(model_dir=tmp_path, task_spec=tasks))
-    services = {s.name: s for s in assemble(node, node.config, options)}
+    services = {s.name: s for s in assemble(node, config, options)}
     worker, validator = services["inference"], services["validator"]
     assert (worker.settings.max_tokens, worker.settings.group_size, worker.settings.temperature) == (128, 4, 0.5)
     spec = validator.run_context.spec

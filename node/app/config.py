@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.node.home.layout import HomeLayout
+from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
 
 ENV_PREFIX = "INTELLECT_NODE_"
 DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
 # node needs --bootstrap, a peer cache from an earlier run, or --new-swarm; we never invent addresses.
 DEFAULT_BOOTSTRAP_PEERS: tuple[str, ...] = ()
-DEFAULT_LISTEN = ["/ip4/0.0.0.0/tcp/4001"]
 
 
 SECTIONS = ("node", "run", "shards", "inference", "validator", "trainer", "diloco", "metagene")
@@ -104,6 +104,16 @@ class NodeConfig:
     @property
     def layout(self) -> HomeLayout:
         return HomeLayout(self.home)
+
+    def swarm(self) -> SwarmSettings:
+        """What the swarm reads of this config (node/swarm/settings.py): the swarm never imports the app."""
+        return SwarmSettings(
+            home=self.home, run_id=self.run_id, roles=tuple(self.roles), listen=tuple(self.listen),
+            bootstrap=tuple(self.bootstrap), new_swarm=self.new_swarm, advert_lifetime_s=self.advert_lifetime_s,
+            advert_refresh_s=self.advert_refresh_s, heartbeat_s=self.heartbeat_s, discovery_s=self.discovery_s,
+            connect_timeout_s=self.connect_timeout_s, relay_service=self.relay_service,
+            relay_max_reservations=self.relay_max_reservations, relay_reservation_ttl_s=self.relay_reservation_ttl_s,
+            relay_circuit_duration_s=self.relay_circuit_duration_s, relay_circuit_bytes=self.relay_circuit_bytes)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import trio
 from intellect_node.crypto.envelope import MAX_CLOCK_SKEW_S, open_envelope
 from intellect_node.crypto.identity import Identity, IdentityError, load_identity
 from intellect_node.node.app.config import (
-    DEFAULT_LISTEN,
     ConfigError,
     NodeConfig,
     load_config,
@@ -34,6 +33,7 @@ from intellect_node.node.swarm.host import (
     dialable_hosts,
 )
 from intellect_node.node.swarm.reachability import REACHABLE, REFUSED, ask, tcp_port
+from intellect_node.node.swarm.settings import DEFAULT_LISTEN
 from intellect_node.node.swarm.streams import read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.framing import (
@@ -86,7 +86,7 @@ def check_identity(path: Path) -> Check:
 
 
 def check_listen(listen: list[str]) -> Check:
-    defaulted = listen == DEFAULT_LISTEN
+    defaulted = tuple(listen) == DEFAULT_LISTEN
     try:
         claimed = claim_listen_addrs(listen, defaulted=defaulted)
     except PortInUse as exc:

@@ -2,6 +2,7 @@
 
 - ``runtime``: ``Node``, which runs the host, DHT, gossip, membership and control socket as tasks
   of one trio nursery, and starts the role services beside them.
+- ``settings``: ``SwarmSettings``, what the swarm reads of the node's configuration (the app builds it).
 - ``context``: ``NodeContext``, the narrow part of ``Node`` that services and roles are given.
 - ``host``: the libp2p host (Noise only, yamux) and peer multiaddr parsing.
 - ``streams``: length-prefixed frames over raw libp2p streams, with limits and deadlines.

@@ -16,7 +16,6 @@ from typing import Any, Protocol
 import multiaddr
 import trio
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.app.config import DEFAULT_LISTEN, NodeConfig
 from intellect_node.node.swarm.bootstrap import OK, UNREACHABLE, Attempt, dial, join_failure_message, join_tiers
 from intellect_node.node.swarm.connections import ConnectionManager
 from intellect_node.node.swarm.context import NodeContext
@@ -41,6 +40,7 @@ from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.reachability import DialBackServer, Reachability, check, tcp_port
 from intellect_node.node.swarm.relay_client import RelayClient, is_relayed
 from intellect_node.node.swarm.relay_service import RelayService, relay_limits
+from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.node.swarm.supervisor import HostFailed, Supervisor, at_once
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
@@ -129,7 +129,7 @@ AnnouncementHandler = Callable[[codec.Signed[Any], bytes], bool | None]
 
 
 class Node:
-    def __init__(self, config: NodeConfig, identity: Identity, hardware: Hardware,
+    def __init__(self, config: SwarmSettings, identity: Identity, hardware: Hardware,
                  services: Sequence[Service] = ()) -> None:
         self.config = config
         self.identity = identity
@@ -166,8 +166,8 @@ class Node:
 
     async def run(self, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         """Join and serve until cancelled; reports the listen multiaddrs once ready."""
-        defaulted = self.config.listen == DEFAULT_LISTEN
-        listen = [multiaddr.Multiaddr(addr) for addr in claim_listen_addrs(self.config.listen, defaulted=defaulted)]
+        claimed = claim_listen_addrs(list(self.config.listen), defaulted=self.config.listen_defaulted)
+        listen = [multiaddr.Multiaddr(addr) for addr in claimed]
         self.pubsub, router = build_pubsub(self.host, guard=self.guard)
         self.pubsub.blacklisted_peers.update(_peer_ids(self.scores.banned))  # bans from before a restart
         self.dht = KadDHT(self.host, DHTMode.SERVER)
