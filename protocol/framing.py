@@ -52,7 +52,7 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
     return value
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
-DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/reachability.py
+DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/nat/reachability.py
 DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected"})
 MAX_DELIVERY_REPLY = 1024
 MAX_DELIVERY_REASON = 200  # characters

@@ -132,7 +132,7 @@ async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_it
     """Random bytes, a length prefix over the 2-byte limit, a truncated frame and a request of the
     wrong size on /ina/dialback/1.0.0: each is counted (outcome ``rejected``) and charged by its
     reason in the handler, nothing reaches the stream guard, and the server still answers."""
-    from intellect_node.node.swarm.reachability import REFUSED, ask, tcp_port
+    from intellect_node.node.swarm.nat.reachability import REFUSED, ask, tcp_port
     from intellect_node.protocol.framing import DIALBACK_PROTOCOL, HEADER
     from libp2p.custom_types import TProtocol
 

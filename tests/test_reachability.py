@@ -1,4 +1,4 @@
-"""The dial-back protocol between real in-process nodes on 127.0.0.1 (node/swarm/reachability.py):
+"""The dial-back protocol between real in-process nodes on 127.0.0.1 (node/swarm/nat/reachability.py):
 a dial-back proves the requester's peer id on the port it named, a port held by another peer or by
 nobody is unreachable, a second request from the same IP is refused, and garbage is refused."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 from intellect_node.node.shards.fetcher import PeerBook
-from intellect_node.node.swarm.reachability import (
+from intellect_node.node.swarm.nat.reachability import (
     REFUSED,
     UNREACHABLE,
     Reachability,

@@ -1,4 +1,4 @@
-"""Circuit relay v2 between real in-process hosts on 127.0.0.1 (node/swarm/relay_service.py,
+"""Circuit relay v2 between real in-process hosts on 127.0.0.1 (node/swarm/nat/relay_service.py,
 relay_client.py): a relay refuses the (max+1)th reservation, a reservation cannot be taken in
 another peer's name (defect R1), and a stream opened through the relay reaches the reserved peer
 (a members request answered across the circuit); the relay counts the circuit and its bytes."""
@@ -11,8 +11,8 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.guard import StreamGuard
 from intellect_node.node.swarm.host import build_host
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.node.swarm.relay_client import RelayClient
-from intellect_node.node.swarm.relay_service import HOP_PROTOCOL, RelayService, relay_limits
+from intellect_node.node.swarm.nat.relay_client import RelayClient
+from intellect_node.node.swarm.nat.relay_service import HOP_PROTOCOL, RelayService, relay_limits
 from libp2p.abc import IHost
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import PeerInfo

@@ -32,7 +32,7 @@ from intellect_node.node.swarm.host import (
     claim_listen_addrs,
     dialable_hosts,
 )
-from intellect_node.node.swarm.reachability import REACHABLE, REFUSED, ask, tcp_port
+from intellect_node.node.swarm.nat.reachability import REACHABLE, REFUSED, ask, tcp_port
 from intellect_node.node.swarm.settings import DEFAULT_LISTEN
 from intellect_node.node.swarm.streams import read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
@@ -149,7 +149,7 @@ async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S,
                       listen: str = "/ip4/127.0.0.1/tcp/0") -> list[Check]:
     """Dial every bootstrap peer at once (bounded), read clock skew from the first that answers,
     and ask it to dial this machine back on ``listen``'s port (the node's own, when it is free:
-    the answer is then the one the node would get, node/swarm/reachability.py)."""
+    the answer is then the one the node would get, node/swarm/nat/reachability.py)."""
     if not bootstrap:
         return [Check("bootstrap", WARN, "no bootstrap peers configured",
                       f"ask the run's operators for the line `intellect-node bootstrap` prints, e.g. {config_line(['/dns4/HOST/tcp/4001/p2p/PEER_ID'])}")]

@@ -10,10 +10,7 @@
 - ``dht_get``: the bounded DHT get (the few closest peers at once, first valid reply wins).
 - ``membership``: signed node adverts, their DHT record check, and the view of the run's members.
 - ``peer_scores``: rejection counters by reason, per-peer penalties and bans.
-- ``reachability``: are we publicly dialable, learned from peers' dial-backs.
-- ``relay_service``: circuit relay v2 hop (while public) and stop, with limits; upstream's defects fixed.
-- ``relay_client``: reservations on relays while private, and dialing ``/p2p-circuit`` addresses.
-- ``holepunch``: DCUtR over relayed connections, counted by outcome.
+- ``nat``: reachability (dial-backs), circuit relays (service and client) and hole punching.
 - ``peer_cache``: the peers seen before, so a restart needs no bootstrap peer.
 - ``hardware``: what this machine offers (accelerators, CPU, RAM, disk).
 - ``control``: the local unix socket that ``intellect-node status`` reads.

@@ -23,7 +23,7 @@ from intellect_node.node.swarm.control import NodeAlreadyRunning, claim_socket_p
 from intellect_node.node.swarm.dht_get import bounded_get
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
 from intellect_node.node.swarm.guard import StreamGuard
-from intellect_node.node.swarm.holepunch import CountingDCUtR
+from intellect_node.node.swarm.nat.holepunch import CountingDCUtR
 from intellect_node.node.swarm.host import (
     build_host,
     claim_listen_addrs,
@@ -37,9 +37,9 @@ from intellect_node.node.swarm.membership import (
 )
 from intellect_node.node.swarm.peer_cache import PeerCache
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.node.swarm.reachability import DialBackServer, Reachability, check, tcp_port
-from intellect_node.node.swarm.relay_client import RelayClient, is_relayed
-from intellect_node.node.swarm.relay_service import RelayService, relay_limits
+from intellect_node.node.swarm.nat.reachability import DialBackServer, Reachability, check, tcp_port
+from intellect_node.node.swarm.nat.relay_client import RelayClient, is_relayed
+from intellect_node.node.swarm.nat.relay_service import RelayService, relay_limits
 from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.node.swarm.supervisor import HostFailed, Supervisor, at_once
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
@@ -340,7 +340,7 @@ class Node:
         )
 
     def _advertised_addrs(self) -> tuple[str, ...]:
-        """libp2p and data-plane addresses as reachability allows (node/swarm/reachability.py)."""
+        """libp2p and data-plane addresses as reachability allows (node/swarm/nat/reachability.py)."""
         relayed = self.relay_client.relayed_addrs() if self.reachability.state == "private" else []
         return tuple(dict.fromkeys([*self.reachability.advertised(self.addrs()), *relayed,
                                     *self.reachability.advertised_data(self.extra_addrs)]))[:16]
@@ -489,7 +489,7 @@ class Node:
     # ---- reachability ----------------------------------------------------------------------
 
     async def _reachability_loop(self) -> None:
-        """Ask connected peers to dial this node back (node/swarm/reachability.py): soon after
+        """Ask connected peers to dial this node back (node/swarm/nat/reachability.py): soon after
         joining, again while nobody has answered, then every REACHABILITY_RECHECK_S. A change
         re-signs the advert at once, so peers stop dialing a private address quickly."""
         delays = iter(REACHABILITY_RETRY_S)
@@ -512,7 +512,7 @@ class Node:
 
     async def _relay_loop(self) -> None:
         """While private: hold reservations on up to RELAY_SLOTS public peers, bootstrap peers first
-        (node/swarm/relay_client.py); a change of the relayed addresses re-signs the advert at once."""
+        (node/swarm/nat/relay_client.py); a change of the relayed addresses re-signs the advert at once."""
         while True:
             await trio.sleep(RELAY_KEEP_S)
             if self.reachability.state != "private":

@@ -29,7 +29,7 @@ from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 
-from intellect_node.node.swarm.relay_service import HOP_PROTOCOL
+from intellect_node.node.swarm.nat.relay_service import HOP_PROTOCOL
 
 log = logging.getLogger(__name__)
 RELAY_SLOTS = 2
