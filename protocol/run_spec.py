@@ -45,9 +45,9 @@ class EnginePair(Record):
     toploc_max_mant_err_mean: float = wire(Float(0.0, 1e6))
     toploc_max_mant_err_median: float = wire(Float(0.0, 1e6))
     logprob_atol: float = wire(Float(0.0, 10.0))
-    sampling_slack: float = wire(Float(0.0, 0.5))  # logit units (specs/sampling.md)
-    # std of the error in a difference of two logits between the pair's engines (the flip test)
-    logit_noise: float = wire(Float(0.0, 1.0))
+    sampling_slack: float = wire(Float(0.0, 2.0))  # logit units (specs/sampling.md)
+    # std of the error in a race margin between the pair's engines, in the slack's units (flip test)
+    margin_noise: float = wire(Float(0.0, 1.0))
 
 
 class AuthoritySigned:
@@ -194,7 +194,7 @@ class RunShape(Protocol):
 # never negative (every honest token the replay's exact choice).
 TORCH_TORCH = EnginePair(worker="torch", validator="torch", toploc_max_exp_mismatches=38,
                          toploc_max_mant_err_mean=2.0, toploc_max_mant_err_median=2.0,
-                         logprob_atol=1e-3, sampling_slack=1e-3, logit_noise=1e-4)
+                         logprob_atol=1e-3, sampling_slack=1e-3, margin_noise=1e-4)
 DEFAULT_MAX_GROUPS_PER_STEP = 4096
 
 

@@ -33,6 +33,10 @@ _CHUNK_ELEMENTS = 1 << 22  # scores computed at once by a verifier: 32 MiB of fl
 # A group whose flips are this unlikely under the engine pair's honest noise is refused (and, being
 # a sampling failure, proven): at 1e-9 an honest worker of 10^6 groups is refused with chance 1e-3.
 FLIP_ALPHA = 1e-9
+MAX_SLACK = 2.0  # score units; a run spec's sampling_slack is at most this
+# The top-p cut moves by the slack in mass units, at most this much: a slack wide enough for bf16
+# margins (about 1) would otherwise admit the whole tail of the distribution at a top-p position.
+MAX_MASS_SLACK = 0.1
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,8 @@ class Replay:
             raise ValueError("verifiable sampling needs a temperature > 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if not 0 <= self.slack < 1:
-            raise ValueError("slack must be in [0, 1)")
+        if not 0 <= self.slack <= MAX_SLACK:
+            raise ValueError(f"slack must be in [0, {MAX_SLACK}]")
 
 
 def position_key(seed: int, position: int) -> int:
@@ -170,7 +174,7 @@ def _replay(logits: torch.Tensor, tokens: torch.Tensor, keys: Sequence[int], rep
         part = logits[start:start + rows]
         index = tokens[start:start + rows].to(device=logits.device, dtype=torch.long)[:, None]
         scores, narrowest, widest = _race(part, keys[start:start + rows], replay.temperature, replay.top_p,
-                                          replay.slack)
+                                          min(replay.slack, MAX_MASS_SLACK))
         own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
         competing = scores.masked_fill(~narrowest, -math.inf)
         best_other = competing.scatter(-1, index, -math.inf).max(dim=-1).values
@@ -201,17 +205,17 @@ class FlipTest:
     p_value: float
 
 
-def flip_test(replays: Sequence[TokenReplay], logit_noise: float, temperature: float) -> FlipTest:
-    """specs/sampling.md section 4: a position whose race gap (score units) is ``g`` is flipped by
-    honest noise with probability ``Phi(-g * T / logit_noise)``, ``logit_noise`` being the pair's
-    calibrated standard deviation of the error in a difference of two logits. Summed over the
-    positions, that is the honest expectation; a worker steering near-ties flips more."""
+def flip_test(replays: Sequence[TokenReplay], margin_noise: float) -> FlipTest:
+    """specs/sampling.md section 4: a position whose race gap is ``g`` is flipped by honest noise
+    with probability ``Phi(-g / margin_noise)``, ``margin_noise`` being the engine pair's calibrated
+    standard deviation of the error in a race margin (score units, as the slack). Summed over the
+    positions, that is the honest expectation; a worker steering near ties flips more."""
     margins = np.concatenate([r.margins for r in replays]) if replays else np.zeros(0)
     gaps = np.concatenate([r.gaps for r in replays]) if replays else np.zeros(0)
     flips = int(np.count_nonzero(margins < 0))
     expected = 0.0
-    if logit_noise > 0 and gaps.size:
-        z = torch.from_numpy(-np.minimum(gaps, 1e300) * temperature / logit_noise)
+    if margin_noise > 0 and gaps.size:
+        z = torch.from_numpy(-np.minimum(gaps, 1e300) / margin_noise)
         expected = float(torch.special.ndtr(z).sum())
     return FlipTest(flips, expected, poisson_at_least(flips, expected))
 

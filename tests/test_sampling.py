@@ -149,12 +149,12 @@ def test_honest_noise_passes_the_flip_test_and_steering_near_ties_does_not() -> 
         replay = Replay(seed=seed, temperature=temperature, top_p=1.0, slack=0.5)
         honest = _race_order(worker, seed, temperature)[:, 0]
         [replayed] = margins_of_rows(verifier, honest, [replay], [64])
-        honest_p.append(flip_test([replayed], noise, temperature).p_value)
+        honest_p.append(flip_test([replayed], noise / temperature).p_value)
         order = _race_order(verifier, seed, temperature)
         steered = torch.where(torch.from_numpy(replayed.gaps < 0.3), order[:, 1], order[:, 0])
         [cheat] = margins_of_rows(verifier, steered, [replay], [64])
         assert first_failure(cheat.margins, replay.slack) is None  # the slack alone would not catch it
-        result = flip_test([cheat], noise, temperature)
+        result = flip_test([cheat], noise / temperature)
         steered_p.append(result.p_value)
         steered_flips += result.flips
     assert min(honest_p) > 1e-3

@@ -180,7 +180,7 @@ def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: Wo
     loose = dataclasses.replace(TORCH_TORCH, toploc_max_exp_mismatches=defaults.max_exp_mismatches,
                                 toploc_max_mant_err_mean=defaults.max_mant_err_mean,
                                 toploc_max_mant_err_median=defaults.max_mant_err_median, logprob_atol=0.1,
-                                sampling_slack=0.25, logit_noise=0.1)
+                                sampling_slack=0.25, margin_noise=0.1)
     assert reasons(world.verify(batch, run=RunContext(world.spec(SETTINGS, loose), world.tasks))) == [None] * 4
 
 

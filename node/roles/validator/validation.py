@@ -266,8 +266,7 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
                 f"margin {again.sampling_margins[position]:.3g} < -{pair.sampling_slack}"))
         logprobs.append(tuple(float(x) for x in ours))
         margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
-    flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.logit_noise,
-                      spec.temperature)
+    flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
     if flips.p_value < FLIP_ALPHA:
         return GroupResult(counter, "sampling", detail=(
             f"{flips.flips} tokens are not the sampler's exact choice where the engine pair's noise explains "

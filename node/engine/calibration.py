@@ -1,0 +1,122 @@
+"""The tolerances of an engine pair, measured: what a run spec's ``EnginePair`` says about honest
+numerics when one engine (or precision) generates and another judges.
+
+Why measured and not chosen: a validator must never take a claimant's word for how noisy its
+engine is (specs/validation.md), and a tolerance chosen by hand either refuses honest bf16
+workers or hands cheaters every near tie. The run's authority has honest completions generated
+on one engine (their claimed log-probabilities and TOPLOC proofs as a worker sends them) judged by
+the other's prefill with replays, and derives (specs/sampling.md section 4):
+
+- ``margin_noise``: the noise level at which the flip test's expectation equals the flips seen
+  (``noise_of_flips``: the honest flip rate, matched on the positions' own gaps), times
+  ``NOISE_SAFETY``;
+- ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, and at least
+  ``SLACK_SIGMAS`` noise levels (capped at the wire's bound): beyond it a token is refused alone;
+- ``logprob_atol`` and the TOPLOC thresholds: their largest honest figures times
+  ``LOGPROB_SAFETY`` / ``TOPLOC_SAFETY``, never below the torch/torch pair's.
+
+A pair is only as good as its calibration set: the figures name how many positions they rest on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from intellect_node.crypto.toploc import Thresholds, verify_proofs
+from intellect_node.node.engine.base import PrefillResult
+from intellect_node.protocol.rollouts import CompletionRecord, unpack_logprobs
+from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
+from intellect_node.protocol.sampling import MAX_SLACK
+
+NOISE_SAFETY = 1.5
+SLACK_SAFETY = 1.5
+SLACK_SIGMAS = 8.0
+LOGPROB_SAFETY = 2.0
+TOPLOC_SAFETY = 1.5
+# Loose enough that every honest chunk is measured (a chunk over a limit still reports its figures).
+MEASURING = Thresholds(max_exp_mismatches=10**6, max_mant_err_mean=1e9, max_mant_err_median=1e9)
+
+
+@dataclass(frozen=True)
+class PairFigures:
+    """What the judging engine saw of honest completions from the generating one."""
+
+    positions: int
+    flips: int  # tokens that were not the judging engine's exact choice
+    noise: float  # noise_of_flips: score units, as the slack
+    worst_margin: float  # the most negative margin of an honest token (0 when none flipped)
+    max_logprob_error: float
+    max_exp_mismatches: int
+    max_mant_err_mean: float
+    max_mant_err_median: float
+
+    @staticmethod
+    def worst_of(figures: Sequence[PairFigures]) -> PairFigures:
+        """One set of figures that every one of ``figures`` stays within (a pair covering several
+        precisions: the run spec names engines, not precisions)."""
+        return PairFigures(positions=sum(f.positions for f in figures), flips=sum(f.flips for f in figures),
+                           noise=max(f.noise for f in figures), worst_margin=min(f.worst_margin for f in figures),
+                           max_logprob_error=max(f.max_logprob_error for f in figures),
+                           max_exp_mismatches=max(f.max_exp_mismatches for f in figures),
+                           max_mant_err_mean=max(f.max_mant_err_mean for f in figures),
+                           max_mant_err_median=max(f.max_mant_err_median for f in figures))
+
+
+def noise_of_flips(gaps: np.ndarray, flips: int) -> float:
+    """The ``sigma`` with ``sum(Phi(-gaps / sigma)) == flips`` (bisection; the expectation grows
+    with sigma), 0 when nothing flipped."""
+    if flips <= 0 or gaps.size == 0:
+        return 0.0
+    finite = torch.from_numpy(np.minimum(gaps, 1e300))
+
+    def expected(sigma: float) -> float:
+        return float(torch.special.ndtr(-finite / sigma).sum())
+
+    low, high = 1e-9, 1.0
+    while expected(high) < flips and high < 1e6:
+        high *= 2
+    for _ in range(100):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if expected(middle) < flips else (low, middle)
+    return high
+
+
+def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillResult]) -> PairFigures:
+    """Figures of honest ``claims`` (as a worker delivered them) against the judging engine's
+    prefill of the same completions, with replays, in the same order."""
+    if len(claims) != len(judged) or any(r.sampling_margins is None or r.sampling_gaps is None for r in judged):
+        raise ValueError("need one prefill with replays per claimed completion")
+    margins = np.concatenate([r.sampling_margins for r in judged]) if judged else np.zeros(0)
+    gaps = np.concatenate([r.sampling_gaps for r in judged]) if judged else np.zeros(0)
+    flips = int(np.count_nonzero(margins < 0))
+    logprob_error, chunks = 0.0, []
+    for claim, result in zip(claims, judged):
+        if len(result.logprobs):
+            error = np.abs(unpack_logprobs(claim.logprobs) - result.logprobs.float().numpy())
+            logprob_error = max(logprob_error, float(error.max()))
+        chunks.extend(verify_proofs(result.hidden_states, list(claim.proofs), thresholds=MEASURING))
+    return PairFigures(positions=int(margins.size), flips=flips, noise=noise_of_flips(gaps, flips),
+                       worst_margin=float(min(0.0, margins.min())) if margins.size else 0.0,
+                       max_logprob_error=logprob_error,
+                       max_exp_mismatches=max((c.exp_mismatches for c in chunks), default=0),
+                       max_mant_err_mean=max((c.mant_err_mean for c in chunks), default=0.0),
+                       max_mant_err_median=max((c.mant_err_median for c in chunks), default=0.0))
+
+
+def calibrated_pair(worker: str, validator: str, figures: PairFigures, base: EnginePair = TORCH_TORCH) -> EnginePair:
+    """The ``EnginePair`` for these figures; never tighter than ``base`` (the exact pair's)."""
+    noise = max(base.margin_noise, NOISE_SAFETY * figures.noise)
+    slack = min(MAX_SLACK, max(base.sampling_slack, SLACK_SAFETY * -figures.worst_margin, SLACK_SIGMAS * noise))
+    return dataclasses.replace(
+        base, worker=worker, validator=validator, margin_noise=noise, sampling_slack=slack,
+        logprob_atol=min(10.0, max(base.logprob_atol, LOGPROB_SAFETY * figures.max_logprob_error)),
+        toploc_max_exp_mismatches=min(4096, max(base.toploc_max_exp_mismatches,
+                                                math.ceil(TOPLOC_SAFETY * figures.max_exp_mismatches))),
+        toploc_max_mant_err_mean=max(base.toploc_max_mant_err_mean, TOPLOC_SAFETY * figures.max_mant_err_mean),
+        toploc_max_mant_err_median=max(base.toploc_max_mant_err_median, TOPLOC_SAFETY * figures.max_mant_err_median))

@@ -1,0 +1,109 @@
+"""node/engine/calibration.py: an engine pair's tolerances measured from honest work.
+
+A bf16 worker judged by an fp32 validator (both the torch engine on this CPU) is refused under
+the exact pair's tolerances and accepted under the calibrated ones; the calibrated pair still
+refuses a forged token and a model that is not the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.engine.base import derive_seed
+from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, measure_pair, noise_of_flips
+from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator.validation import RunContext, verify_batch
+from intellect_node.node.tasks.toy import generate_toy_tasks
+from intellect_node.protocol import codec
+from intellect_node.protocol.assignment import sampling_seed
+from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
+from intellect_node.protocol.sampling import MAX_SLACK, Replay
+from tests.test_rollout_builder import wide_tiny_model
+
+RUN, MANIFEST = "calibration-run", bytes(range(32))
+SETTINGS = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=40)
+TASKS = generate_toy_tasks(seed=11, count=400)
+
+
+def test_the_noise_level_matches_the_flips_it_is_given() -> None:
+    gaps = np.abs(np.random.default_rng(0).normal(0, 1, 5000))
+    sigma = noise_of_flips(gaps, 50)
+    expected = float(torch.special.ndtr(torch.from_numpy(-gaps / sigma)).sum())
+    assert expected == pytest.approx(50, rel=1e-3)
+    assert noise_of_flips(gaps, 0) == 0.0 and noise_of_flips(gaps, 100) > sigma
+
+
+def test_a_pair_is_never_tighter_than_the_exact_one_and_widens_with_its_figures() -> None:
+    quiet = PairFigures(positions=100, flips=0, noise=0.0, worst_margin=0.0, max_logprob_error=1e-6,
+                        max_exp_mismatches=0, max_mant_err_mean=0.0, max_mant_err_median=0.0)
+    assert dataclasses.replace(calibrated_pair("torch", "torch", quiet)) == TORCH_TORCH
+    noisy = dataclasses.replace(quiet, flips=9, noise=0.04, worst_margin=-0.3, max_logprob_error=0.5,
+                                max_exp_mismatches=40, max_mant_err_mean=3.0, max_mant_err_median=2.0)
+    pair = calibrated_pair("vllm", "torch", noisy)
+    assert (pair.worker, pair.validator) == ("vllm", "torch")
+    assert pair.margin_noise == pytest.approx(0.06) and 0.45 <= pair.sampling_slack <= MAX_SLACK
+    assert pair.logprob_atol == pytest.approx(1.0) and pair.toploc_max_exp_mismatches == 60
+    assert (pair.toploc_max_mant_err_mean, pair.toploc_max_mant_err_median) == (pytest.approx(4.5), 3.0)
+
+
+@pytest.fixture(scope="module")
+def engines() -> dict[str, TorchEngine]:
+    torch.set_num_threads(2)
+    model = wide_tiny_model()
+    return {"fp32": TorchEngine.from_checkpoint(model),
+            "bf16": TorchEngine.from_checkpoint(model, dtype=torch.bfloat16),
+            "tokenizer": AutoTokenizer.from_pretrained(model)}
+
+
+def _batch(engines, engine: str, worker: Identity, first: int) -> RolloutBatch:
+    return build_batch(engines[engine], engines["tokenizer"], TASKS, run_id=RUN, worker=worker.peer_id, step=0,
+                       manifest_hash=MANIFEST, first_counter=first, settings=SETTINGS).batch
+
+
+def _judge(engines, batch: RolloutBatch, worker: Identity, pair) -> list[str | None]:
+    spec = build_run_spec(run_id=RUN, authority="authority", tasks=TASKS, settings=SETTINGS, async_window=2,
+                          engines=(pair,))
+    signed = codec.decode(codec.encode(batch, worker, lifetime_s=600), RolloutBatch)
+    verdict = verify_batch(signed, engine=engines["fp32"], tokenizer=engines["tokenizer"], run=RunContext(spec, TASKS),
+                           checkpoint_step_of=lambda h: 0 if h == MANIFEST else None, newest_step=0,
+                           state=JudgeState())
+    return [g.reason for g in verdict.groups]
+
+
+def test_a_bf16_worker_judged_in_fp32_passes_under_its_calibrated_pair_and_forgeries_do_not(engines) -> None:
+    worker = Identity.generate()
+    calibration = [_batch(engines, "bf16", worker, first) for first in range(0, 48, 8)]
+    claims, prompts, completions, replays = [], [], [], []
+    for batch in calibration:
+        for group in batch.groups:
+            seed = sampling_seed(RUN, worker.peer_id, 0, group.counter)
+            for j, completion in enumerate(group.completions):
+                claims.append(completion)
+                prompts.append(unpack_tokens(group.prompt_ids).tolist())
+                completions.append(unpack_tokens(completion.token_ids).tolist())
+                replays.append(Replay(derive_seed(seed, j), SETTINGS.temperature, SETTINGS.top_p, MAX_SLACK))
+    figures = measure_pair(claims, engines["fp32"].prefill(prompts, completions, replays))
+    assert figures.positions == sum(len(c) for c in completions) and figures.max_logprob_error > TORCH_TORCH.logprob_atol
+    pair = calibrated_pair("torch", "torch", figures)
+
+    worker = Identity.generate()  # fresh work: another worker's counter 0 (a judge wants dense counters)
+    fresh = _batch(engines, "bf16", worker, 0)
+    assert any(_judge(engines, fresh, worker, TORCH_TORCH))  # the exact pair refuses honest bf16 work
+    assert _judge(engines, fresh, worker, pair) == [None] * len(fresh.groups)
+
+    group = fresh.groups[0]
+    tokens = unpack_tokens(group.completions[0].token_ids).tolist()
+    tokens[len(tokens) // 2] = (tokens[len(tokens) // 2] + 7) % (engines["fp32"].vocab_size - 4) + 4
+    forged = dataclasses.replace(group.completions[0], token_ids=pack_tokens(tokens))
+    batch = dataclasses.replace(fresh, groups=(dataclasses.replace(group, completions=(forged, *group.completions[1:])),
+                                               *fresh.groups[1:]))
+    assert _judge(engines, batch, worker, pair)[0] in {"sampling", "toploc", "logprobs"}
