@@ -153,13 +153,13 @@ async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_it
         await stream.write(data)
         await stream.close()
         with trio.move_on_after(5):
-            while server.dialback.outcomes["rejected"] < sent:
+            while server.nat.dialback.outcomes["rejected"] < sent:
                 await trio.sleep(0.02)
-        assert server.dialback.outcomes["rejected"] == sent, data
+        assert server.nat.dialback.outcomes["rejected"] == sent, data
         assert server.scores.rejections[reason] == before + 1, reason
     assert not server.guard.errors and server.scores.rejections["handler_error"] == 0
     assert server.scores.penalty(requester.peer_id) > 0 and not server.scores.is_banned(requester.peer_id)
-    server.dialback._last_by_ip["127.0.0.1"] = __import__("time").monotonic()  # so the answer is a quick refusal
+    server.nat.dialback._last_by_ip["127.0.0.1"] = __import__("time").monotonic()  # so the answer is a quick refusal
     answer = None
     with trio.move_on_after(10):
         while answer is None:  # the last handler may still hold the peer's one dial-back slot
@@ -194,8 +194,8 @@ def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signatur
         ShardService(node, ShardConfig(data_dir=tmp_path / name / "shards", trainer=trainer_id))
         validators = {}
         pubsub = SimpleNamespace(set_topic_validator=lambda topic, fn, is_async: validators.__setitem__(topic, fn))
-        accepted = tuple(cls for cls, _ in node._announcement_handlers.values())  # as Node.run installs it
-        install_validator(pubsub, "announce", accepted, node._on_announcement, node.scores, max_size=ANNOUNCE_MAX_BYTES)
+        accepted = tuple(cls for cls, _ in node.announcements.handlers.values())  # as Node.run installs it
+        install_validator(pubsub, "announce", accepted, node.announcements.dispatch, node.scores, max_size=ANNOUNCE_MAX_BYTES)
 
         def deliver(signer: Identity) -> bool:
             message = SimpleNamespace(data=codec.encode(manifest, signer, lifetime_s=600),

@@ -12,12 +12,6 @@ import ipaddress
 
 import multiaddr
 import trio
-from intellect_node.crypto.identity import Identity
-from intellect_node.node.swarm.host import advertised_multiaddrs, build_host, dialable_addrs, dialable_hosts
-from intellect_node.node.swarm.runtime import Node
-from intellect_node.node.swarm.settings import SwarmSettings
-from intellect_node.protocol import codec
-from intellect_node.protocol.messages import NodeAdvert
 from libp2p.identity.identify.identify import ID as IDENTIFY
 from libp2p.identity.identify.pb.identify_pb2 import Identify
 from libp2p.peer.envelope import consume_envelope
@@ -25,6 +19,12 @@ from libp2p.peer.peer_record import PEER_RECORD_ENVELOPE_DOMAIN
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.utils.varint import read_length_prefixed_protobuf
 
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.host import advertised_multiaddrs, build_host, dialable_addrs, dialable_hosts
+from intellect_node.node.swarm.runtime import Node
+from intellect_node.node.swarm.settings import SwarmSettings
+from intellect_node.protocol import codec
+from intellect_node.protocol.messages import NodeAdvert
 from tests.protocol_samples import CPU_HARDWARE
 
 
@@ -100,5 +100,5 @@ async def test_dht_provider_records_peer_routing_and_adverts_are_dialable(tmp_pa
     routed = await first.dht.peer_routing.find_peer(first.host.get_id())  # what kad answers for us
     assert routed is not None and _all_dialable(routed.addrs)
 
-    own = codec.decode(first._own_envelope, NodeAdvert).message  # type: ignore[arg-type]
+    own = codec.decode(first.adverts.envelope, NodeAdvert).message  # type: ignore[arg-type]
     assert _all_dialable(list(own.addrs))

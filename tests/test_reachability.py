@@ -27,7 +27,7 @@ async def _ask_fresh(server, requester, peer, port):  # type: ignore[no-untyped-
     """One request with the server's per-IP interval reset; the guard holds one stream slot per
     peer until the previous handler has returned, so a request right after another may be reset."""
     for _ in range(5):
-        server.dialback._last_by_ip.clear()
+        server.nat.dialback._last_by_ip.clear()
         answer = await ask(requester.host, peer, port)
         if answer is not None:
             return answer
@@ -46,7 +46,7 @@ async def test_dial_back_proves_the_requester_and_refuses_what_it_should(tmp_pat
     own_port, other_port = tcp_port(requester.addrs()), tcp_port(other.addrs())
     assert own_port and other_port
 
-    server.dialback._last_by_ip.clear()  # the nodes' own loops may have asked already
+    server.nat.dialback._last_by_ip.clear()  # the nodes' own loops may have asked already
     result = await check(requester.host, [peer], own_port, Reachability())
     assert (result.state, result.observed_ip) == ("public", "127.0.0.1")
     assert result.advertised(requester.addrs()) == requester.addrs()  # the proven address is the one it has
@@ -57,7 +57,7 @@ async def test_dial_back_proves_the_requester_and_refuses_what_it_should(tmp_pat
         await unused.bind(("127.0.0.1", 0))
         free_port = unused.getsockname()[1]
     assert (await _ask_fresh(server, requester, peer, free_port)) == (UNREACHABLE, "127.0.0.1")
-    assert server.dialback.outcomes["reachable"] >= 1 and server.dialback.outcomes["unreachable"] == 2
+    assert server.nat.dialback.outcomes["reachable"] >= 1 and server.nat.dialback.outcomes["unreachable"] == 2
 
     stream = await requester.host.new_stream(peer, [TProtocol(DIALBACK_PROTOCOL)])
     await write_frame(stream, b"x" * 100)  # over the 2-byte limit: refused before it is read

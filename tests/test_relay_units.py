@@ -76,16 +76,16 @@ async def test_a_stream_through_the_relay_reaches_the_reserved_peer(tmp_path, nu
     full node too, so the request crossing the circuit is the members protocol itself."""
     relay = make_node(tmp_path, "relay", "relay-test")
     addrs = await nursery.start(relay.run)
-    relay.relay.set_hop(True)
+    relay.nat.relay.set_hop(True)
     home = make_node(tmp_path, "home", "relay-test", bootstrap=addrs)
     await nursery.start(home.run)
     dialer_host = _guarded_host()
-    async with dialer_host.run(LISTEN), background_trio_service(dialer_service := RelayService(dialer_host, relay.relay.limits)):
+    async with dialer_host.run(LISTEN), background_trio_service(dialer_service := RelayService(dialer_host, relay.nat.relay.limits)):
         relay_id = relay.host.get_id().to_base58()
         relay_addr = addrs[0].split("/p2p/")[0]
         with trio.fail_after(15):
-            assert await home.relay_client._reserve(relay_id, relay_addr)
-        circuit = home.relay_client.relayed_addrs()[0]
+            assert await home.nat.relay_client._reserve(relay_id, relay_addr)
+        circuit = home.nat.relay_client.relayed_addrs()[0]
         assert circuit == f"{relay_addr}/p2p/{relay_id}/p2p-circuit/p2p/{home.peer_id}"
 
         async def echo(stream) -> None:  # type: ignore[no-untyped-def]

@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import trio
-from intellect_node.node.swarm.host import parse_peer_addr
 from libp2p.abc import IHost
 from libp2p.peer.peerinfo import PeerInfo
+
+from intellect_node.node.swarm.host import parse_peer_addr
 
 DNS_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 2.0
@@ -93,7 +94,8 @@ async def resolve(addr: str, timeout_s: float = DNS_TIMEOUT_S) -> list[str]:
             raise DnsFailure(f"cannot resolve {name!r}: {getattr(exc, 'strerror', None) or exc}") from None
         ips = list(dict.fromkeys(str(info[4][0]) for info in infos))[:MAX_RESOLVED]
         if not ips:
-            raise DnsFailure(f"{name!r} has no {'IPv4 ' if proto == 'dns4' else 'IPv6 ' if proto == 'dns6' else ''}address")
+            family = {"dns4": "IPv4 ", "dns6": "IPv6 "}.get(proto, "")
+            raise DnsFailure(f"{name!r} has no {family}address")
         return [f"/{'ip6' if ':' in ip else 'ip4'}/{ip}{rest}" for ip in ips]
     raise DnsFailure(f"resolving {name!r} took longer than {timeout_s:g} s")
 

@@ -5,7 +5,8 @@ DHT object, the pubsub router, the control socket), and a reader could not tell 
 depends on. Every service and role module names this type instead; ``Node`` satisfies it, and
 tests may pass any object that does. What is here is exactly what the roles use today:
 
-- who we are and which run: ``peer_id``, ``identity``, ``config`` (the ``SwarmSettings``: ``run_id``, ``layout``, ``listen``);
+- who we are and which run: ``peer_id``, ``identity``, ``config`` (the ``SwarmSettings``: ``run_id``,
+  ``layout``, ``listen``);
 - whom we know: ``view`` (the run's members), ``scores`` (the one ban path), ``connections``
   (mark peers proven or protected from trimming);
 - how we talk: ``announce`` / ``publish_announcement`` / ``on_announcement`` on the run's
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from libp2p.abc import IHost
+
     from intellect_node.crypto.identity import Identity
     from intellect_node.node.swarm.connections import ConnectionManager
     from intellect_node.node.swarm.membership import MemberView
@@ -27,7 +30,6 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.settings import SwarmSettings
     from intellect_node.protocol import codec
     from intellect_node.protocol.messages import Message
-    from libp2p.abc import IHost
 
 
 class NodeContext(Protocol):

@@ -112,7 +112,8 @@ async def read_request(stream: trio.SocketStream) -> bytes | None:
 async def _answer(stream: trio.SocketStream, snapshot: Callable[[], dict[str, Any]]) -> None:
     request = await read_request(stream)
     if request is None:
-        reply: dict[str, Any] = {"ok": False, "error": f"request over {MAX_REQUEST} bytes or slower than {READ_TIMEOUT_S:g} s"}
+        error = f"request over {MAX_REQUEST} bytes or slower than {READ_TIMEOUT_S:g} s"
+        reply: dict[str, Any] = {"ok": False, "error": error}
     else:
         reply = {"ok": True} if request == b"ping" else snapshot()
     with trio.move_on_after(WRITE_TIMEOUT_S):

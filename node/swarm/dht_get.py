@@ -44,6 +44,7 @@ ASK_PEERS = 3  # the Kademlia paper's alpha: one slow or lying peer does not cos
 # fallback lookup costs far more than waiting; the first valid reply ends the wait in any case.
 PEER_TIMEOUT_S = 5.0
 GET_TIMEOUT_S = 10.0  # the whole get, fallback included (libp2p's own get has no overall deadline)
+DHT_TIMEOUT_S = 10.0  # the bound on our other DHT calls (put, provide, find_providers): libp2p sets none
 # A GET_VALUE reply carries the record (an advert is at most 8 KiB), the sender's signed peer record
 # and up to 20 closer peers with their addresses and signed peer records (about 0.3 KiB each with a
 # few addresses). 64 KiB leaves room for peers with many addresses; libp2p itself accepts 4 MiB.

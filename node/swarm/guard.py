@@ -28,12 +28,12 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
-
-from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
 from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP_PROTOCOL
+
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
 
 log = logging.getLogger(__name__)
 Handler = Callable[[INetStream], Awaitable[None]]
@@ -160,7 +160,8 @@ class StreamGuard:
                 await self._contained(protocol, handler)(await self._first_byte(stream, protocol, policy)
                                                          if policy.first_byte_s is not None else stream)
             except _FirstByteMissing:
-                self.scores.reject(peer or None, "timeout", f"{protocol}: no first byte within {policy.first_byte_s:g} s")
+                detail = f"{protocol}: no first byte within {policy.first_byte_s:g} s"
+                self.scores.reject(peer or None, "timeout", detail)
                 await reset_quietly(stream)
             finally:
                 self._held.subtract(taken)

@@ -15,7 +15,6 @@ import psutil
 
 from intellect_node.protocol.messages import Hardware
 
-
 _GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 
 

@@ -14,19 +14,20 @@ import socket
 
 import multiaddr
 import psutil
-from intellect_node.crypto.identity import Identity
 from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
-from libp2p.network.config import ConnectionConfig
 from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from intellect_node.crypto.identity import Identity
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,12 @@ def advertised_multiaddrs(candidates: list[multiaddr.Multiaddr]) -> list[multiad
     answers, and what our adverts carry. py-libp2p 0.8.1 would send a 0.0.0.0 listener as
     ``/ip4/0.0.0.0/...``, which js- and go-libp2p peers stored as the node's only address."""
     return [multiaddr.Multiaddr(addr) for addr in dialable_addrs([str(candidate) for candidate in candidates])]
+
+
+def listen_addrs(host: IHost) -> list[str]:
+    """The multiaddrs peers can dial (a 0.0.0.0 listener becomes one address per interface): the
+    host's own, as identify and the DHT send them (``advertised_multiaddrs``)."""
+    return [str(addr) for addr in host.get_addrs()]
 
 
 def _unspecified(addr: str) -> bool:

@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 
 import multiaddr
 import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.transport.tcp.tcp import TCP
+
 from intellect_node.node.swarm.guard import ip_of, peer_of
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL
-from libp2p.abc import IHost, INetStream
-from libp2p.custom_types import TProtocol
-from libp2p.peer.id import ID
-from libp2p.transport.tcp.tcp import TCP
 
 log = logging.getLogger(__name__)
 DIAL_TIMEOUT_S = 5.0

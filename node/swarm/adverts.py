@@ -1,0 +1,155 @@
+"""``Advertiser``: this node's own signed advert, kept current in gossip and in the DHT.
+
+The advert is how the run knows a node exists (specs/dht.md): peers expire it after
+``advert_lifetime_s``, so it must be repeated, and it carries what changes while the node runs (the
+policy step, the addresses reachability allows, data-plane endpoints), so a change must go out at
+once, not at the next refresh. Gossip carries every repetition; the DHT copy is only for lookups,
+and is stored far more rarely because each store costs a lookup plus writes at about k peers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+from libp2p.kad_dht.kad_dht import KadDHT
+from libp2p.pubsub.pubsub import Pubsub
+
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.dht_get import DHT_TIMEOUT_S
+from intellect_node.node.swarm.membership import MemberView
+from intellect_node.node.swarm.settings import SwarmSettings
+from intellect_node.protocol import codec
+from intellect_node.protocol.keys import advert_key, members_topic, run_members_key
+from intellect_node.protocol.messages import Hardware, NodeAdvert
+
+log = logging.getLogger(__name__)
+SOFTWARE_VERSION = "0.1.0"
+MAX_ADVERTISED_ADDRS = 16
+MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
+PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
+# Heartbeats grow sparser as the run grows, so the members topic stays under about this many
+# messages per second in total (libp2p rate-limits each forwarding peer per topic).
+MEMBERS_TOPIC_BUDGET_PER_S = 2.0
+
+
+class Advertiser:
+    def __init__(self, identity: Identity, settings: SwarmSettings, hardware: Hardware, view: MemberView,
+                 pubsub: Pubsub, dht: KadDHT, addresses: Callable[[list[str]], list[str]]) -> None:
+        """``addresses(data_addrs)``: every address peers can use now, the libp2p ones and the given
+        data-plane ones (reachability decides which: ``NatTraversal.advertised``)."""
+        self.identity = identity
+        self.settings = settings
+        self.hardware = hardware
+        self.view = view
+        self.pubsub = pubsub
+        self.dht = dht
+        self.addresses = addresses
+        self.policy_step: int | None = None
+        self.extra_addrs: list[str] = []  # data-plane endpoints (e.g. /ip4/.../tcp/.../http)
+        self.envelope: bytes | None = None  # the advert as last signed; None before the first signing
+        self._changed = trio.Event()
+
+    def own_advert(self) -> NodeAdvert:
+        return NodeAdvert(
+            peer_id=self.identity.peer_id,
+            run_id=self.settings.run_id,
+            roles=tuple(dict.fromkeys(self.settings.roles)),
+            addrs=self.advertised_addrs(),
+            hardware=self.hardware,
+            throughput_tokens_per_s=None,
+            software_version=SOFTWARE_VERSION,
+            policy_step=self.policy_step,
+        )
+
+    def advertised_addrs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.addresses(self.extra_addrs)))[:MAX_ADVERTISED_ADDRS]
+
+    def update(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
+        """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
+        if policy_step is not None:
+            self.policy_step = policy_step
+        if extra_addr is not None and extra_addr not in self.extra_addrs:
+            self.extra_addrs.append(extra_addr)
+        self.changed()
+
+    def changed(self) -> None:
+        """Something the advert carries changed: re-sign and gossip it now."""
+        self._changed.set()
+
+    def sign(self) -> bytes:
+        """Sign the advert as it stands and put it in our own view (we are a member too)."""
+        self.envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=self.settings.advert_lifetime_s)
+        self.view.accept(self.envelope)
+        return self.envelope
+
+    async def run(self) -> None:
+        """Gossip the advert every heartbeat; re-sign (and re-store in the DHT) when due or changed.
+
+        One loop, one message per interval: the heartbeat repeats the current envelope, which is
+        re-signed every ``advert_refresh_s`` so it never nears expiry. The interval grows with the
+        run (``MEMBERS_TOPIC_BUDGET_PER_S``). The DHT store runs beside the loop: it can take seconds
+        under load, and the cadence must not wait for it or peers would expire a live node.
+        """
+        settings = self.settings
+        signed_at = stored_at = provided_at = -float("inf")
+        stored_addrs: tuple[str, ...] | None = None
+        async with trio.open_nursery() as stores:
+            while True:
+                if time.monotonic() - signed_at >= settings.advert_refresh_s or self._changed.is_set():
+                    self._changed = trio.Event()
+                    signed_at = time.monotonic()
+                    envelope = self.sign()
+                    # The DHT copy only has to outlive its own half-life and carry the addresses a
+                    # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
+                    # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
+                    # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
+                    # (bench/RESULTS.md, "Cutting the swarm's CPU per step"). A new policy step reaches
+                    # members by gossip at once; the DHT copy catches up at its refresh.
+                    addrs = self.advertised_addrs()
+                    if addrs != stored_addrs or signed_at - stored_at >= settings.advert_lifetime_s / 2:
+                        stored_addrs = addrs
+                        provide = signed_at - provided_at >= PROVIDER_REFRESH_S
+                        stored_at = signed_at
+                        provided_at = signed_at if provide else provided_at
+                        stores.start_soon(self._store, envelope, provide)
+                await self.publish()
+                interval = max(settings.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
+                next_signing = signed_at + settings.advert_refresh_s - time.monotonic()
+                with trio.move_on_after(max(0.0, min(interval, next_signing))):
+                    await self._changed.wait()
+
+    async def _store(self, envelope: bytes, provide: bool) -> None:
+        """Put the advert (and, rarely, the run provider record); bounded so puts never pile up."""
+        run_id = self.settings.run_id
+        with trio.move_on_after(min(DHT_TIMEOUT_S, self.settings.advert_refresh_s)):
+            try:
+                await self.dht.put_value(advert_key(run_id, self.identity.peer_id), envelope)
+                if provide:
+                    await self.dht.provide(run_members_key(run_id))
+            except Exception as exc:  # no reachable DHT peers yet: the next round retries
+                log.debug("advert DHT put failed: %s", exc)
+
+    async def publish(self) -> None:
+        """Gossip the current envelope (nothing before the first signing)."""
+        if self.envelope is None:
+            return
+        try:
+            await self.pubsub.publish(members_topic(self.settings.run_id), self.envelope)
+        except Exception as exc:
+            log.debug("advert publish failed: %s", exc)
+
+    async def gossip_once_meshed(self) -> None:
+        """Gossip the advert again as soon as this node has a members mesh, and once more a gossip
+        heartbeat later. The advert gossiped while joining went out before any mesh existed
+        (gossipsub sends only to mesh peers), so only the peers this node dialed knew it, and the
+        next heartbeat is ``heartbeat_s`` away: in a 20-node start that gap set convergence."""
+        topic = members_topic(self.settings.run_id)
+        with trio.move_on_after(MESH_WAIT_S):
+            while not self.pubsub.router.mesh.get(topic):
+                await trio.sleep(0.1)
+        await self.publish()
+        await trio.sleep(1.0)  # node.gossip's heartbeat: by then the mesh has grown to its degree
+        await self.publish()

@@ -1,0 +1,120 @@
+"""``MemberExchange``: the members protocol, and the one way an advert gets into the view.
+
+Gossip is push-only: a node that joined a moment ago, or was cut off or starved of CPU, has no way
+to catch up from it. The members protocol is the pull side: one small stream on which the caller
+sends its own advert and the callee answers with every advert it holds (specs/wire.md). Adverts
+from it, from gossip and from the DHT all pass through ``accept``, which checks them, charges the
+peer that delivered a bad one, and keeps a new member's addresses for the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from intellect_node.node.swarm.membership import Member, MemberView
+from intellect_node.node.swarm.peer_cache import PeerCache
+from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import Rejected, SignerMismatch
+from intellect_node.protocol.framing import (
+    MAX_MEMBERS_REQUEST,
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+    encode_envelope_list,
+)
+from intellect_node.protocol.messages import NodeAdvert
+
+log = logging.getLogger(__name__)
+STREAM_TIMEOUT_S = 5.0
+
+
+class MemberExchange:
+    def __init__(self, host: IHost, view: MemberView, scores: PeerScores, peer_cache: PeerCache,
+                 own_envelope: Callable[[], bytes | None]) -> None:
+        """``own_envelope()``: our advert as last signed, sent with every request (None: not yet)."""
+        self.host = host
+        self.view = view
+        self.scores = scores
+        self.peer_cache = peer_cache
+        self.own_envelope = own_envelope
+
+    def install(self) -> None:
+        """Serve the members protocol (once the host runs)."""
+        self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self.serve)
+
+    async def exchange(self, peer: ID) -> None:
+        """Send our advert to ``peer`` and take the adverts it knows."""
+        peer_id = peer.to_base58()
+        try:
+            stream = await self.host.new_stream(peer, [TProtocol(MEMBERS_PROTOCOL)])
+        except Exception as exc:
+            log.info("members exchange with %s failed to open: %s", peer_id, exc)
+            return
+        try:
+            await write_frame(stream, self.own_envelope() or b"")
+            payload = await read_frame(stream, MAX_MEMBERS_RESPONSE, STREAM_TIMEOUT_S)
+            envelopes = decode_envelope_list(payload)
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members response: {exc}")
+            return
+        except Exception as exc:
+            log.info("members exchange with %s failed: %s", peer_id, exc)
+            return
+        finally:
+            await close_quietly(stream)
+        for envelope in envelopes:
+            self.accept(envelope, delivered_by=peer_id)
+
+    async def pull_from_random_peer(self) -> None:
+        """One exchange (anti-entropy) with a random connected peer, bounded."""
+        connected = self.host.get_connected_peers()
+        if connected:
+            with trio.move_on_after(STREAM_TIMEOUT_S * 2):
+                await self.exchange(random.choice(connected))
+
+    async def serve(self, stream: INetStream) -> None:
+        peer_id = stream.muxed_conn.peer_id.to_base58()
+        try:
+            if self.scores.is_banned(peer_id):
+                return
+            request = await read_frame(stream, MAX_MEMBERS_REQUEST, STREAM_TIMEOUT_S)
+            if request:
+                signed = codec.decode(request, NodeAdvert)
+                if signed.signer_peer_id != peer_id:
+                    raise SignerMismatch("members request carries an advert of another peer")
+                self.accept(request, delivered_by=peer_id)
+            await write_frame(stream, encode_envelope_list(self.view.envelopes()))
+        except Rejected as exc:
+            self.scores.reject(peer_id, exc.reason, f"members request: {exc}")
+        except Exception as exc:
+            log.info("members request from %s failed: %s", peer_id, exc)
+        finally:
+            await close_quietly(stream)
+
+    def accept(self, envelope: bytes, delivered_by: str | None) -> bool:
+        """Record a verified advert (charging ``delivered_by`` for a bad one); True if kept or known."""
+        try:
+            self._remember(self.view.accept(envelope))
+        except Rejected as exc:
+            self.scores.reject(delivered_by, exc.reason, f"advert: {exc}")
+            return False
+        return True
+
+    def on_gossip(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
+        """The members topic's handler: ``Rejected`` propagates to the gossip validator, which charges."""
+        self._remember(self.view.accept(raw))
+        return True
+
+    def _remember(self, member: Member | None) -> None:
+        """Keep a newly accepted peer's addresses for the next start (not our own)."""
+        if member is not None and member.advert.peer_id != self.host.get_id().to_base58():
+            self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))

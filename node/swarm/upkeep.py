@@ -1,0 +1,64 @@
+"""``Upkeep``: what a node must keep doing so that its state stays true: members whose adverts
+expired are dropped, the peer cache reaches disk soon after it changes (a crash skips the save at
+shutdown), and a banned peer's gossip and connection go as soon as the ban is decided.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+from libp2p.abc import IHost
+from libp2p.peer.id import ID
+from libp2p.pubsub.pubsub import Pubsub
+
+from intellect_node.node.swarm.membership import MemberView
+from intellect_node.node.swarm.peer_cache import PeerCache
+
+log = logging.getLogger(__name__)
+UPKEEP_S = 1.0
+
+
+class Upkeep:
+    def __init__(self, host: IHost, pubsub: Pubsub, view: MemberView, peer_cache: PeerCache) -> None:
+        self.host = host
+        self.pubsub = pubsub
+        self.view = view
+        self.peer_cache = peer_cache
+        # bans decided (synchronously, inside a handler) -> disconnected by ``run``
+        self._to_disconnect, self._banned = trio.open_memory_channel[ID](math.inf)
+
+    def on_ban(self, peer_id: str) -> None:
+        """Drop a banned peer's gossip now and its connection soon (``PeerScores``' ban hook).
+
+        Not ``Pubsub.add_to_blacklist``: in libp2p 0.8.1 its teardown races the dead-peer handler
+        (KeyError in ``_teardown_if_connected``) and takes the pubsub service, and the node, down.
+        Adding to the blacklist set and closing the connection reaches the same state safely.
+        """
+        try:
+            peer = ID.from_base58(peer_id)
+        except ValueError:
+            return
+        self.pubsub.blacklisted_peers.add(peer)
+        self._to_disconnect.send_nowait(peer)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._disconnect_banned, nursery)
+            while True:
+                await trio.sleep(UPKEEP_S)
+                for peer_id in self.view.prune():
+                    log.info("member %s left (advert expired)", peer_id)
+                if self.peer_cache.dirty:
+                    self.peer_cache.save()
+
+    async def _disconnect_banned(self, nursery: trio.Nursery) -> None:
+        async for peer in self._banned:
+            nursery.start_soon(self._disconnect, peer)
+
+    async def _disconnect(self, peer: ID) -> None:
+        try:
+            await self.host.disconnect(peer)
+        except Exception as exc:
+            log.debug("disconnect of %s failed: %s", peer, exc)
