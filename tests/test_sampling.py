@@ -166,3 +166,4 @@ def test_the_poisson_tail() -> None:
     assert poisson_at_least(1, 0.5) == pytest.approx(1 - np.exp(-0.5))
     tail = sum(np.exp(-1.0) / math.factorial(i) for i in range(12, 40))  # summed upwards, no 1 - (1 - x) loss
     assert poisson_at_least(12, 1.0) == pytest.approx(tail, rel=1e-9) and 0 < tail < 1e-9
+    assert poisson_at_least(10_000, 9_000.0) < 1e-20 < 0.4 < poisson_at_least(9_000, 9_000.0) < 0.6

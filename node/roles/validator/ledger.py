@@ -10,6 +10,11 @@ Only the next expected counter is kept per (worker, step): dense counters need n
 Content. A group already seen (same prompt and completion tokens), from any worker and under any
 counter, is refused: resubmitting one's own or someone else's accepted work costs no decoding.
 Both maps forget steps that left the async window, which bounds their size.
+
+Flips. Each worker's flips (tokens inside the sampling slack that were not the replay's exact
+choice) and the number its engine pair's noise explains, summed over its accepted groups: the flip
+test of one group leaves a cheater a few steered near ties; summed, steady steering shows
+(specs/sampling.md section 4). Kept per worker for the node's life (two numbers each).
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ class JudgeState:
 
     next_counter: dict[tuple[str, int], int] = field(default_factory=dict)
     contents: dict[bytes, int] = field(default_factory=dict)  # group digest -> policy step
+    flips: dict[str, tuple[int, float]] = field(default_factory=dict)  # worker -> (flips, expected)
+
+    def add_flips(self, worker: str, flips: int, expected: float) -> tuple[int, float]:
+        """The worker's flips and their honest expectation with one more group's added."""
+        seen, explained = self.flips.get(worker, (0, 0.0))
+        self.flips[worker] = total = (seen + flips, explained + expected)
+        return total
 
     def expected(self, worker: str, step: int) -> int:
         return self.next_counter.get((worker, step), 0)

@@ -36,7 +36,14 @@ from intellect_node.protocol.rollouts import (
     unpack_tokens,
 )
 from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
-from intellect_node.protocol.sampling import FLIP_ALPHA, Replay, TokenReplay, first_failure, flip_test
+from intellect_node.protocol.sampling import (
+    FLIP_ALPHA,
+    Replay,
+    TokenReplay,
+    first_failure,
+    flip_test,
+    poisson_at_least,
+)
 from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
@@ -66,6 +73,8 @@ class GroupResult:
     logprobs: tuple[tuple[float, ...], ...] = ()
     min_sampling_margin: float | None = None  # figures for the verify command and calibration
     max_logprob_error: float | None = None
+    flips: int = 0  # the group's flip test, when accepted (specs/sampling.md section 4)
+    expected_flips: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -165,9 +174,24 @@ def verify_batch(
             continue
         rows += len(recomputed)
         result = _judge_group(item, recomputed, engine, tokenizer, spec, pair)
-        results[item.group.counter] = _judge_duplicate(result) if item.duplicate else result
+        result = _judge_duplicate(result) if item.duplicate else result
+        results[item.group.counter] = _steady_steering(result, state, batch.worker)
     return BatchVerdict(batch.worker, batch.policy_step,
                         tuple(results[g.counter] for g in batch.groups), rows)
+
+
+def _steady_steering(result: GroupResult, state: JudgeState, worker: str) -> GroupResult:
+    """An accepted group's flips added to the worker's; refused when, summed over its groups, they
+    are beyond what its engine pair's noise explains (the flip test over the worker's history)."""
+    if result.reason is not None:
+        return result
+    flips, expected = state.add_flips(worker, result.flips, result.expected_flips)
+    p_value = poisson_at_least(flips, expected)
+    if p_value >= FLIP_ALPHA:
+        return result
+    return GroupResult(result.counter, "sampling", detail=(
+        f"this worker's groups hold {flips} tokens that are not the sampler's exact choice where the engine "
+        f"pair's noise explains {expected:.3g} (p = {p_value:.2g} < {FLIP_ALPHA:g})"))
 
 
 def _judge_duplicate(result: GroupResult) -> GroupResult:
@@ -274,7 +298,8 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     rewards = [float(task_reward(item.task, tokenizer.decode(tokens, skip_special_tokens=True)))
                for tokens in item.completions]
     return GroupResult(counter, None, tuple(rewards), logprobs=tuple(logprobs),
-                       min_sampling_margin=margin, max_logprob_error=worst)
+                       min_sampling_margin=margin, max_logprob_error=worst, flips=flips.flips,
+                       expected_flips=flips.expected)
 
 
 def termination_problem(tokens: Sequence[int], finish_reason: str, eos: set[int], max_tokens: int) -> str:
