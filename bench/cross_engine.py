@@ -38,17 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.validate import build, judge  # noqa: E402
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
-from intellect_node.node.engine.base import derive_seed  # noqa: E402
-from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, measure_pair  # noqa: E402
+from intellect_node.node.engine.calibration import PairFigures, calibrated_pair  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
+from intellect_node.node.roles.validator.calibrate import measure_engines  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
-from intellect_node.protocol.assignment import sampling_seed  # noqa: E402
-from intellect_node.protocol.rollouts import unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, build_run_spec  # noqa: E402
-from intellect_node.protocol.sampling import MAX_SLACK, Replay  # noqa: E402
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMBINATIONS = (("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "bf16"), ("bf16", "bf16"))
@@ -58,24 +55,9 @@ TARGET = 0.0
 
 def calibrate(engines: dict[str, TorchEngine], tokenizer: object, tasks: list, settings: RolloutSettings,
               groups: int) -> tuple[EnginePair, dict[str, PairFigures]]:
-    """The torch/torch pair that covers every combination, from ``groups`` honest groups each:
-    the worker's claims (logprobs, proofs) against the judging engine's prefill with replays."""
-    worker = Identity.generate()
-    figures = {}
-    for worker_precision, validator_precision in COMBINATIONS:
-        claims, prompts, completions, replays = [], [], [], []
-        for first in range(0, groups, settings.groups_per_batch):
-            built, _ = build(engines[worker_precision], tokenizer, tasks, worker=worker, settings=settings,
-                             first_counter=first)
-            for group in built.batch.groups:
-                seed = sampling_seed(RUN, worker.peer_id, 0, group.counter)
-                for j, completion in enumerate(group.completions):
-                    claims.append(completion)
-                    prompts.append(unpack_tokens(group.prompt_ids).tolist())
-                    completions.append(unpack_tokens(completion.token_ids).tolist())
-                    replays.append(Replay(derive_seed(seed, j), settings.temperature, settings.top_p, MAX_SLACK))
-        judged = engines[validator_precision].prefill(prompts, completions, replays)
-        figures[f"{worker_precision}->{validator_precision}"] = measure_pair(claims, judged)
+    """The torch/torch pair that covers every combination, from ``groups`` honest groups each."""
+    figures = {f"{w}->{v}": measure_engines(engines[w], engines[v], tokenizer, tasks, settings, groups)
+               for w, v in COMBINATIONS}
     return calibrated_pair("torch", "torch", PairFigures.worst_of(list(figures.values()))), figures
 
 

@@ -1,6 +1,7 @@
 """The ``intellect-node`` command line (typer). Thin: parses, loads config, calls ``node``.
 
 - ``main``: the application and every command but the ones below.
+- ``calibrate``: ``intellect-node calibrate``, an engine pair's tolerances measured on this machine.
 - ``doctor``: ``intellect-node doctor``, one line per check of this machine with its fix.
 - ``metagene``: ``intellect-node metagene ...``, the genomic workload's commands.
 - ``model``: ``intellect-node model ...``, bringing a pretrained model into the HF layout.

@@ -8,6 +8,7 @@ refuses a forged token and a model that is not the checkpoint's.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -15,18 +16,17 @@ import torch
 from transformers import AutoTokenizer
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.engine.base import derive_seed
-from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, measure_pair, noise_of_flips
+from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, noise_of_flips
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.validator.calibrate import measure_engines
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, verify_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
-from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
-from intellect_node.protocol.sampling import MAX_SLACK, Replay
+from intellect_node.protocol.sampling import MAX_SLACK
 from tests.test_rollout_builder import wide_tiny_model
 
 RUN, MANIFEST = "calibration-run", bytes(range(32))
@@ -80,19 +80,8 @@ def _judge(engines, batch: RolloutBatch, worker: Identity, pair) -> list[str | N
 
 
 def test_a_bf16_worker_judged_in_fp32_passes_under_its_calibrated_pair_and_forgeries_do_not(engines) -> None:
-    worker = Identity.generate()
-    calibration = [_batch(engines, "bf16", worker, first) for first in range(0, 48, 8)]
-    claims, prompts, completions, replays = [], [], [], []
-    for batch in calibration:
-        for group in batch.groups:
-            seed = sampling_seed(RUN, worker.peer_id, 0, group.counter)
-            for j, completion in enumerate(group.completions):
-                claims.append(completion)
-                prompts.append(unpack_tokens(group.prompt_ids).tolist())
-                completions.append(unpack_tokens(completion.token_ids).tolist())
-                replays.append(Replay(derive_seed(seed, j), SETTINGS.temperature, SETTINGS.top_p, MAX_SLACK))
-    figures = measure_pair(claims, engines["fp32"].prefill(prompts, completions, replays))
-    assert figures.positions == sum(len(c) for c in completions) and figures.max_logprob_error > TORCH_TORCH.logprob_atol
+    figures = measure_engines(engines["bf16"], engines["fp32"], engines["tokenizer"], TASKS, SETTINGS, 48)
+    assert figures.positions > 48 * 8 and figures.max_logprob_error > TORCH_TORCH.logprob_atol
     pair = calibrated_pair("torch", "torch", figures)
 
     worker = Identity.generate()  # fresh work: another worker's counter 0 (a judge wants dense counters)
@@ -107,3 +96,19 @@ def test_a_bf16_worker_judged_in_fp32_passes_under_its_calibrated_pair_and_forge
     batch = dataclasses.replace(fresh, groups=(dataclasses.replace(group, completions=(forged, *group.completions[1:])),
                                                *fresh.groups[1:]))
     assert _judge(engines, batch, worker, pair)[0] in {"sampling", "toploc", "logprobs"}
+
+
+def test_the_calibrate_command_prints_a_pair_and_refuses_unknown_engines(engines) -> None:
+    from typer.testing import CliRunner
+
+    from intellect_node.cli.main import app
+
+    model = str(wide_tiny_model())
+    result = CliRunner().invoke(app, ["calibrate", "--model", model, "--groups", "8", "--max-tokens", "24",
+                                      "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["figures"]["positions"] > 0
+    assert report["engine_pair"]["worker"] == "torch" and report["engine_pair"]["sampling_slack"] >= 1e-3
+    refused = CliRunner().invoke(app, ["calibrate", "--model", model, "--worker", "torch:int3"])
+    assert refused.exit_code == 2 and "torch:int3" in refused.stderr

@@ -1,0 +1,78 @@
+"""``intellect-node calibrate --model DIR``: the tolerances of an engine pair, measured on this machine.
+
+Thin: parses, builds the two engines and the task list, and calls
+``node.roles.validator.calibrate.measure_engines`` and ``node.engine.calibration.calibrated_pair``.
+Prints the figures and the ``EnginePair`` line the run's authority puts into its run spec
+(specs/sampling.md section 4), as TOML (or JSON with ``--json``). Exit status 2 when an engine
+cannot be built or the inputs are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+PRECISIONS = ("float32", "bfloat16", "float16")
+
+
+def _engine(spec: str, model: Path, device: str | None) -> object:
+    """``torch``, ``torch:bfloat16``, ``vllm:bfloat16`` -> an engine on ``model``."""
+    import torch
+
+    from intellect_node.node.engine import select_engine
+
+    name, _, precision = spec.partition(":")
+    precision = precision or "float32"
+    if name not in ("torch", "vllm") or precision not in PRECISIONS:
+        raise ValueError(f"engine {spec!r}: want torch or vllm, optionally :{'|'.join(PRECISIONS)}")
+    engine_class = select_engine(name)
+    if name == "vllm":  # one GPU, its own device choice; precision by name
+        return engine_class.from_checkpoint(model, dtype=precision)
+    return engine_class.from_checkpoint(model, device=device, dtype=getattr(torch, precision))
+
+
+def calibrate(
+    model: Annotated[Path, typer.Option("--model", help="The run's model (HF-layout directory)", exists=True, file_okay=False)],
+    worker: Annotated[str, typer.Option("--worker", help="Generating engine: torch or vllm, with :float32|bfloat16|float16")] = "torch:bfloat16",
+    validator: Annotated[str, typer.Option("--validator", help="Judging engine, as --worker")] = "torch:float32",
+    tasks: Annotated[str, typer.Option("--tasks", help="The run's tasks, as for join")] = "toy:seed=0,count=1000",
+    groups: Annotated[int, typer.Option("--groups", help="Honest groups measured (more groups: deeper tails seen)", min=8)] = 256,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="The run's max_tokens", min=1)] = 64,
+    device: Annotated[str | None, typer.Option("--device", help="Device for both engines [the engine's default]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print figures and pair as JSON")] = False,
+) -> None:
+    """Measure an engine pair on honest work and print the tolerances for the run spec."""
+    from transformers import AutoTokenizer
+
+    from intellect_node.node.engine.calibration import calibrated_pair
+    from intellect_node.node.roles.inference.builder import RolloutSettings
+    from intellect_node.node.roles.validator.calibrate import measure_engines
+    from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
+
+    try:
+        task_list = load_task_spec(tasks)
+        worker_engine, validator_engine = _engine(worker, model, device), _engine(validator, model, device)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (TaskSpecError, ValueError, RuntimeError, OSError) as exc:
+        err.print(f"[red]refused:[/red] {type(exc).__name__}: {exc}")
+        raise typer.Exit(2) from None
+    settings = RolloutSettings(max_tokens=max_tokens)
+    err.print(f"measuring {groups} honest groups: {worker} generates, {validator} judges ...")
+    figures = measure_engines(worker_engine, validator_engine, tokenizer, task_list, settings, groups)
+    pair = calibrated_pair(worker.partition(":")[0], validator.partition(":")[0], figures)
+    if as_json:
+        print(json.dumps({"figures": dataclasses.asdict(figures), "engine_pair": dataclasses.asdict(pair)}, indent=2))
+        return
+    print(f"# {figures.positions} positions, {figures.flips} flips (noise {figures.noise:.3g}), deepest flip "
+          f"{figures.worst_margin:.3g}, logprob error {figures.max_logprob_error:.3g}, TOPLOC "
+          f"{figures.max_exp_mismatches} / {figures.max_mant_err_mean:.3g} / {figures.max_mant_err_median:.3g}")
+    print("[[run.engines]]")
+    for field in dataclasses.fields(pair):
+        value = getattr(pair, field.name)
+        print(f"{field.name} = {json.dumps(value) if isinstance(value, str) else repr(value)}")
