@@ -13,6 +13,7 @@ import typer
 from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
+from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import (
     ConfigError,
@@ -549,6 +550,7 @@ def _metagene_demo(peers: int, rounds: int, minutes: float, out: Path | None, ge
 
 
 app.command(name="verify")(verify_command)
+app.command(name="calibrate")(calibrate_command)
 
 
 def main() -> None:
