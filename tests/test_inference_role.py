@@ -89,7 +89,7 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
         return [codec.decode(bytes.fromhex(r["verdict"]), Verdict).message for r in records if r["verdict"]]
 
     swarm.wait_until(lambda: {v.policy_step for v in verdicts()} >= {0, 1}, timeout_s=180, poll_s=1)
-    assert validator.status()["rollout_batches_announced"] >= 2  # gossiped beside the delivery
+    assert validator.status()["services"]["rollouts"]["announced"] >= 2  # gossiped beside the delivery
     assert all(v.accepted and not v.rejected and v.validator == validator.peer_id for v in verdicts()), verdicts()
     # status answers "is each local role producing?"
     worker_status = worker.status()["services"]

@@ -132,6 +132,7 @@ def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Servi
     from intellect_node.node.rollouts.exchange import RolloutReceiver
     from intellect_node.node.rollouts.inbox import shared_inbox
     from intellect_node.node.shards.service import ShardService
+    from intellect_node.protocol.rollouts import RolloutAnnouncement
 
     a = Assembly(node, config, options)
     if options.shards is not None:
@@ -139,6 +140,7 @@ def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Servi
         a.services.append(a.overlay)
     if RECEIVER_ROLES & set(config.roles):
         a.receiver = RolloutReceiver(shared_inbox(config.layout.inbox))
+        node.on_announcement(RolloutAnnouncement, a.receiver.on_announcement)
         a.services.append(a.receiver)
     for role, build in ROLE_BUILDERS.items():
         if role in config.roles:

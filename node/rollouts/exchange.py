@@ -26,7 +26,7 @@ from intellect_node.protocol.framing import (
     decode_delivery_reply,
     encode_delivery_reply,
 )
-from intellect_node.protocol.rollouts import RolloutBatch
+from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
@@ -53,6 +53,7 @@ class RolloutReceiver:
         self.on_stored = on_stored
         self.name = "rollouts"
         self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, busy, rejected
+        self.announced = 0  # batches workers announced on gossip, delivered here or elsewhere
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -62,7 +63,12 @@ class RolloutReceiver:
         await trio.sleep_forever()
 
     def status(self) -> dict[str, Any]:
-        return {"received": dict(self.received)}
+        return {"received": dict(self.received), "announced": self.announced}
+
+    def on_announcement(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
+        """Count a batch a worker announced (the node has checked that it is of this run)."""
+        self.announced += 1
+        return True
 
     async def _handle(self, stream: INetStream) -> None:
         peer_id = stream.muxed_conn.peer_id.to_base58()

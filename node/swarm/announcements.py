@@ -2,10 +2,10 @@
 
 One topic carries several message types (checkpoint manifests, shard complaints, rollout
 announcements, verdicts: specs/wire.md 4); each service registers the types it understands with a
-handler before the node runs. The topic accepts exactly those types, so a node that handles none
-of a kind drops it as an unknown type (free for the forwarder) instead of relaying what it cannot
-judge; and its size bound is the topic's own (``ANNOUNCE_MAX_BYTES``), not that of the types this
-node happens to handle.
+handler before the node runs, and several may hear one type (each sees what the ones before
+accepted). The topic accepts exactly those types, so a node that handles none of a kind drops it
+as an unknown type (free for the forwarder) instead of relaying what it cannot judge; and its size
+bound is the topic's own (``ANNOUNCE_MAX_BYTES``), not that of the types this node happens to handle.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ class Announcements:
         self.identity = identity
         self.pubsub = pubsub
         self.scores = scores
-        self.handlers: dict[str, tuple[type[Message], AnnouncementHandler]] = {}
+        self.handlers: dict[str, tuple[type[Message], list[AnnouncementHandler]]] = {}
 
     def on(self, cls: type[Message], handler: AnnouncementHandler) -> None:
-        """Accept ``cls`` on the topic; call before ``install``."""
-        self.handlers[cls.TYPE] = (cls, handler)
+        """Accept ``cls`` on the topic, and pass each one to ``handler`` too; call before ``install``."""
+        self.handlers.setdefault(cls.TYPE, (cls, []))[1].append(handler)
 
     def install(self) -> bool:
         """Validate the topic's gossip by the registered types; False (nothing to subscribe) if none."""
@@ -47,8 +47,9 @@ class Announcements:
         return True
 
     def dispatch(self, signed: codec.Signed[Any], raw: bytes) -> bool:
-        _, handler = self.handlers[signed.message.TYPE]
-        return handler(signed, raw) is not False
+        """Accepted if every handler of its type accepts it, in the order they registered."""
+        _, handlers = self.handlers[signed.message.TYPE]
+        return all(handler(signed, raw) is not False for handler in handlers)
 
     async def announce(self, message: Message, lifetime_s: float) -> bytes:
         """Sign and gossip ``message``; returns the envelope."""

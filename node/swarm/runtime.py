@@ -108,8 +108,9 @@ class Node:
         self.discovery = Discovery(self.host, self.dht, config, self.view, self.scores, self.connections,
                                    self.members, self.adverts, self.nat.dial_relayed)
         self.announcements = Announcements(config.run_id, identity, self.pubsub, self.scores)
-        self.rollouts_announced: dict[str, int] = {}  # worker -> batches it announced
-        self.on_announcement(RolloutAnnouncement, self._on_rollout_announcement)
+        # Every node relays the rollout announcements of its run (they tell every node which batches
+        # exist: specs/rollouts.md), so it accepts them without a service asking; receivers count them.
+        self.on_announcement(RolloutAnnouncement, self._of_this_run)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -209,11 +210,9 @@ class Node:
         """Accept ``cls`` on the run's announcements topic; call before ``run``."""
         self.announcements.on(cls, handler)
 
-    def _on_rollout_announcement(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
+    def _of_this_run(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
         if signed.message.run_id != self.config.run_id:
             raise InvalidValue(f"announcement for run {signed.message.run_id!r}")
-        worker = signed.message.worker
-        self.rollouts_announced[worker] = self.rollouts_announced.get(worker, 0) + 1
         return True
 
     async def announce(self, message: Message, lifetime_s: float) -> bytes:
@@ -265,7 +264,6 @@ class Node:
             "gossip_mesh": {topic: len(peers) for topic, peers in self.pubsub.router.mesh.items()},
             "members": members,
             "rejections": dict(self.scores.rejections),
-            "rollout_batches_announced": sum(self.rollouts_announced.values()),
             "banned": sorted(self.scores.banned),
             "services": {service.name: service.status() for service in self.services},
             "handler_errors": dict(self.guard.errors),
