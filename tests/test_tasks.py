@@ -256,3 +256,61 @@ def test_code_verifier() -> None:
     assert not verify_code(slow, info, SandboxLimits(timeout_s=0.5))
     with pytest.raises(ValueError):
         verify_code(good, {"test_cases": [{"type": "mystery"}]}, FAST)
+
+
+# --- no sandbox, no code tasks ------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bubblewrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A PATH without bwrap (nor unshare, setpriv, mount): the machine as it is before `apt-get install`."""
+    from intellect_node.node.tasks.sandbox import sandbox_problem
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    sandbox_problem.cache_clear()
+    yield {**os.environ, "PATH": str(empty)}
+    sandbox_problem.cache_clear()
+
+
+def test_code_tasks_are_refused_without_the_sandbox(no_bubblewrap: dict[str, str], tmp_path: Path) -> None:
+    from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
+
+    with pytest.raises(TaskSpecError, match=r"code tasks.*bwrap.*not found.*apt-get install -y bubblewrap"):
+        load_task_spec("humaneval:count=1")
+    assert load_task_spec("toy:seed=1,count=2")  # tasks that run no code need no sandbox
+    path = tmp_path / "code.jsonl"
+    save_tasks(path, [Task("c1", "code", "p", {"test_cases": [{"type": "assert", "code": "assert 1"}]}, None)])
+    with pytest.raises(TaskSpecError, match="code tasks"):
+        load_task_spec(str(path))
+
+
+def test_a_node_with_code_tasks_refuses_to_start_without_the_sandbox(no_bubblewrap: dict[str, str],
+                                                                     tmp_path: Path) -> None:
+    """The whole command, not a unit: it exits with the cause before anything starts, never runs code unisolated."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference", "--new-swarm",
+                           "--model", "tiny", "--tasks", "humaneval:count=2", "--home", str(tmp_path),
+                           "--listen", "/ip4/127.0.0.1/tcp/0"], env=no_bubblewrap, capture_output=True, text=True,
+                          timeout=120)
+    stderr = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "code tasks" in stderr and "bubblewrap" in stderr, done.stderr
+    assert not (tmp_path / "models").exists()
+
+
+def test_the_sysctl_that_forbids_user_namespaces_is_named(tmp_path: Path) -> None:
+    from intellect_node.node.tasks.sandbox import userns_blocked
+
+    assert userns_blocked(tmp_path) is None  # a kernel without these switches
+    (tmp_path / "kernel").mkdir()
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "max_user_namespaces").write_text("15000\n")
+    (tmp_path / "kernel" / "apparmor_restrict_unprivileged_userns").write_text("0\n")
+    assert userns_blocked(tmp_path) is None
+    (tmp_path / "kernel" / "unprivileged_userns_clone").write_text("0\n")
+    assert "kernel.unprivileged_userns_clone = 0" in userns_blocked(tmp_path)
+    (tmp_path / "user" / "max_user_namespaces").write_text("0\n")
+    assert "user.max_user_namespaces = 0" in userns_blocked(tmp_path)

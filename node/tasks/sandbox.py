@@ -58,6 +58,13 @@ SANDBOX_ID = 65534  # the uid and gid inside, and the host user a root node star
 _TMPFS_BYTES = 64 << 20
 _STARTUP_S = 2.0  # added to a run's wall-clock limit: namespaces and the interpreter start first
 INSTALL_HINT = "install bubblewrap (`apt-get install -y bubblewrap`) and allow user namespaces (sysctl user.max_user_namespaces > 0)"
+# sysctls that stop an unprivileged process from creating a user namespace: (file, the value that blocks, fix)
+_USERNS_SWITCHES = (
+    ("user/max_user_namespaces", "0", "sysctl -w user.max_user_namespaces=15000"),
+    ("kernel/unprivileged_userns_clone", "0", "sysctl -w kernel.unprivileged_userns_clone=1 (Debian, Ubuntu kernels)"),
+    ("kernel/apparmor_restrict_unprivileged_userns", "1",
+     "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or an AppArmor profile for bwrap (Ubuntu 24.04+)"),
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -259,6 +266,18 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None
         )
 
 
+def userns_blocked(proc_sys: Path = Path("/proc/sys")) -> str | None:
+    """Which sysctl forbids unprivileged user namespaces here, with the fix; None when none does."""
+    for name, blocking, fix in _USERNS_SWITCHES:
+        try:
+            value = (proc_sys / name).read_text().strip()
+        except OSError:
+            continue  # this kernel has no such switch
+        if value == blocking:
+            return f"{name.replace('/', '.')} = {value} forbids user namespaces: {fix}"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def sandbox_problem() -> str | None:
     """Why code cannot be isolated here (and how to fix it), or None when it can; probed once."""
@@ -275,7 +294,8 @@ def sandbox_problem() -> str | None:
             process = boxes.start("probe", {"mode": "run", "program": "print('ok')"})
             returncode = wait(process, time.monotonic() + 30)
             if returncode != 0 or boxes.output("probe", "stdout") != "ok\n":
-                return f"bubblewrap fails here ({boxes.output('probe', 'stderr').strip()[-300:]}): {INSTALL_HINT}"
+                cause = userns_blocked() or INSTALL_HINT
+                return f"bubblewrap fails here ({boxes.output('probe', 'stderr').strip()[-300:]}): {cause}"
     except (OSError, SandboxUnavailable) as exc:
         return f"bubblewrap cannot start ({exc}): {INSTALL_HINT}"
     return None

@@ -17,6 +17,7 @@ from intellect_node.node.tasks.humaneval import (
     humaneval_tasks,
 )
 from intellect_node.node.tasks.math_words import generate_math_tasks
+from intellect_node.node.tasks.sandbox import SandboxUnavailable, require_sandbox
 from intellect_node.node.tasks.schema import Task, load_tasks
 from intellect_node.node.tasks.toy import TOY_KINDS, generate_toy_tasks
 
@@ -50,6 +51,21 @@ def _named(spec: str) -> str | None:
 
 
 def load_task_spec(spec: str) -> list[Task]:
+    """The tasks ``spec`` names; a set with code tasks is refused where code cannot be isolated.
+
+    Refusing here, where every role and command loads its tasks, means no node ever holds code
+    tasks it would have to run unisolated: there is no fallback to an unsandboxed run.
+    """
+    tasks = _load(spec)
+    if any(task.task_type == "code" for task in tasks):
+        try:
+            require_sandbox()
+        except SandboxUnavailable as exc:
+            raise TaskSpecError(f"{spec!r} holds code tasks: {exc}") from None
+    return tasks
+
+
+def _load(spec: str) -> list[Task]:
     name = _named(spec)
     if name == "toy":
         options = _options(spec, name, ("seed", "count", "kinds"))
