@@ -14,6 +14,7 @@ The messages:
 - ``manifest``: the weight broadcast's signed checkpoint manifests and shard complaints.
 - ``rollouts``: the rollout batch a worker delivers, with its groups and completions.
 - ``verdicts``: a validator's signed judgement of one batch, and every rejection reason.
+- ``commitments``: a worker's signed promise of how many groups it delivers for a coming step.
 - ``run_spec``: the signed run specs (RL and DiLoCo): build, sign, load (bounded), check.
 
 The rules peers must agree on:

@@ -34,7 +34,7 @@ CHEATING_BATCH = "cheating_batch"
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (
     "wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
-    "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
+    "uncommitted", "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
     "wrong_group_size", "wrong_prompt", "duplicate_group", "bad_tokens", "toploc", "logprobs",
     "termination", "sampling", CHEATING_BATCH, UNINFORMATIVE,
 )

@@ -56,7 +56,8 @@ def test_batch_is_a_valid_signed_wire_message_with_assigned_tasks(built):
     assert decoded == result.batch
     assert [g.counter for g in decoded.groups] == [10, 11]
     for group in decoded.groups:
-        assert group.task_id == tasks[task_index("r", WORKER.peer_id, 4, group.counter, len(tasks))].problem_id
+        assert group.task_id == tasks[task_index("r", WORKER.peer_id, 4, group.counter, len(tasks),
+                                               beacon=decoded.manifest_hash)].problem_id
         assert len(group.completions) == SETTINGS.group_size
     assert result.generated_tokens == sum(c.num_tokens for g in decoded.groups for c in g.completions)
 

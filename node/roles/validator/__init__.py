@@ -5,6 +5,8 @@
 - ``validation``: ``verify_batch``, the checks themselves (assignment, prefill, TOPLOC, logprobs,
   termination, rewards); compute only, no network.
 - ``ledger``: ``JudgeState``, dense counters and the content index a validator keeps between batches.
+- ``commitments``: ``CommitmentBook``, the work commitments stored before their beacon; settles
+  committed counters never delivered.
 - ``calibrate``: honest batches of one engine judged by another, measured (``intellect-node calibrate``).
 - ``offline``: one stored batch judged by ``verify_batch`` without a network (``intellect-node verify``).
 - ``verdict_trust``: verdicts from validators this node trusts: bans, and verification a trainer

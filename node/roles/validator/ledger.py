@@ -11,6 +11,10 @@ Content. A group already seen (same prompt and completion tokens), from any work
 counter, is refused: resubmitting one's own or someone else's accepted work costs no decoding.
 Both maps forget steps that left the async window, which bounds their size.
 
+Commitments. With a ``CommitmentBook``, a group is judged only under a commitment stored before
+its step's checkpoint, and leaving the window settles the committed counters never delivered
+(``commitments.py``); they wait in ``settled`` for the caller to record and pay as reward 0.
+
 Flips. Each worker's flips (tokens inside the sampling slack that were not the replay's exact
 choice) and the number its engine pair's noise explains, summed over its accepted groups: the flip
 test of one group leaves a cheater a few steered near ties; summed, steady steering shows
@@ -23,6 +27,8 @@ import hashlib
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from intellect_node.node.roles.validator.commitments import CommitmentBook, Undelivered
 
 CONTENT_DOMAIN = b"intellect-node/content/group/v1"
 
@@ -42,6 +48,8 @@ class JudgeState:
     next_counter: dict[tuple[str, int], int] = field(default_factory=dict)
     contents: dict[bytes, int] = field(default_factory=dict)  # group digest -> policy step
     flips: dict[str, tuple[int, float]] = field(default_factory=dict)  # worker -> (flips, expected)
+    commitments: CommitmentBook | None = None  # None: counters are capped by the run spec alone
+    settled: list[Undelivered] = field(default_factory=list)  # settled by forget_before, for the caller
 
     def add_flips(self, worker: str, flips: int, expected: float) -> tuple[int, float]:
         """The worker's flips and their honest expectation with one more group's added."""
@@ -54,6 +62,8 @@ class JudgeState:
 
     def counter_problem(self, worker: str, step: int, counter: int, cap: int) -> str | None:
         """Why ``counter`` cannot be credited now, or None when it is the next one (then credited)."""
+        if self.commitments is not None and counter >= self.commitments.groups(worker, step):
+            return "uncommitted"  # before anything is credited: no stored commitment covers it
         expected = self.expected(worker, step)
         if counter < expected:
             return "replayed_counter"
@@ -77,6 +87,9 @@ class JudgeState:
         return False
 
     def forget_before(self, step: int) -> None:
-        """Drop what belongs to steps below ``step`` (out of the async window: refused as stale)."""
+        """Drop what belongs to steps below ``step`` (out of the async window: refused as stale),
+        settling their committed counters first."""
+        if self.commitments is not None:
+            self.settled.extend(self.commitments.settle(step, self.next_counter))
         self.next_counter = {k: v for k, v in self.next_counter.items() if k[1] >= step}
         self.contents = {k: v for k, v in self.contents.items() if v >= step}

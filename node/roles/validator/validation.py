@@ -48,7 +48,7 @@ from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
 _NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
-                           "replayed_counter", "counter_cap", "counter_gap"})
+                           "uncommitted", "replayed_counter", "counter_cap", "counter_gap"})
 
 
 @dataclass(frozen=True)
@@ -216,14 +216,16 @@ def _cheap_checks(batch: RolloutBatch, group: RolloutGroup, run: RunContext, tok
     """Group checks 6-11: counters, assignment, shape, prompt, content; no model needed. The last
     value says whether the content was seen before (judged after the replay: _judge_duplicate)."""
     spec, tasks = run.spec, run.tasks
-    task = tasks[task_index(batch.run_id, batch.worker, batch.policy_step, group.counter, len(tasks))]
+    task = tasks[task_index(batch.run_id, batch.worker, batch.policy_step, group.counter, len(tasks),
+                            beacon=batch.manifest_hash)]
     counter_problem = state.counter_problem(batch.worker, batch.policy_step, group.counter,
                                             spec.max_groups_per_step)
     if counter_problem is not None:
         return counter_problem, task, [], False
     if group.task_id != task.problem_id:
         return "wrong_task", task, [], False
-    target = length_target(batch.run_id, batch.worker, batch.policy_step, group.counter, spec.length_targets)
+    target = length_target(batch.run_id, batch.worker, batch.policy_step, group.counter, spec.length_targets,
+                           beacon=batch.manifest_hash)
     if group.length_target != target:
         return "wrong_length_target", task, [], False
     if len(group.completions) != spec.group_size:

@@ -1,0 +1,91 @@
+"""What a judge knows of work commitments: which (worker, step) may deliver how many groups.
+
+A commitment counts only if it reached this judge before the judge knew checkpoint ``step``
+(then its tasks were unknown to everyone, the worker included); a group beyond its commitment is
+``uncommitted``. When a step leaves the async window, each committed counter that was never
+delivered is settled as reward 0, so delivering only the groups one likes earns nothing over
+delivering them all (specs/rollouts.md, "Committed assignments").
+
+Durable: every stored commitment is appended (fsync) to ``<home>/commitments.jsonl`` before it is
+answered ``stored``, so a restart neither forgets a commitment nor lets a worker commit again after
+the beacon; the file is rewritten with the live steps only when a step is settled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from intellect_node.node.home.durable import append_durably, write_durably
+from intellect_node.protocol.commitments import WorkCommitment
+
+log = logging.getLogger(__name__)
+AHEAD = 2  # steps past the newest known one a commitment may name (a judge a step behind the worker)
+MAX_COMMITMENTS = 65536  # live (worker, step) entries in all; past it: busy
+STORED, LATE, DUPLICATE, BUSY, TOO_MANY = "stored", "late", "duplicate", "busy", "too_many_groups"
+
+
+@dataclass(frozen=True)
+class Undelivered:
+    """Committed counters of (worker, step) never delivered: each settles as a group of reward 0."""
+
+    worker: str
+    step: int
+    counters: tuple[int, ...]
+
+
+class CommitmentBook:
+    """Stored commitments, at most one per (worker, step), for steps not yet settled."""
+
+    def __init__(self, path: Path | None, *, max_groups: int) -> None:
+        self.path, self.max_groups = path, max_groups
+        self.groups_of: dict[tuple[str, int], int] = {}
+        if path is not None and path.exists():
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        for line in path.read_text().splitlines():
+            try:
+                worker, step, groups = json.loads(line)
+                self.groups_of[(str(worker), int(step))] = int(groups)
+            except (ValueError, TypeError) as exc:  # a torn last line after a crash: never answered stored
+                log.warning("unreadable commitment line in %s: %s", path.name, exc)
+
+    def offer(self, commitment: WorkCommitment, newest_known_step: int) -> str:
+        """Store ``commitment`` (signature and run already checked) if it precedes its beacon."""
+        key = (commitment.worker, commitment.step)
+        if key in self.groups_of:
+            return DUPLICATE  # the first one stands: a worker cannot raise its count after the beacon
+        if not newest_known_step < commitment.step <= newest_known_step + AHEAD:
+            return LATE
+        if commitment.groups > self.max_groups:
+            return TOO_MANY
+        if len(self.groups_of) >= MAX_COMMITMENTS:
+            return BUSY
+        if self.path is not None:
+            append_durably(self.path, json.dumps([commitment.worker, commitment.step, commitment.groups]))
+        self.groups_of[key] = commitment.groups
+        return STORED
+
+    def groups(self, worker: str, step: int) -> int:
+        """Groups (worker, step) committed to; 0: none stored, every group is uncommitted."""
+        return self.groups_of.get((worker, step), 0)
+
+    def settle(self, before_step: int, delivered: dict[tuple[str, int], int]) -> list[Undelivered]:
+        """Close the steps below ``before_step``: ``delivered[(worker, step)]`` is the next counter
+        the judge expected (dense counters: all below it were delivered)."""
+        closing = [key for key in self.groups_of if key[1] < before_step]
+        if not closing:
+            return []
+        settled = []
+        for key in closing:
+            groups = self.groups_of.pop(key)
+            missing = tuple(range(min(delivered.get(key, 0), groups), groups))
+            if missing:
+                settled.append(Undelivered(key[0], key[1], missing))
+        if self.path is not None:
+            lines = "".join(json.dumps([w, s, g]) + "\n" for (w, s), g in self.groups_of.items())
+            write_durably(self.path, lines.encode())
+        return settled
