@@ -1,6 +1,7 @@
 """`intellect-node doctor`: each check's OK and FAIL path, on real files, sockets and nodes."""
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from intellect_node.node.app.doctor import (
     check_peers,
     dialback_check,
     check_reachability,
+    check_sandbox,
     skew_check,
 )
 
@@ -119,3 +121,17 @@ async def test_a_bootstrap_peer_dials_the_machine_back(tmp_path, nursery):
     assert dialback.level == OK and "127.0.0.1" in dialback.detail and node.peer_id in dialback.detail
     nated = dialback_check(node.peer_id, False, "203.0.113.9", 4001)
     assert nated.level == WARN and "relay" in nated.detail and "4001" in nated.fix
+
+
+def test_sandbox_check_runs_a_program_or_says_how_to_get_bubblewrap(tmp_path, monkeypatch):
+    if shutil.which("bwrap") is not None:
+        check = check_sandbox()
+        assert check.level == OK and "program ran" in check.detail, check
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # this machine before `apt-get install bubblewrap`
+    check = check_sandbox()
+    assert check.level == WARN and "humaneval" in check.detail and "bwrap" in check.detail
+    assert "apt-get install -y bubblewrap" in check.fix and "user namespaces" in check.fix
+    monkeypatch.undo()
+    check_sandbox()  # probe again with the real PATH: nothing of the test's stays cached

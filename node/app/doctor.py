@@ -145,6 +145,22 @@ def check_gpu() -> list[Check]:
     return [gpu, engine]
 
 
+def check_sandbox() -> Check:
+    """Whether model-written code can be isolated here: a trivial program run through the sandbox.
+
+    Only WARN when it cannot: a node without code tasks (toy, math) needs no sandbox, and one with
+    them refuses to start, naming the same cause.
+    """
+    from intellect_node.node.tasks.sandbox import sandbox_problem
+
+    sandbox_problem.cache_clear()  # doctor is asked after a fix: probe again
+    problem = sandbox_problem()
+    if problem is None:
+        return Check("code sandbox", OK, "bubblewrap, user namespaces and the seccomp filter work (a test program ran)")
+    return Check("code sandbox", WARN, f"code tasks (humaneval) will be refused: {problem}",
+                 "apt-get install -y bubblewrap; allow unprivileged user namespaces (the sysctl named above)")
+
+
 async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S,
                       listen: str = "/ip4/127.0.0.1/tcp/0") -> list[Check]:
     """Dial every bootstrap peer at once (bounded), read clock skew from the first that answers,
@@ -237,7 +253,7 @@ def run_checks(flags: dict[str, Any], config_file: Path | None, timeout_s: float
     config_check, config = check_config(flags, config_file)
     listen = check_listen(config.listen)
     checks = [config_check, check_identity(config.layout.identity_key), listen,
-              check_reachability(config.listen), check_disk(config.home), *check_gpu()]
+              check_reachability(config.listen), check_disk(config.home), *check_gpu(), check_sandbox()]
     # the dial-back tests the node's own port when it is free and fixed; else any port of this machine
     own = next((a for a in config.listen if re.fullmatch(r"/ip4/[0-9.]+/tcp/[1-9][0-9]*", a)), None)
     probe = own if listen.level == OK and own is not None else "/ip4/0.0.0.0/tcp/0"
