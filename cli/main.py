@@ -15,13 +15,8 @@ from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
 from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
-from intellect_node.node.app.config import (
-    ConfigError,
-    InferenceOptions,
-    NodeConfig,
-    load_config,
-    whole_number,
-)
+from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
+from intellect_node.node.config.base import ConfigError, whole_number
 from intellect_node.node.shards.config import (
     ShardConfig,
     ShardConfigError,

@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from intellect_node.node.app.config import ConfigError, load_config
+from intellect_node.node.app.config import load_config
+from intellect_node.node.config.base import ConfigError
 
 
 def test_flags_override_environment_override_file_override_defaults(tmp_path):

@@ -17,17 +17,16 @@ The environment uses a field's name upper-cased with the prefix, lists comma-sep
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from intellect_node.node.config.base import ConfigError, build, field_types, whole_number
+from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
 
-ENV_PREFIX = "INTELLECT_NODE_"
 DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
 # node needs --bootstrap, a peer cache from an earlier run, or --new-swarm; we never invent addresses.
@@ -57,17 +56,6 @@ class RunConfig:
         whole_number("[run] group_size", self.group_size, 1)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not self.temperature > 0:
             raise ConfigError(f"[run] temperature: {self.temperature!r} is not a number > 0")
-
-
-class ConfigError(Exception):
-    """A configuration value that cannot be used; the message names the key and the source."""
-
-
-def whole_number(key: str, value: Any, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) of at least ``minimum``; else ConfigError naming ``key``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}: {value!r} is not a whole number >= {minimum}")
-    return value
 
 
 @dataclass
@@ -129,37 +117,7 @@ class InferenceOptions:
     groups_per_step: int = 0
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig) if f.name not in ("sections", "run")}
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    kind = str(_FIELDS[name].type)
-    try:
-        if kind == "Path":
-            return Path(value).expanduser()
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"not a boolean: {value!r}")
-        if kind == "float":
-            return float(value)
-        if kind == "int":
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(f"not a whole number: {value!r}")
-            return int(value)
-        if kind == "list[str]":
-            if isinstance(value, str):
-                return [item.strip() for item in value.split(",") if item.strip()]
-            if isinstance(value, list) and all(isinstance(item, str) for item in value):
-                return list(value)
-            raise ValueError(f"not a list of strings: {value!r}")
-        return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name} from {source}: {exc}") from None
+NODE_KEYS = frozenset(field_types(NodeConfig)) - {"sections", "run"}
 
 
 def load_config(flags: dict[str, Any], config_file: Path | None = None,
@@ -167,56 +125,33 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     """Merge the layers; ``flags`` holds only options the user actually gave (None = not given)."""
     environ = dict(os.environ) if environ is None else environ
     given = {k: v for k, v in flags.items() if v is not None}
-    env = {name: environ[ENV_PREFIX + name.upper()] for name in _FIELDS if ENV_PREFIX + name.upper() in environ}
-    home = _coerce("home", given.get("home", env.get("home", DEFAULT_HOME)), "flags/environment")
+    home = layered(NodeConfig, "node", {}, "", {"home": given.get("home")}, environ, {"home"}).get("home", DEFAULT_HOME)
     path = config_file or HomeLayout(home).config_file
-    from_file: dict[str, Any] = {}
-    if path.exists():
-        try:
-            from_file = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from None
-    elif config_file is not None:
-        raise ConfigError(f"config file {path} does not exist")
-    node_values, sections, run = _split_sections(from_file, path)
-    values: dict[str, Any] = {"home": home, "sections": sections, "run": run}
-    if "run_id" in sections.get("run", {}):
-        values["run_id"] = _coerce("run_id", sections["run"]["run_id"], f"{path} [run]")
-    for layer, source in ((node_values, str(path)), (env, "environment"), (given, "command line")):
-        for name, value in layer.items():
-            if name != "home":
-                values[name] = _coerce(name, value, source)
-    config = NodeConfig(**values)
+    node_table, sections = _split_sections(read_toml(path, explicit=config_file is not None), path)
+    run_table = dict(sections.get("run", {}))
+    if "run_id" in run_table:  # run-wide, so [run]; [node] run_id (older files) still wins over it
+        node_table = {"run_id": run_table.pop("run_id")} | node_table
+    run = build(RunConfig, run_table, str(path), "[run]")
+    values = layered(NodeConfig, "node", node_table, str(path), given, environ, NODE_KEYS)
+    config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run}))
     if config.advert_refresh_s >= config.advert_lifetime_s:
         raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
     return config
 
 
-def _split_sections(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], RunConfig]:
-    """The node's own keys (``[node]`` or top level, as before sections existed), the other
-    sections, and the run-wide values; unknown sections and keys are errors naming the file."""
+def _split_sections(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The node's own keys (``[node]`` or top level, as before sections existed) and the other
+    sections; unknown sections and the role sections' unknown keys are errors naming the file."""
     tables = {name: value for name, value in data.items() if isinstance(value, dict)}
     node_values = {name: value for name, value in data.items() if not isinstance(value, dict)}
     unknown_sections = sorted(set(tables) - set(SECTIONS))
     if unknown_sections:
-        hint = [n for n in unknown_sections if n in _FIELDS]
+        hint = [n for n in unknown_sections if n in NODE_KEYS]
         raise ConfigError(f"{path}: unknown keys {unknown_sections}{' (a key, not a section)' if hint else ''}; "
-                          f"sections are {list(SECTIONS)}, node keys are {sorted(_FIELDS)}")
+                          f"sections are {list(SECTIONS)}, node keys are {sorted(NODE_KEYS)}")
     node_values.update(tables.pop("node", {}))
-    unknown = sorted(set(node_values) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown keys {unknown}; known keys are {sorted(_FIELDS)}")
     for role, known in ROLE_SECTION_KEYS.items():
         extra = sorted(set(tables.get(role, {})) - known)
         if extra:
             raise ConfigError(f"{path} [{role}]: unknown keys {extra}; known keys are {sorted(known)}")
-    run_values = {k: v for k, v in tables.get("run", {}).items() if k != "run_id"}
-    known_run = {f.name for f in dataclasses.fields(RunConfig)}
-    extra = sorted(set(run_values) - known_run)
-    if extra:
-        raise ConfigError(f"{path} [run]: unknown keys {extra}; known keys are {sorted(known_run | {'run_id'})}")
-    try:
-        run = RunConfig(**run_values)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    return node_values, tables, run
+    return node_values, tables

@@ -1,0 +1,55 @@
+"""The layers of every section: defaults < the TOML file < environment < flags.
+
+The environment names a key ``<prefix><KEY>``: ``INTELLECT_NODE_<KEY>`` for ``[node]`` (as
+before sections existed), ``INTELLECT_NODE_<SECTION>_<KEY>`` for the others (``[shards]``'s
+``INTELLECT_NODE_SHARDS_*``). Flags hold only what the user gave (None: not given).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from intellect_node.node.config.base import ConfigError, field_types, parse_text, typed, values_of
+
+ENV_PREFIX = "INTELLECT_NODE_"
+
+
+def read_toml(path: Path, *, explicit: bool) -> dict[str, Any]:
+    """The file's tables; a missing file is empty unless the user named it (``--config``)."""
+    if not path.exists():
+        if explicit:
+            raise ConfigError(f"config file {path} does not exist")
+        return {}
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def env_prefix(section: str) -> str:
+    """``INTELLECT_NODE_`` for ``node``, ``INTELLECT_NODE_<SECTION>_`` for the others."""
+    return ENV_PREFIX if section == "node" else f"{ENV_PREFIX}{section.upper()}_"
+
+
+def layered(cls: type, section: str, table: Mapping[str, Any], source: str, flags: Mapping[str, Any],
+            environ: Mapping[str, str] | None = None, settable: Iterable[str] | None = None) -> dict[str, Any]:
+    """The typed values of ``[section]`` for the dataclass ``cls``: ``table`` (from ``source``),
+    the environment, then the flags given; ``settable`` limits the keys (default: every field)."""
+    environ = os.environ if environ is None else environ
+    kinds = field_types(cls)
+    keys = set(kinds if settable is None else settable)
+    refused = set(table) - keys
+    if refused:
+        raise ConfigError(f"{source} [{section}]: unknown keys {sorted(refused)}; known keys are {sorted(keys)}")
+    values = values_of(cls, table, source, f"[{section}]")
+    prefix = env_prefix(section)
+    for name in sorted(keys):
+        if prefix + name.upper() in environ:
+            values[name] = parse_text(kinds[name], environ[prefix + name.upper()], f"{name} from environment")
+        if flags.get(name) is not None:
+            values[name] = typed(kinds[name], flags[name], f"{name} from command line")
+    return values
