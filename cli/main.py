@@ -17,11 +17,7 @@ from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
 from intellect_node.node.config.base import ConfigError, whole_number
-from intellect_node.node.shards.config import (
-    ShardConfig,
-    ShardConfigError,
-    load_shard_config,
-)
+from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -72,7 +68,7 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
             print(f"add this line to the [node] section of each joining node's config.toml:\n{config_line(addrs)}",
                   file=sys.stderr, flush=True)
 
-    expected = (JoinError, NodeAlreadyRunning, PortInUse, ShardConfigError, HostFailed)
+    expected = (JoinError, NodeAlreadyRunning, PortInUse, ConfigError, HostFailed)
     try:
         run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted, diloco))
     except expected as exc:
@@ -205,7 +201,7 @@ def join(
     try:
         shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir},
                                    file_values=cfg.sections.get("shards"), file_name=str(config or cfg.layout.config_file))
-    except ShardConfigError as exc:
+    except ConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
     inference = None

@@ -80,10 +80,22 @@ def test_bad_sections_name_the_key_and_file(tmp_path, content, match):
 
 
 def test_unknown_shards_key_is_named(tmp_path):
-    from intellect_node.node.shards.config import ShardConfigError, load_shard_config
+    from intellect_node.node.shards.config import load_shard_config
 
-    with pytest.raises(ShardConfigError, match=r"\[shards\]: unknown keys \['shard_mib'\]"):
+    with pytest.raises(ConfigError, match=r"\[shards\]: unknown keys \['shard_mib'\]"):
         load_shard_config(tmp_path, {}, environ={}, file_values={"shard_mib": 4})
+
+
+@pytest.mark.parametrize("table,match", [
+    ({"keep_steps": True}, r"cfg.toml \[shards\] keep_steps: True is not a int"),  # int(True) passed before
+    ({"stall_s": "10"}, r"\[shards\] stall_s: '10' is not a float"),
+    ({"data_dir": "/x"}, r"unknown keys \['data_dir'\]"),
+])
+def test_shards_values_are_typed_strictly(tmp_path, table, match):
+    from intellect_node.node.shards.config import load_shard_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_shard_config(tmp_path, {}, environ={}, file_values=table, file_name="cfg.toml")
 
 
 @pytest.mark.parametrize("value", ['"16"', "-1", "true", "2.5"])

@@ -18,7 +18,8 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
 from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
-from intellect_node.node.shards.config import ShardConfig, ShardConfigError, load_shard_config
+from intellect_node.node.config.base import ConfigError
+from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
 from intellect_node.node.shards.store import PARTIAL, ShardStore
@@ -297,9 +298,9 @@ def test_config_layers_and_checks(tmp_path):
                                                              "INTELLECT_NODE_SHARDS_STALL_S": "3"})
     assert config.shard_size == 1 << 20 and config.stall_s == 3.0 and config.data_dir == tmp_path / "shards"
     assert config.keep_steps == 3
-    with pytest.raises(ShardConfigError):
+    with pytest.raises(ConfigError):
         load_shard_config(tmp_path, {"trainer": "not a peer id"}, {})
-    with pytest.raises(ShardConfigError):
+    with pytest.raises(ConfigError):
         load_shard_config(tmp_path, {}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": "12"})
 
 

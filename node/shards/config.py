@@ -1,25 +1,20 @@
 """Settings of the weight broadcast overlay: defaults < the config file's ``[shards]`` section <
-environment (INTELLECT_NODE_SHARDS_*) < flags."""
+environment (INTELLECT_NODE_SHARDS_*) < flags, through node/config's layers."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from intellect_node.node.config.base import ConfigError
+from intellect_node.node.config.loader import layered
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 
-ENV_PREFIX = "INTELLECT_NODE_SHARDS_"
 MIB = 1 << 20
-
-
-class ShardConfigError(ValueError):
-    """A setting that cannot be used; the message names it and where it came from."""
 
 
 @dataclass(frozen=True)
@@ -42,58 +37,26 @@ class ShardConfig:
 
     def __post_init__(self) -> None:
         if self.trainer is not None and not re.fullmatch(PEER_ID_PATTERN, self.trainer):
-            raise ShardConfigError(f"trainer: {self.trainer!r} is not a peer id (12D3KooW...)")
+            raise ConfigError(f"trainer: {self.trainer!r} is not a peer id (12D3KooW...)")
         if not 1 << 16 <= self.shard_size <= 1 << 30:
-            raise ShardConfigError(f"shard_size: {self.shard_size} outside [64 KiB, 1 GiB]")
+            raise ConfigError(f"shard_size: {self.shard_size} outside [64 KiB, 1 GiB]")
         for name in ("keep_steps", "max_uploads", "max_uploads_per_peer", "max_downloads"):
             if getattr(self, name) < 1:
-                raise ShardConfigError(f"{name}: must be at least 1")
+                raise ConfigError(f"{name}: must be at least 1")
         if not 0 <= self.http_port <= 65535:
-            raise ShardConfigError(f"http_port: {self.http_port} is not a port")
+            raise ConfigError(f"http_port: {self.http_port} is not a port")
 
     @property
     def is_publisher(self) -> bool:
         return self.publish_dir is not None
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ShardConfig)}
-
-
-def _coerce(name: str, value: Any) -> Any:
-    kind = str(_FIELDS[name].type)
-    if kind in ("Path", "Path | None"):
-        return Path(value).expanduser()
-    if kind == "int":
-        return int(value)
-    if kind == "float":
-        return float(value)
-    return str(value)
+SETTABLE = frozenset(f.name for f in fields(ShardConfig)) - {"data_dir"}
 
 
 def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None,
                       file_values: Mapping[str, Any] | None = None, file_name: str = "config file") -> ShardConfig:
     """Merge the ``[shards]`` section, environment and flags (None = not given) over the defaults;
     data always under ``home`` (``data_dir`` is not a setting)."""
-    environ = os.environ if environ is None else environ
-    file_values = file_values or {}
-    unknown = sorted(set(file_values) - set(_FIELDS) | ({"data_dir"} & set(file_values)))
-    if unknown:
-        raise ShardConfigError(f"{file_name} [shards]: unknown keys {unknown}; known keys are "
-                               f"{sorted(set(_FIELDS) - {'data_dir'})}")
-    values: dict[str, Any] = {}
-    for name in _FIELDS:
-        if name == "data_dir":
-            continue
-        raw = flags.get(name)
-        source = "command line"
-        if raw is None and ENV_PREFIX + name.upper() in environ:
-            raw, source = environ[ENV_PREFIX + name.upper()], "environment"
-        if raw is None and name in file_values:
-            raw, source = file_values[name], f"{file_name} [shards]"
-        if raw is None:
-            continue
-        try:
-            values[name] = _coerce(name, raw)
-        except (TypeError, ValueError) as exc:
-            raise ShardConfigError(f"{name} from {source}: {exc}") from None
+    values = layered(ShardConfig, "shards", file_values or {}, file_name, flags, environ, SETTABLE)
     return ShardConfig(data_dir=HomeLayout(home).shards, **values)

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from intellect_node.crypto.envelope import now_ms
+from intellect_node.node.config.base import ConfigError
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
-from intellect_node.node.shards.config import ShardConfig, ShardConfigError
+from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.server import ShardServer
@@ -64,7 +65,7 @@ class ShardService:
         self.name = "shards"
         self.run_id = node.config.run_id
         if config.is_publisher and config.trainer not in (None, node.peer_id):
-            raise ShardConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "
+            raise ConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "
                                    f"{config.trainer}: its manifests would be refused everywhere, its own copy included")
         self.trainer = config.trainer or (node.peer_id if config.is_publisher else None)
         if self.trainer not in (None, node.peer_id):
