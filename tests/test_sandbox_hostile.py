@@ -8,8 +8,9 @@ or changed file, no connection accepted, the victim process alive, no process ou
 (spawned programs carry a tag in their command line). Each reward hack is a wrong solution that
 tries to score without solving; ``verify_code`` must refuse it.
 
-The suite runs as the current user and, when that is root, once more as ``nobody`` (the system
-Python with the repository on ``PYTHONPATH``), the other path a node takes to start bubblewrap.
+The suite runs as the current user and, when that is root, once more as ``nobody`` (an interpreter
+nobody may run, with a copy of the package code and this file on ``PYTHONPATH``), the other path a
+node takes to start bubblewrap: unprivileged, creating the user namespace itself.
 """
 
 from __future__ import annotations
@@ -380,38 +381,70 @@ def test_the_honest_solution_passes() -> None:
 
 
 def _nobody_python() -> str | None:
-    """An interpreter ``nobody`` can run with this repository's code, or None."""
+    """An interpreter ``nobody`` can run, of this one's minor version (for the venv's packages), or None.
+
+    Started from root, setpriv may still exec a binary under a 0700 home, which then runs without
+    its own installation; so the probe also asks that nobody can read the prefix it runs from.
+    """
+    usable = ("import os, sys\nprefix = os.path.realpath(sys.base_prefix)\n"
+              "if os.access(prefix, os.R_OK | os.X_OK) and os.path.realpath(sys.executable).startswith(prefix + os.sep):\n"
+              "    print(sys.version_info[:2])")
     for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", candidate, "-c",
-                                "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+                                usable], capture_output=True, text=True)
         if probe.returncode == 0 and probe.stdout.strip() == str(tuple(sys.version_info[:2])):
             return candidate
     return None
 
 
+def _copy_for_nobody(tmp_path: Path) -> Path:
+    """This file and the package code it tests, copied where ``nobody`` can read them; the import path.
+
+    Copies, not links: the checkout (like the interpreter) may sit under a home only root may enter.
+    """
+    path = tmp_path / "path"
+    tasks = path / "intellect_node" / "node" / "tasks"
+    shutil.copytree(REPO / "node" / "tasks", tasks, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "node" / "__init__.py", tasks.parent)
+    shutil.copy(__file__, tmp_path / "test_sandbox_hostile.py")
+    for entry in [tmp_path, *tmp_path.rglob("*")]:
+        entry.chmod(0o755 if entry.is_dir() else 0o644)
+    return path
+
+
 @pytest.mark.slow
-@pytest.mark.skip(reason="not working yet: the suite rerun as nobody errors at set-up (it cannot import the "
-                         "project and its test helpers from /root); the unprivileged counts are not measured")
 def test_hostile_suite_as_an_unprivileged_user() -> None:
-    """The same cases from a process of ``nobody``: bubblewrap then runs unprivileged, directly."""
+    """The same cases from a process of ``nobody``: bubblewrap then creates the user namespace unprivileged.
+
+    Measured here (Linux 6.18, Debian 12 bubblewrap 0.8, not setuid): unprivileged user namespaces are
+    allowed (user.max_user_namespaces > 0, no unprivileged_userns_clone or AppArmor switch), so
+    every case runs and must be contained; where the kernel forbids them the child's set-up fails
+    with the sysctl named (``userns_blocked``), which is this test's failure message.
+    """
     _need_sandbox()
     if os.geteuid() != 0:
         pytest.skip("already unprivileged: the cases above were that run")
     python = _nobody_python() if shutil.which("setpriv") else None
     if python is None:
         pytest.skip(f"no Python {sys.version_info[0]}.{sys.version_info[1]} that nobody may run")
+    site_packages = Path(pytest.__file__).parents[1]
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                            "import pytest"], env={"PYTHONPATH": str(site_packages)}, capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot read the test dependencies in {site_packages}")
     tmp_path = Path(tempfile.mkdtemp(prefix="ina-hostile-nobody-"))  # pytest's own is root-only
-    os.chmod(tmp_path, 0o755)
-    package = tmp_path / "path" / "intellect_node"
-    package.mkdir(parents=True)
-    (package / "node").symlink_to(REPO / "node")
-    site_packages = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "pytest").is_dir())
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path),
-           "PYTHONPATH": f"{tmp_path / 'path'}:{site_packages}", "PYTHONDONTWRITEBYTECODE": "1",
-           "INTELLECT_NODE_REQUIRE_REFERENCE": "1"}  # the sandbox must work for nobody too
-    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m", "pytest",
-                          "-q", "-p", "no:cacheprovider", "-m", "not slow", "--rootdir", str(REPO),
-                          str(Path(__file__))], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
-    shutil.rmtree(tmp_path)
+    try:
+        path = _copy_for_nobody(tmp_path)
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path),
+               "PYTHONPATH": f"{path}:{site_packages}", "PYTHONDONTWRITEBYTECODE": "1",
+               "INTELLECT_NODE_REQUIRE_REFERENCE": "1"}  # the sandbox must work for nobody: fail, never skip
+        run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-m", "pytest",
+                              "-q", "-p", "no:cacheprovider", "-m", "not slow", "-o", "markers=slow",
+                              "--rootdir", str(tmp_path), str(tmp_path / "test_sandbox_hostile.py")],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    finally:
+        shutil.rmtree(tmp_path)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
+    passed = int(re.search(r"(\d+) passed", summary)[1])
+    assert passed >= len(ESCAPES) + len(REWARD_HACKS) and "skipped" not in summary and "error" not in summary, summary
