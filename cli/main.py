@@ -16,7 +16,7 @@ from intellect_node.cli.model import model_app
 from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
-from intellect_node.node.config.base import ConfigError, whole_number
+from intellect_node.node.config.base import ConfigError, build, whole_number
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from rich.console import Console
 from rich.markup import escape
@@ -248,7 +248,7 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     section = dict(cfg.sections.get("diloco", {}))
     section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
     try:
-        settings = DilocoSettings.from_section(section, str(config_file or cfg.layout.config_file))
+        settings = build(DilocoSettings, section, str(config_file or cfg.layout.config_file), "[diloco]")
         config_dir = (config_file or cfg.layout.config_file).parent
         settings = with_run_spec(settings, cfg.run_id, config_dir)  # a spec that fails its checks stops the node here
         if settings.data.startswith("metagene:"):

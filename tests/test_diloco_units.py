@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.config.base import build
 from intellect_node.node.diloco import frames, grid, packing
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
@@ -297,7 +298,7 @@ def test_fp16_part_refuses_halves_that_are_not_grid_integers(value: float) -> No
 
 
 def test_settings_from_the_config_section_name_the_bad_key() -> None:
-    s = DilocoSettings.from_section({"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml")
+    s = build(DilocoSettings, {"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml", "[diloco]")
     assert (s.H, s.levels, s.outer_lr, s.allowlist) == (5, 7, 1, ("12D3KooW",))
     for bad, message in (({"H": 0}, "H = 0 is out of bounds"), ({"Hx": 1}, "unknown keys \\['Hx'\\]"),
                          ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
@@ -306,7 +307,7 @@ def test_settings_from_the_config_section_name_the_bad_key() -> None:
                          ({"data": "metagene:seq_len=64"}, "needs store=DIR"),
                          ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"), ({"initial_peers": "x"}, "expected a list")):
         with pytest.raises(ValueError, match=message):
-            DilocoSettings.from_section(bad, "cfg.toml")
+            build(DilocoSettings, bad, "cfg.toml", "[diloco]")
 
 
 def test_data_is_a_function_of_seed_round_and_peer() -> None:

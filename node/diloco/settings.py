@@ -1,13 +1,13 @@
 """The ``[diloco]`` section: one checked dataclass, so the role, the bench and the tests read the
-same names and bounds (specs/diloco.md section 7). Unknown keys are errors naming the key."""
+same names and bounds (specs/diloco.md section 7). Typed and loaded by node/config
+(``build(DilocoSettings, table, source, "[diloco]")``): unknown keys are errors naming the key."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
 
+from intellect_node.node.config.base import ConfigError, check_bounds
 from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, parse_data
 from intellect_node.node.diloco.grid import levels_for
 from intellect_node.node.metagene.presets import PRESETS, Preset
@@ -16,17 +16,6 @@ from intellect_node.protocol.messages import PEER_ID_PATTERN
 # A Llama-shaped model small enough for a CPU round in seconds (the generated corpus has 256 tokens).
 TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, context=128, vocab=256)
 MODELS = {TINY.name: TINY} | PRESETS
-
-
-def _same_kind(default: Any, value: Any) -> bool:
-    """TOML's value fits the field: bools only for bools, whole numbers for ints, numbers for floats."""
-    if isinstance(default, bool) or isinstance(value, bool):
-        return isinstance(default, bool) and isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int)
-    if isinstance(default, float):
-        return isinstance(value, int | float)
-    return isinstance(value, type(default))
 
 
 @dataclass(frozen=True)
@@ -59,23 +48,21 @@ class DilocoSettings:
     def __post_init__(self) -> None:
         levels_for(self.compression)
         if isinstance(parse_data(self.data), MetageneSpec) and self.model not in PRESETS:
-            raise ValueError(f"[diloco] model = {self.model!r}: metagene data needs a preset whose vocabulary fits "
-                             f"its tokenizer (1024): one of {', '.join(PRESETS)}")
-        checks = {"H": 1 <= self.H <= 100_000, "inner_lr": 0 < self.inner_lr < 1, "weight_decay": 0 <= self.weight_decay < 1,
-                  "betas": all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2,
-                  "outer_lr": 0 < self.outer_lr <= 10, "outer_momentum": 0 <= self.outer_momentum < 1,
-                  "round_timeout_s": max(1.0, self.matchmaking_s) < self.round_timeout_s <= 3600, "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
-                  "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
-                  "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
-                  "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
-                  "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
-                  "authority": not self.authority or re.fullmatch(PEER_ID_PATTERN, self.authority) is not None}
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"[diloco] {bad[0]} = {getattr(self, bad[0])!r} is out of bounds")
+            raise ConfigError(f"[diloco] model = {self.model!r}: metagene data needs a preset whose vocabulary fits "
+                              f"its tokenizer (1024): one of {', '.join(PRESETS)}")
+        check_bounds("[diloco]", self, {
+            "H": 1 <= self.H <= 100_000, "inner_lr": 0 < self.inner_lr < 1, "weight_decay": 0 <= self.weight_decay < 1,
+            "betas": all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2,
+            "outer_lr": 0 < self.outer_lr <= 10, "outer_momentum": 0 <= self.outer_momentum < 1,
+            "round_timeout_s": max(1.0, self.matchmaking_s) < self.round_timeout_s <= 3600, "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
+            "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
+            "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
+            "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
+            "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
+            "authority": not self.authority or re.fullmatch(PEER_ID_PATTERN, self.authority) is not None})
         if bool(self.run_spec) != bool(self.authority):
-            raise ValueError("[diloco] run_spec and authority go together: the signed spec file and the peer id "
-                             "of the run's owner, whose signature it must carry")
+            raise ConfigError("[diloco] run_spec and authority go together: the signed spec file and the peer id "
+                              "of the run's owner, whose signature it must carry")
 
     @property
     def preset(self) -> Preset:
@@ -88,25 +75,3 @@ class DilocoSettings:
     @property
     def levels(self) -> int:
         return levels_for(self.compression)
-
-    @classmethod
-    def from_section(cls, section: dict[str, Any], source: str) -> DilocoSettings:
-        """Settings from a TOML ``[diloco]`` table; errors name ``source`` and the key."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(section) - set(fields))
-        if unknown:
-            raise ValueError(f"{source} [diloco]: unknown keys {unknown}; known keys are {sorted(fields)}")
-        values: dict[str, Any] = {}
-        for name, value in section.items():
-            default = getattr(cls, name)
-            if isinstance(default, tuple):
-                if not isinstance(value, list):
-                    raise ValueError(f"{source} [diloco] {name}: expected a list, got {value!r}")
-                value = tuple(value)
-            elif not _same_kind(default, value):
-                raise ValueError(f"{source} [diloco] {name}: {value!r} is not a {type(default).__name__}")
-            values[name] = value
-        try:
-            return cls(**values)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: {exc}") from None

@@ -20,16 +20,14 @@ the wrong kind are errors naming the file and the key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from intellect_node.node.config.base import ConfigError, build, check_bounds, values_of
 from intellect_node.node.metagene.build import ReadOptions
 from intellect_node.node.metagene.filtering import FilterConfig
 from intellect_node.node.metagene.tokenizer import VOCAB_SIZE
-
-_INT = (int,)
-_NUMBER = (int, float)
 
 
 @dataclass(frozen=True)
@@ -45,47 +43,25 @@ class MetageneJob:
     seq_len: int = 512
 
     def __post_init__(self) -> None:
-        checks = {"reads": 0 < len(self.reads) <= 4096 and all(0 < len(r) <= 4096 for r in self.reads),
-                  "tokenizer": len(self.tokenizer) <= 4096, "vocab": 16 <= self.vocab <= 65536,
-                  "tokenizer_reads": 1 <= self.tokenizer_reads <= 10_000_000, "min_quality": 0 <= self.min_quality <= 93,
-                  "max_n": 0 <= self.max_n <= 1, "min_length": 1 <= self.min_length <= 1 << 20,
-                  "on_bad": self.on_bad in ("error", "skip"), "seq_len": 2 <= self.seq_len <= 4096}
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"[metagene] {bad[0]} = {getattr(self, bad[0])!r} is out of bounds")
+        check_bounds("[metagene]", self, {
+            "reads": 0 < len(self.reads) <= 4096 and all(0 < len(r) <= 4096 for r in self.reads),
+            "tokenizer": len(self.tokenizer) <= 4096, "vocab": 16 <= self.vocab <= 65536,
+            "tokenizer_reads": 1 <= self.tokenizer_reads <= 10_000_000, "min_quality": 0 <= self.min_quality <= 93,
+            "max_n": 0 <= self.max_n <= 1, "min_length": 1 <= self.min_length <= 1 << 20,
+            "on_bad": self.on_bad in ("error", "skip"), "seq_len": 2 <= self.seq_len <= 4096})
 
     @classmethod
     def from_section(cls, section: dict[str, Any], reads: list[str] | None, tokenizer: Path | None,
                      source: str) -> MetageneJob:
         """The job from a TOML ``[metagene]`` table with the flags on top; errors name ``source``."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(section) - set(known))
-        if unknown:
-            raise ValueError(f"{source} [metagene]: unknown keys {unknown}; known keys are {sorted(known)}")
-        values: dict[str, Any] = {}
-        for name, value in section.items():
-            default = getattr(cls, name, None)
-            if name == "reads":
-                ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-                value = tuple(value) if ok else value
-            elif isinstance(default, str):
-                ok = isinstance(value, str)
-            else:
-                ok = not isinstance(value, bool) and isinstance(value, _INT if isinstance(default, int) else _NUMBER)
-            if not ok:
-                raise ValueError(f"{source} [metagene] {name}: {value!r} is not a "
-                                 f"{'list of paths' if name == 'reads' else type(default).__name__}")
-            values[name] = value
+        values = values_of(cls, section, source, "[metagene]")
         if reads:
             values["reads"] = tuple(reads)
         if tokenizer is not None:
             values["tokenizer"] = str(tokenizer)
         if not values.get("reads"):
-            raise ValueError(f"the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads in {source}")
-        try:
-            return cls(**values)
-        except ValueError as exc:
-            raise ValueError(f"{source}: {exc}") from None
+            raise ConfigError(f"the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads in {source}")
+        return build(cls, {}, source, "[metagene]", **values)
 
     @property
     def tokenizer_dir(self) -> Path | None:
