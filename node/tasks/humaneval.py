@@ -6,8 +6,10 @@ reference's own executor, which the node does not use; the tests run in the proj
 
 Each problem becomes one task in the INTELLECT-2 schema: the prompt asks for the whole function in
 one fenced block (HumanEval prompts carry the imports the signature needs, e.g. ``List``, so the
-answer must too), and the unit test is one ``assert``-type case that defines HumanEval's
-``check(candidate)`` and calls it on the entry point, run after the answer in the same module.
+answer must too), and the unit test is one ``assert``-type case: HumanEval's ``check(candidate)``
+called on the entry point. It never runs in the answer's module: the answer runs in one sandbox
+and serves its functions, the test code runs in another against stand-ins that pass plain values
+(``intellect_node.node.tasks.assert_check``), so tests that need the answer's own objects fail.
 """
 
 from __future__ import annotations
