@@ -163,7 +163,7 @@ def join(
     batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
     async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
-    trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Trainer: TOML file with [optim], [loss], [rewards] settings")] = None,
+    trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Deprecated (still read): a TOML file with [optim], [loss], [rewards]; use config.toml's [trainer] section")] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Trainer: processes on this machine sharing the model with FSDP2 (torchrun; gloo on CPU, nccl on GPUs) [1]", min=1)] = 1,
     nnodes: Annotated[int, typer.Option("--nnodes", help="Trainer: machines in the sharded trainer (each runs this command) [1]", min=1)] = 1,
     node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
@@ -200,7 +200,7 @@ def join(
     verify_fraction = _role_setting(cfg, ["validator"], "verify_fraction", verify_fraction, None)
     try:
         shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir},
-                                   file_values=cfg.sections.get("shards"), file_name=str(config or cfg.layout.config_file))
+                                   file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
     except ConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -230,14 +230,14 @@ def join(
     if "diloco" not in role and (workload is not None or reads or tokenizer is not None):
         _usage("--workload, --reads and --tokenizer are for --role diloco")
     if "diloco" in role and _is_metagene(cfg, workload, reads, tokenizer, data):
-        data = _metagene_data(cfg, config, reads, tokenizer)
+        data = _metagene_data(cfg, reads, tokenizer)
         model = model or cfg.sections.get("diloco", {}).get("model") or "tiny"
-    diloco = _diloco_settings(cfg, config, model, data) if "diloco" in role else None
+    diloco = _diloco_settings(cfg, model, data) if "diloco" in role else None
     _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
          trusted=tuple(trust_validator or ()), trainer=training, diloco=diloco)
 
 
-def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | None, data: str | None) -> Any:
+def _diloco_settings(cfg: NodeConfig, model: str | None, data: str | None) -> Any:
     """``[diloco]`` with --model (a preset name) and --data on top, and the allowlist of its signed
     run spec; errors name the key (or the spec file)."""
     from rich.markup import escape
@@ -248,8 +248,8 @@ def _diloco_settings(cfg: NodeConfig, config_file: Path | None, model: str | Non
     section = dict(cfg.sections.get("diloco", {}))
     section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
     try:
-        settings = build(DilocoSettings, section, str(config_file or cfg.layout.config_file), "[diloco]")
-        config_dir = (config_file or cfg.layout.config_file).parent
+        settings = build(DilocoSettings, section, str(cfg.config_file), "[diloco]")
+        config_dir = cfg.config_file.parent
         settings = with_run_spec(settings, cfg.run_id, config_dir)  # a spec that fails its checks stops the node here
         if settings.data.startswith("metagene:"):
             settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
@@ -279,14 +279,14 @@ def _usage(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _metagene_data(cfg: NodeConfig, config_file: Path | None, reads: list[str] | None, tokenizer: Path | None) -> str:
+def _metagene_data(cfg: NodeConfig, reads: list[str] | None, tokenizer: Path | None) -> str:
     """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
     from rich.markup import escape
 
     from intellect_node.node.metagene.job import MetageneJob
     from intellect_node.node.metagene.prepare import prepare_store
 
-    source = str(config_file or cfg.layout.config_file)
+    source = str(cfg.config_file)
     try:
         job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), reads, tokenizer, source)
         store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
@@ -340,18 +340,18 @@ def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, defau
 
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
                      trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
-    from intellect_node.node.roles.trainer.config import (
-        TrainerConfigError,
-        load_trainer_options,
-    )
+    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, load_trainer_options
 
     checked = _inference_options(cfg, model, tasks, "torch")
+    if config_file is not None:
+        err.print(f"[yellow]deprecated:[/yellow] {DEPRECATED_FILE}", soft_wrap=True)
     try:
         return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
                                     publish_dir=shards.publish_dir or cfg.layout.publish,
                                     config_file=config_file, flags=flags, trusted=trusted,
-                                    section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level)
-    except TrainerConfigError as exc:
+                                    section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
+                                    source=str(cfg.config_file))
+    except ConfigError as exc:
         err.print(f"[red]configuration error:[/red] {exc}")
         raise typer.Exit(2) from None
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.node.roles.trainer.config import TrainerConfigError, load_trainer_options
+from intellect_node.node.config.base import ConfigError
+from intellect_node.node.roles.trainer.config import load_trainer_options
 
 BASE = {"model_dir": Path("/m"), "task_spec": "toy:seed=0,count=10", "publish_dir": Path("/p")}
 
@@ -43,7 +44,7 @@ def test_file_then_flags(tmp_path) -> None:
     (None, {"verify_fraction": 0.5}, "trust-validator"),
 ])
 def test_bad_settings_are_named(tmp_path, text, flags, message) -> None:
-    with pytest.raises(TrainerConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         load(tmp_path, text, **flags)
 
 

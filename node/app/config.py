@@ -80,6 +80,7 @@ class NodeConfig:
     relay_circuit_bytes: int = 16 * 1024 * 1024
     # The file's other sections, checked for unknown names; each concern's loader reads its own.
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    loaded_from: Path | None = None  # --config, or None: <home>/config.toml
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,11 @@ class NodeConfig:
     @property
     def layout(self) -> HomeLayout:
         return HomeLayout(self.home)
+
+    @property
+    def config_file(self) -> Path:
+        """The file this config was read from (or would have been): every section's errors name it."""
+        return self.loaded_from or self.layout.config_file
 
     def swarm(self) -> SwarmSettings:
         """What the swarm reads of this config (node/swarm/settings.py): the swarm never imports the app."""
@@ -117,7 +123,7 @@ class InferenceOptions:
     groups_per_step: int = 0
 
 
-NODE_KEYS = frozenset(field_types(NodeConfig)) - {"sections", "run"}
+NODE_KEYS = frozenset(field_types(NodeConfig)) - {"sections", "run", "loaded_from"}
 
 
 def load_config(flags: dict[str, Any], config_file: Path | None = None,
@@ -133,7 +139,7 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
         node_table = {"run_id": run_table.pop("run_id")} | node_table
     run = build(RunConfig, run_table, str(path), "[run]")
     values = layered(NodeConfig, "node", node_table, str(path), given, environ, NODE_KEYS)
-    config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run}))
+    config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run, "loaded_from": path}))
     if config.advert_refresh_s >= config.advert_lifetime_s:
         raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
     return config

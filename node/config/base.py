@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,21 +100,25 @@ def parse_text(hint: Any, text: str, where: str) -> Any:
     return typed(hint, text, where)
 
 
-def values_of(cls: type, table: Mapping[str, Any], where: str, section: str) -> dict[str, Any]:
+def values_of(cls: type, table: Mapping[str, Any], where: str, section: str,
+              settable: Iterable[str] | None = None) -> dict[str, Any]:
     """The typed values of ``table`` for the dataclass ``cls``; unknown keys are refused by name.
-    ``where`` names the source (a file), ``section`` the table (``"[diloco]"``; "" for none)."""
+    ``where`` names the source (a file), ``section`` the table (``"[diloco]"``; "" for none);
+    ``settable`` limits the keys a file may set (default: every field)."""
     kinds = field_types(cls)
+    keys = set(kinds if settable is None else settable)
     place = f"{where} {section}".strip()
-    unknown = sorted(set(table) - set(kinds))
+    unknown = sorted(set(table) - keys)
     if unknown:
-        raise ConfigError(f"{place}: unknown keys {unknown}; known keys are {sorted(kinds)}")
+        raise ConfigError(f"{place}: unknown keys {unknown}; known keys are {sorted(keys)}")
     return {name: typed(kinds[name], value, f"{place} {name}") for name, value in table.items()}
 
 
-def build(cls: type[T], table: Mapping[str, Any], where: str, section: str, **given: Any) -> T:
+def build(cls: type[T], table: Mapping[str, Any], where: str, section: str,
+          settable: Iterable[str] | None = None, **given: Any) -> T:
     """``cls`` from ``table`` with the already typed ``given`` on top; a bound the class refuses
     (its ``__post_init__``) comes back as ConfigError prefixed with ``where``."""
-    values = values_of(cls, table, where, section) | given
+    values = values_of(cls, table, where, section, settable) | given
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:

@@ -42,10 +42,7 @@ def layered(cls: type, section: str, table: Mapping[str, Any], source: str, flag
     environ = os.environ if environ is None else environ
     kinds = field_types(cls)
     keys = set(kinds if settable is None else settable)
-    refused = set(table) - keys
-    if refused:
-        raise ConfigError(f"{source} [{section}]: unknown keys {sorted(refused)}; known keys are {sorted(keys)}")
-    values = values_of(cls, table, source, f"[{section}]")
+    values = values_of(cls, table, source, f"[{section}]", keys)
     prefix = env_prefix(section)
     for name in sorted(keys):
         if prefix + name.upper() in environ:

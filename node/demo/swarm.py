@@ -115,10 +115,10 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
     common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
-    trainer_config = swarm.root / "trainer.toml"  # the [optim] settings that have no flag
-    trainer_config.write_text(f"[optim]\ndecay_steps = {options.lr_decay_steps}\n")
+    # the [trainer.optim] settings that have no flag, in the trainer's <home>/config.toml
+    (swarm.root / "trainer" / "config.toml").write_text(f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
-                    "--trainer-config", str(trainer_config), "--batch-groups", str(options.batch_groups)]
+                    "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
         trainer_args += ["--steps", str(options.steps)]
     if validator_id:
