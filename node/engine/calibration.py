@@ -35,10 +35,10 @@ from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
 from intellect_node.protocol.sampling import MAX_SLACK
 
 NOISE_SAFETY = 1.5
-SLACK_SAFETY = 1.5
+SLACK_SAFETY = 2.0
 SLACK_SIGMAS = 8.0
-LOGPROB_SAFETY = 2.0
-TOPLOC_SAFETY = 1.5
+LOGPROB_SAFETY = 3.0
+TOPLOC_SAFETY = 2.0
 # Loose enough that every honest chunk is measured (a chunk over a limit still reports its figures).
 MEASURING = Thresholds(max_exp_mismatches=10**6, max_mant_err_mean=1e9, max_mant_err_median=1e9)
 
