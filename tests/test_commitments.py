@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.commitments import (
     BUSY,
     DUPLICATE,
@@ -17,7 +18,6 @@ from intellect_node.node.roles.validator.commitments import (
     CommitmentBook,
     Undelivered,
 )
-from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
