@@ -10,7 +10,8 @@ through its Python API, two `shardcast-middle` relays (check interval 1 s) and N
 `shardcast-client`s, each in its own working directory, each restarted until it succeeds (a
 client gives up when a relay lists a version it has not finished downloading). Relays and clients
 each get a private /tmp (`unshare -m` and a tmpfs; hence the work directory is not under /tmp):
-they all write the fixed /tmp/dummy.bin when ranking servers, and concurrent ones kill each other. Every shardcast server gets
+they all write the fixed /tmp/dummy.bin when ranking servers, and concurrent ones kill each other. \
+Every shardcast server gets
 the data1.bin that its clients download first to rank servers. The clock starts
 at `broadcast()` and stops when the last client has written the reassembled file.
 
@@ -147,7 +148,8 @@ def run_peer(work: Path, clients: int, mib: int, repeats: int) -> list[tuple[flo
         (base / name).mkdir(parents=True)
         (base / name / "data1.bin").write_bytes(bytes(MIB))
     try:
-        origin = subprocess.Popen([str(bin_dir / "python"), "-c", ORIGIN_SCRIPT, str(base / "origin"), str(origin_port)],
+        origin = subprocess.Popen([str(bin_dir / "python"), "-c", ORIGIN_SCRIPT, str(base / "origin"),
+                                   str(origin_port)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs, text=True, env=env,
                                   cwd=base)
         procs.append(origin)
@@ -236,7 +238,8 @@ def main() -> None:
             all_correct &= correct_ours == len(ours)
             summary.append((count, ours_s, peer_s))
             print(f"  {count} fetchers: ours median {ours_s:.2f} s ({correct_ours}/{len(ours)} correct, origin upload "
-                  f"at most {copies:.2f} copies); shardcast median {peer_s:.2f} s ({correct_peer}/{len(peer)} correct); "
+                  f"at most {copies:.2f} copies); shardcast median {peer_s:.2f} s "
+                  f"({correct_peer}/{len(peer)} correct); "
                   f"ratio {peer_s / ours_s:.1f}", flush=True)
     count, ours_s, peer_s = summary[-1]
     ratio = peer_s / ours_s

@@ -422,7 +422,8 @@ def measure(args: argparse.Namespace, net: LimitedSwitch | None, workers: Worker
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="5 rounds of H=10, the four main runs only (under a minute)")
+    parser.add_argument("--quick", action="store_true",
+                        help="5 rounds of H=10, the four main runs only (under a minute)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds instead of the preset's (5 quick, 20)")
     parser.add_argument("-H", type=int, default=0, help="inner steps per round instead of the preset's (10 quick, 25)")
     parser.add_argument("--batch", type=int, default=8,

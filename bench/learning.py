@@ -152,7 +152,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     summary = summarize(lines, seconds, "minutes") | {"generated_tokens": generated, "threads": threads,
-                                                      "profile": {"single": {"cpu_s": time.process_time() - cpu_started}}}
+                                                      "profile": {"single": {"cpu_s": time.process_time()
+                                                                                     - cpu_started}}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary, lines
 
@@ -162,7 +163,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 s per run (about a minute with start-up)")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of each run")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"which runs, comma-separated, of {RUNS}")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the single process (the cores the swarm shares)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads of the single process (the cores the swarm shares)")
     parser.add_argument("--trainer-verify-fraction", type=float, default=DemoOptions().trainer_verify_fraction,
                         help="swarm runs: share of batches the trainer re-verifies beside the validator")
     parser.add_argument("--groups-per-step", type=int, default=None,
@@ -187,8 +189,8 @@ def main() -> None:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
-                                               optim=OptimConfig(lr=args.lr, decay_steps=args.lr_decay_steps), lag=args.single_lag,
-                                               steps=args.single_steps)
+                                               optim=OptimConfig(lr=args.lr, decay_steps=args.lr_decay_steps),
+                                               lag=args.single_lag, steps=args.single_steps)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
                                       args.groups_per_step, args.lr, args.lr_decay_steps)
@@ -201,7 +203,8 @@ def main() -> None:
         cpu = sum(entry.get("cpu_s") or 0.0 for entry in summary["profile"].values())
         print(f"{name:8} {summary['eval_accuracy_start']:6.3f} "
               + " ".join(f"{'-' if a is None else f'{a:.3f}':>7}" for a in at)
-              + f" {summary['eval_accuracy_end']:6.3f} {summary['steps']:6d} {'-' if busy is None else f'{busy:.2f}':>6}"
+              + f" {summary['eval_accuracy_end']:6.3f} {summary['steps']:6d}"
+                f" {'-' if busy is None else f'{busy:.2f}':>6}"
               + f" {cpu / max(1, summary['steps']):10.2f}")
         if name != "single":
             print("         CPU s by node: " + ", ".join(f"{node} {entry.get('cpu_s') or 0:.0f}"

@@ -6,8 +6,10 @@ launched at once, all with short advert timings (TIMING below). Measured:
   lists all N nodes as members (``LocalSwarm.converged()``); also from the first launch;
 - DHT get latency: an in-process libp2p client (KadDHT in CLIENT mode, so it stores nothing for
   others) that knows only the bootstrap node gets every node's signed advert the way a node does,
-  with ``intellect_node.node.swarm.dht_get.bounded_get`` (the advert's owner and the 3 closest known peers at once,
-  libp2p's ``get_value`` as the fallback), for several rounds. Its value store is emptied before every get (libp2p's fallback
+  with ``intellect_node.node.swarm.dht_get.bounded_get`` (the advert's owner and the 3 closest known \
+peers at once,
+  libp2p's ``get_value`` as the fallback), for several rounds. Its value store is emptied before every \
+get (libp2p's fallback
   caches what it fetched), so each get is a real remote lookup.
 Peer: bench/_hivemind_side.py in its own process (hivemind and libp2p cannot share one), which
 does the same with N hivemind.DHT peers and ``dht.get(key, latest=True)`` from a client-mode peer.
@@ -108,8 +110,8 @@ def measure_convergence(swarm: LocalSwarm, t_all: float, poll_s: float = 0.05) -
                 t_conv = None
                 break
             time.sleep(poll_s)
-    return {"t_conv": t_conv, "final_view_sizes": sorted(len(v & expected) for v in views), "polls": len(trace), "trace": trace,
-            "per_node_full_view_s": sorted(round(t - t_all, 3) for t in full_at.values())}
+    return {"t_conv": t_conv, "final_view_sizes": sorted(len(v & expected) for v in views), "polls": len(trace),
+            "trace": trace, "per_node_full_view_s": sorted(round(t - t_all, 3) for t in full_at.values())}
 
 
 # ---- ours: DHT get latency -------------------------------------------------------------------
@@ -401,7 +403,8 @@ def run_ours(n: int, rounds: int, keep: Path | None, variants: bool = False) -> 
 
 
 def run_hivemind(n: int, rounds: int) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).with_name("_hivemind_side.py")), "--nodes", str(n), "--rounds", str(rounds)]
+    command = [sys.executable, str(Path(__file__).with_name("_hivemind_side.py")), "--nodes", str(n),
+               "--rounds", str(rounds)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     if result.returncode != 0 or not result.stdout.strip():
         raise RuntimeError(f"hivemind side failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -489,12 +492,14 @@ def main() -> int:
     if ours["gets_deadline_hit"]:
         print(f"ours: stopped issuing gets after {GETS_DEADLINE_S:g} s ({ours['get_count_all']} done)")
     print(f"ours: client connect {ours['connect_bootstrap_ms']} ms, routing fill {ours['routing_fill_ms']} ms "
-          f"({ours['routing_table_size']} peers), foreign values in client store {ours['foreign_values_in_client_store']}")
+          f"({ours['routing_table_size']} peers), foreign values in client store "
+          f"{ours['foreign_values_in_client_store']}")
     print(f"ours: bounded gets that fell back to libp2p's get: {ours['get_fallbacks']} of {ours['get_count_all']}; "
           f"replies rejected: {ours['get_rejected_replies']}")
     print(f"ours: per get (median): lookup phase {ours['get_lookup_phase_median_ms']} ms, "
-          f"{ours['get_rpcs_per_get_median']} GET_VALUE RPCs, {ours['store_rpcs_per_get_median']} entry-correction puts; "
-          f"swarm CPU during convergence {ours['swarm_cores_during_convergence']} cores; rejections {ours['rejections_at_end']}")
+          f"{ours['get_rpcs_per_get_median']} GET_VALUE RPCs, {ours['store_rpcs_per_get_median']} "
+          f"entry-correction puts; swarm CPU during convergence {ours['swarm_cores_during_convergence']} cores; "
+          f"rejections {ours['rejections_at_end']}")
     for name, figures in ours["variants"].items():
         print(f"ours, variant {name}: median {figures['median_ms']} ms, p90 {figures['p90_ms']} ms, "
               f"found {figures['found']}/{figures['gets']}")
@@ -502,7 +507,8 @@ def main() -> int:
         print(f"hivemind: stores done {peer['stores_done_after_all_ready_s']} s after all ready; "
               f"converged={peer['converged']} in {peer['convergence_polls']} polls")
     conv_ok = ours["converged"] and ours["convergence_s"] <= CONVERGENCE_TARGET_S
-    print(f"convergence: ours={fmt(ours['convergence_s'])}s (from first launch {fmt(ours['convergence_from_first_launch_s'])}s) "
+    print(f"convergence: ours={fmt(ours['convergence_s'])}s "
+          f"(from first launch {fmt(ours['convergence_from_first_launch_s'])}s) "
           f"peer={fmt(peer.get('convergence_s'))}s target={CONVERGENCE_TARGET_S:.1f}s {'ok' if conv_ok else 'short'}")
     ours_ms, peer_ms = ours["get_median_ms"], peer.get("get_median_ms")
     ratio = ours_ms / peer_ms if ours_ms and peer_ms else None

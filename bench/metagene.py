@@ -91,7 +91,8 @@ def pipeline(args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         fastq = Path(tmp) / "reads.fastq.gz"
         write_fastq(fastq, n_reads)
-        print(f"{n_reads} reads x 150 bp, gzipped FASTQ ({fastq.stat().st_size / 1e6:.1f} MB); CPU-time rates, best of {repeats}")
+        print(f"{n_reads} reads x 150 bp, gzipped FASTQ ({fastq.stat().st_size / 1e6:.1f} MB); "
+              f"CPU-time rates, best of {repeats}")
 
         def ours() -> int:
             return sum(1 for _ in iter_reads(fastq))
@@ -113,7 +114,8 @@ def pipeline(args: argparse.Namespace) -> str:
         tok = train_tokenizer(sequences[:tokenizer_reads])
         train_s = time.perf_counter() - started
         stats = token_stats(tok, sequences[:tokenizer_reads])
-        print(f"  tokenizer: trained on {tokenizer_reads:,} reads in {train_s:.1f} s; {stats.bp_per_token:.2f} bp/token, "
+        print(f"  tokenizer: trained on {tokenizer_reads:,} reads in {train_s:.1f} s; "
+              f"{stats.bp_per_token:.2f} bp/token, "
               f"median token {stats.median_token_bp} bp (random reads: real genomes compress better)")
         store_box: list = []
 
@@ -220,9 +222,11 @@ def learning(args: argparse.Namespace) -> str:
         settings = DilocoSettings(H=H, batch=options.batch, model=options.preset, seed=options.seed,
                                   data=f"metagene:store={store},seq_len={seq_len}")
         data = settings.open_data()
-        print(f"learning: {options.organisms} organisms, {len(data.store):,} training reads, {len(eval_reads)} held-out reads, "
+        print(f"learning: {options.organisms} organisms, {len(data.store):,} training reads, "
+              f"{len(eval_reads)} held-out reads, "
               f"preset {options.preset}, {seq_len}-token rows; {peers} DiLoCo peers x {rounds} rounds x H {H} x "
-              f"{options.batch} reads vs one peer on the same batches (data ready in {time.perf_counter() - started:.0f} s)")
+              f"{options.batch} reads vs one peer on the same batches "
+              f"(data ready in {time.perf_counter() - started:.0f} s)")
 
         def scored(model: torch.nn.Module) -> dict[str, Any]:
             model.eval()
@@ -231,7 +235,8 @@ def learning(args: argparse.Namespace) -> str:
         before = scored(build_model(get_preset(options.preset), options.seed))
         identities = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(peers)]
         group = LoopbackGroup(peers, settings.levels)
-        members = [DilocoPeer(build_model(settings.preset, options.seed), settings, group.member(str(i)), data, identity)
+        members = [DilocoPeer(build_model(settings.preset, options.seed), settings, group.member(str(i)), data,
+                              identity)
                    for i, identity in enumerate(identities)]
         started = time.perf_counter()
         for _ in range(rounds):
@@ -270,7 +275,8 @@ def learning(args: argparse.Namespace) -> str:
                                      (f"DiLoCo, {peers} peers", ours, diloco_tokens, diloco_s),
                                      ("one peer, same batches", peer, single_tokens, single_s),
                                      ("one peer, a quarter of them", alone, alone_tokens, alone_s)):
-        print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} {m['kmer_mcc']:>9.3f} "
+        print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} "
+              f"{m['kmer_mcc']:>9.3f} "
               f"{tokens:>9,} {seconds:>7.1f}")
     print(f"  per organism (DiLoCo / one peer): " + ", ".join(
         f"{k} {v:.3f}/{peer['perplexity_per_organism'][k]:.3f}" for k, v in ours["perplexity_per_organism"].items()))

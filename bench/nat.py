@@ -66,10 +66,12 @@ def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int) ->
             joined = ["join", "--role", "inference", "--bootstrap", boot.addr, "--trainer", origin.peer_id]
             nodes = []
             for i in range(fetchers - nated):
-                nodes.append(swarm.start(f"pub-f{i}", joined, publisher.env, prefix=net.exec_prefix(net.name(f"pub{2 + i}")),
+                nodes.append(swarm.start(f"pub-f{i}", joined, publisher.env,
+                                         prefix=net.exec_prefix(net.name(f"pub{2 + i}")),
                                          listen=f"/ip4/198.18.0.{4 + i}/tcp/4001"))
             for n in range(1, nated + 1):
-                nodes.append(swarm.start(f"home{n}", joined, publisher.env, prefix=net.exec_prefix(net.name(f"home{n}")),
+                nodes.append(swarm.start(f"home{n}", joined, publisher.env,
+                                         prefix=net.exec_prefix(net.name(f"home{n}")),
                                          listen=f"/ip4/198.19.{n}.2/tcp/4001"))
             everyone = {node.peer_id for node in swarm.nodes.values()}
             wait_until(lambda: all(everyone <= node.member_ids() for node in nodes), BOUND_S)

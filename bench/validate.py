@@ -3,10 +3,12 @@
 "peer" is what an inference worker does for a batch: ``intellect_node.node.roles.inference.builder.build_batch``
 (token-by-token sampling with hidden-state capture, TOPLOC proofs, rewards), counted in
 completions ("rows") per second. "ours" is what a validator does for the same batch:
-``intellect_node.node.roles.validator.validation.verify_batch`` (assignment and prompt checks, one batched prefill, TOPLOC
+``intellect_node.node.roles.validator.validation.verify_batch`` (assignment and prompt checks, one batched \
+prefill, TOPLOC
 verification, logprob and termination checks, the sampling replay of every token, rewards), judged
 by a run spec with the batch's settings. The replay's share is measured apart:
-``protocol.sampling.margins`` alone on logits of the model's vocabulary for the batch's positions, and on random logits of a 150k
+``protocol.sampling.margins`` alone on logits of the model's vocabulary for the batch's positions, and on \
+random logits of a 150k
 vocabulary (what a real model's head costs the replay per position). Target: verification at least 10x faster
 than generation, so a validator keeps up with ten workers.
 

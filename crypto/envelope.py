@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import ClassVar
 
-from intellect_node.crypto.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, peer_id_from_public_key, verify_signature
+from intellect_node.crypto.identity import (
+    PUBLIC_KEY_SIZE,
+    SIGNATURE_SIZE,
+    Identity,
+    peer_id_from_public_key,
+    verify_signature,
+)
 
 MAGIC = b"INE\x01"
 DOMAIN = b"intellect-node/envelope/v1\x00"

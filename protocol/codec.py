@@ -71,9 +71,11 @@ def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | 
     if len(data) > cls.MAX_SIZE:
         raise Oversize(f"{len(data)} bytes, at most {cls.MAX_SIZE} for {cls.TYPE}")
     if envelope.protocol_version > max(SUPPORTED_VERSIONS):
-        raise NewerVersion(f"protocol version {envelope.protocol_version}, newest spoken here {max(SUPPORTED_VERSIONS)}")
+        raise NewerVersion(f"protocol version {envelope.protocol_version}, "
+                           f"newest spoken here {max(SUPPORTED_VERSIONS)}")
     if envelope.protocol_version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersion(f"protocol version {envelope.protocol_version}, supported {sorted(SUPPORTED_VERSIONS)}")
+        raise UnsupportedVersion(f"protocol version {envelope.protocol_version}, "
+                                 f"supported {sorted(SUPPORTED_VERSIONS)}")
     body = unpack(envelope.body, record_limits(cls, cls.MAX_SIZE), f"{cls.TYPE} body")
     message = cls.from_wire(body)
     message.check_signer(envelope.signer_peer_id)
