@@ -40,7 +40,8 @@ def training_table(lines: list[dict[str, Any]], options: DemoOptions, elapsed_s:
     minutes, seconds = divmod(int(elapsed_s), 60)
     of_steps = "" if options.steps is None else f"/{options.steps}"
     limit_m, limit_s = divmod(int(options.minutes * 60), 60)
-    table = Table(title=f"training: step {last.get('step', 0)}{of_steps}, {minutes}:{seconds:02d} of {limit_m}:{limit_s:02d}",
+    table = Table(title=f"training: step {last.get('step', 0)}{of_steps}, "
+                        f"{minutes}:{seconds:02d} of {limit_m}:{limit_s:02d}",
                   show_header=False, expand=True)
     table.add_column(style="bold")
     table.add_column()

@@ -83,7 +83,8 @@ def summarize(by_node: dict[str, list[dict[str, Any]]], seconds: float, stopped_
             "seconds": round(seconds, 1), "stopped_by": stopped_by}
 
 
-def write_loss_plot(by_node: dict[str, list[dict[str, Any]]], path: Path, title: str = "intellect-node demo: DiLoCo") -> None:
+def write_loss_plot(by_node: dict[str, list[dict[str, Any]]], path: Path,
+                    title: str = "intellect-node demo: DiLoCo") -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -58,7 +58,8 @@ def prepare_data(options: MetageneDemoOptions, root: Path) -> tuple[Path, Any, l
     write_metagenome(root / "reads", options.seed, reads_per_organism=options.reads_per_organism, genomes=organisms)
     rng = random.Random(options.seed + 1_000_003)  # other reads of the same genomes: held out
     for organism in organisms:
-        write_fastq(root / "eval" / f"{organism.name}.fastq.gz", cut_reads(organism, rng, options.eval_reads_per_organism))
+        write_fastq(root / "eval" / f"{organism.name}.fastq.gz",
+                    cut_reads(organism, rng, options.eval_reads_per_organism))
     reads, filtering = [str(root / "reads")], ReadOptions()
     tokenizer, _ = build_tokenizer(reads, filtering, options.vocab, len(organisms) * options.reads_per_organism,
                                    root / "store" / TOKENIZER_DIR)
@@ -101,7 +102,8 @@ def run_metagene_demo(options: MetageneDemoOptions, log: Callable[[str], None]) 
     log(f"writing a {options.genomes} metagenome, training the tokenizer, building the store in {root}")
     store, tokenizer, eval_reads = prepare_data(options, root)
     seq_len = min(options.seq_len, get_preset(options.preset).context)
-    before = eval_metrics(evaluate(build_model(get_preset(options.preset), options.seed), tokenizer, eval_reads, seq_len))
+    before = eval_metrics(evaluate(build_model(get_preset(options.preset), options.seed), tokenizer, eval_reads,
+                                   seq_len))
     log(f"before training: held-out perplexity {before['perplexity']}, probe MCC {before['probe_mcc']} "
         f"(4-mer baseline {before['kmer_mcc']})")
     diloco = DilocoDemoOptions(peers=options.peers, rounds=options.rounds, H=options.H, minutes=options.minutes,

@@ -4,7 +4,8 @@ socket (specs/diloco.md section 6). Run as
 
 Why a process of its own: hivemind and py-libp2p both register the protobuf symbol
 ``crypto.pb.KeyType`` and cannot be imported into one process; this module imports nothing that
-imports libp2p (``status`` reports it). It dies with its parent (a watchdog on the parent pid). Each connection is read in its own thread, so a bad client gets an ``error``
+imports libp2p (``status`` reports it). It dies with its parent (a watchdog on the parent pid). \
+Each connection is read in its own thread, so a bad client gets an ``error``
 frame and a closed connection while the parent's connection goes on; the main thread answers
 every request in turn (hivemind installs signal handlers, which only the main thread may do).
 """
@@ -85,7 +86,8 @@ class Child:
             raise frames.FrameError("min_peers is over max_peers")
         self.dht = hivemind.DHT(initial_peers=m["initial_peers"], host_maddrs=[f"/ip4/{m['host']}/tcp/{m['port']}"],
                                 identity_path=m["identity_path"] or None, start=True)
-        self.averager = ExactAverager(layout, m["layout"], m["levels"], frozenset(m["allowlist"]), dht=self.dht, start=True, prefix=m["prefix"],
+        self.averager = ExactAverager(layout, m["layout"], m["levels"], frozenset(m["allowlist"]), dht=self.dht,
+                                      start=True, prefix=m["prefix"],
                                       target_group_size=m["max_peers"], min_group_size=m["min_peers"],
                                       min_matchmaking_time=m["matchmaking_s"], request_timeout=3.0,
                                       next_chunk_timeout=5.0, allreduce_timeout=30.0)

@@ -69,7 +69,8 @@ class Averaged:
 
 
 class AveragerClient:
-    def __init__(self, socket_path: Path, layout: Layout, settings: ChildSettings, log_path: Path | None = None) -> None:
+    def __init__(self, socket_path: Path, layout: Layout, settings: ChildSettings,
+                 log_path: Path | None = None) -> None:
         self.socket_path, self.layout, self.settings, self.log_path = socket_path, layout, settings, log_path
         self.agreement = layout.run_digest(settings.data_digest)  # the "layout" members sign and compare
         self.process: subprocess.Popen[bytes] | None = None
@@ -112,7 +113,8 @@ class AveragerClient:
 
     def _init(self) -> tuple[str, list[str]]:
         """The child's first request (its hivemind settings); its hivemind peer id and multiaddrs."""
-        reply = self._ask({"type": "init", "prefix": self.settings.prefix, "shapes": [list(s) for s in self.layout.shapes],
+        reply = self._ask({"type": "init", "prefix": self.settings.prefix,
+                           "shapes": [list(s) for s in self.layout.shapes],
                            "layout": self.agreement,
                            "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
                            "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
@@ -195,7 +197,8 @@ class AveragerClient:
         with self._busy:
             return self._exchange(message, timeout_s, replies)
 
-    def _exchange(self, message: dict[str, Any], timeout_s: float, replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def _exchange(self, message: dict[str, Any], timeout_s: float,
+                  replies: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """One request and its checked reply; a broken connection drops the child (restarted on next use)."""
         conn = self.conn
         if conn is None:
@@ -218,7 +221,8 @@ class AveragerClient:
         self.ensure_running()
         return self._ask({"type": "status"}, 10.0, {"status": frames.STATUS_REPLY})
 
-    def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float, identity: Identity) -> Averaged:
+    def average(self, round_: int, values: torch.Tensor, state_hash: bytes, timeout_s: float,
+                identity: Identity) -> Averaged:
         """The group's exact result for ``values`` (this member's x), or AveragerError. ``identity``
         (the node's key) signs this member into the round (``membership``)."""
         self.ensure_running()

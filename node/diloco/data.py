@@ -146,7 +146,8 @@ class MetageneSpec:
     def parse(cls, spec: str) -> MetageneSpec:
         values = spec_items(spec, "metagene", {"seq_len"}, {"store"}, "'metagene:store=DIR[,seq_len=L]'")
         if "store" not in values:
-            raise ValueError(f"data spec {spec!r}: needs store=DIR (a directory written by `intellect-node metagene store`)")
+            raise ValueError(f"data spec {spec!r}: needs store=DIR "
+                             f"(a directory written by `intellect-node metagene store`)")
         seq_len = int(values.get("seq_len", 512))
         if not 2 <= seq_len <= 4096:
             raise ValueError(f"data spec {spec!r}: seq_len {seq_len} outside 2..4096")
@@ -188,7 +189,8 @@ class MetageneData:
     def draw(self, round_: int, key: int, step: int) -> Any:
         from intellect_node.node.metagene.feed import peer_step_batch
 
-        batch = peer_step_batch(self.store, self.seed, round_, key, self.reads_per_round, step, self.batch, self.seq_len)
+        batch = peer_step_batch(self.store, self.seed, round_, key, self.reads_per_round, step, self.batch,
+                                self.seq_len)
         if int(batch.input_ids.max()) >= self.vocab:
             raise ValueError(f"a read of the store has token id {int(batch.input_ids.max())}, outside the "
                              f"model's vocabulary of {self.vocab}: store and model do not fit")

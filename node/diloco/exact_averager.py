@@ -170,7 +170,8 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
 
 
 class ExactAverager(DecentralizedAverager):
-    def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str], **kwargs: Any) -> None:
+    def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str],
+                 **kwargs: Any) -> None:
         global ALLOWLIST, CHUNKS, SENT, AGREEMENT
         ALLOWLIST, CHUNKS, AGREEMENT = allowlist, layout.chunks, layout_digest
         self.sent = SENT = mp.Value("q", 0)

@@ -176,7 +176,8 @@ def validate(message: dict[str, Any], schema: dict[str, Check]) -> dict[str, Any
 
 # --- the messages --------------------------------------------------------------------------
 
-INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32), "levels": choice(*LEVELS.values()),
+INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32),
+        "levels": choice(*LEVELS.values()),
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
         "identity_path": text(max_len=4096), "allowlist": listing(text(max_len=64), 4096)}
@@ -189,8 +190,8 @@ ERROR = {"error": text(max_len=2000)}
 
 def gather_payload(chunks: int) -> dict[str, Check]:
     """What each member sends every other in matchmaking (specs/diloco.md section 6)."""
-    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32), "exponents": blob(chunks, chunks),
-            "member": text(max_len=64), "signature": blob(64)}
+    return {"round": integer(0, 2**32 - 1), "layout": blob(32), "state_hash": blob(32),
+            "exponents": blob(chunks, chunks), "member": text(max_len=64), "signature": blob(64)}
 
 
 def average_request(elements: int) -> dict[str, Check]:

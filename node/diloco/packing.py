@@ -88,7 +88,8 @@ def unpack(buffer: bytes, numel: int, group_size: int) -> torch.Tensor:
     if tag == TAG_FP16:  # any other half value (a fraction, infinity, NaN) would break the exact sums
         values = raw.to(torch.float32)
         if not bool(((values == values.round()) & (values.abs() <= FP16_EXACT)).all()):
-            raise ValueError(f"a half-precision part holds a value that is not an integer in [-{FP16_EXACT}, {FP16_EXACT}]")
+            raise ValueError(f"a half-precision part holds a value that is not an integer in "
+                             f"[-{FP16_EXACT}, {FP16_EXACT}]")
         return values
     if tag in (TAG_SCALED8, TAG_SCALED16):
         if group_size < 1:

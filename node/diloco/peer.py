@@ -57,7 +57,8 @@ class RoundRecord:
 
     def line(self) -> str:
         agree = {True: "agree", False: "DIVERGED", None: "-"}[self.hash_agreement]
-        return (f"round {self.round} | steps {self.inner_steps} | loss {self.loss:.4f} | {self.tokens_per_s:,.0f} tok/s | "
+        return (f"round {self.round} | steps {self.inner_steps} | loss {self.loss:.4f} | "
+                f"{self.tokens_per_s:,.0f} tok/s | "
                 f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes / 2**20:.2f} MiB | "
                 f"peers {self.group_size}{' (solo)' if self.solo else ''} | hash {self.state_hash[:12]} {agree}")
 
@@ -278,4 +279,5 @@ class DilocoPeer:
         if self.checkpoint is None:
             return state_hash(self.state)
         exp_avg, exp_avg_sq, step = adamw_vectors(self.optimizer, self.named, self.layout)
-        return save_checkpoint(self.checkpoint, PeerState(self.state, self.residual, exp_avg, exp_avg_sq, step, self.tokens))
+        return save_checkpoint(self.checkpoint, PeerState(self.state, self.residual, exp_avg, exp_avg_sq, step,
+                                                          self.tokens))

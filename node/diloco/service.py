@@ -125,7 +125,8 @@ class DilocoService:
         initial = tuple(m for maddrs in others.values() for m in maddrs)[:64]
         port = max((port_of(m) for m in client.maddrs), default=0)  # keep the advertised address valid
         log.info("diloco: joining the hivemind swarm of %d member(s) this node started apart from", len(others))
-        await self._off_loop(peer, client.restart, dataclasses.replace(client.settings, initial_peers=initial, port=port))
+        await self._off_loop(peer, client.restart,
+                             dataclasses.replace(client.settings, initial_peers=initial, port=port))
         self._advertise(node, client)
 
     async def _off_loop(self, peer: DilocoPeer, work: Callable[..., T], *args: Any) -> T:
@@ -233,7 +234,8 @@ class DilocoService:
         peer, last = self.peer, self.last
         return {"round": peer.state.round if peer else None, "phase": self.progress.get("phase", "starting"),
                 "inner_step": self.progress.get("step"), "loss": self.progress.get("loss"),
-                "last_round": asdict(last) if last else None, "solo_rounds": self.solo_rounds, "states_adopted": self.adopted,
+                "last_round": asdict(last) if last else None, "solo_rounds": self.solo_rounds,
+                "states_adopted": self.adopted,
                 "hivemind_peer": peer.client.peer_id if peer else None,
                 "hivemind_maddrs": peer.client.maddrs if peer else [],
                 "averager_pid": peer.client.process.pid if peer and peer.client.process else None,

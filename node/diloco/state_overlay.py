@@ -119,7 +119,8 @@ class StateOverlay:
                 later = {p: asked[p] for p, v in newest.items() if v[0].message.step > round_}
                 votes |= await self._manifests(later, round_)
                 own = (self.identity.peer_id, own_hash) if round_ == own_round and own_hash is not None else None
-                chosen = choose({p: signed.message.checkpoint_hash for p, (signed, _) in votes.items()}, len(asked), own)
+                chosen = choose({p: signed.message.checkpoint_hash for p, (signed, _) in votes.items()}, len(asked),
+                                own)
                 if chosen is None:
                     self.counters["no_majority"] += 1
                     log.info("round %d: no state hash vouched for by a majority of %d member(s)", round_, len(asked))
@@ -200,7 +201,8 @@ class StateOverlay:
         finally:
             self.fetched.prune(0)
         self.counters["states_fetched"] += 1
-        log.info("fetched the round-%d state %s vouched for by %d member(s)", state.round, digest.hex()[:12], len(holders))
+        log.info("fetched the round-%d state %s vouched for by %d member(s)", state.round, digest.hex()[:12],
+                 len(holders))
         return state, digest
 
     # ---- FetchEvents -----------------------------------------------------------------------

@@ -3,7 +3,8 @@
 - ``intellect_node.node.engine.base``: the ``Engine`` interface, ``SamplingParams``, ``Completion``,
   ``PrefillResult``, and the conventions every engine shares (which hidden state belongs to which
   token, which log-probability is reported, how per-completion seeds are derived).
-- ``intellect_node.node.engine.torch_engine``: ``TorchEngine``, the GPU when torch sees one, else the CPU; HF-layout Llama and Qwen2.
+- ``intellect_node.node.engine.torch_engine``: ``TorchEngine``, the GPU when torch sees one, else the CPU; \
+HF-layout Llama and Qwen2.
 - ``intellect_node.node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
 - ``intellect_node.node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
 - ``intellect_node.node.engine.chunked_head``: log-probabilities of chosen tokens with the LM head run

@@ -306,14 +306,17 @@ class TorchEngine(Engine):
                 tail_mask[row, : len(tail)] = 1
             lengths = torch.tensor([len(prompts[i]) for i in batch], device=self.device)
             positions = lengths[:, None] + torch.arange(tail_width, device=self.device)[None, :]
-            tail_states = self.model.model(input_ids=tail_ids, attention_mask=torch.cat([mask.index_select(0, rows), tail_mask], 1),
-                                           position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+            tail_states = self.model.model(input_ids=tail_ids,
+                                           attention_mask=torch.cat([mask.index_select(0, rows), tail_mask], 1),
+                                           position_ids=positions, past_key_values=cache,
+                                           use_cache=True).last_hidden_state
         # the state before completion token j: the prompt's last for j = 0, tail token j - 1's after
         states = prompt_states.index_select(0, rows)[:, None]
         if tail_states is not None:
             states = torch.cat([states, tail_states], dim=1)
         counts = [len(completions[i]) for i in batch]
-        valid = torch.arange(states.shape[1], device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
+        valid = (torch.arange(states.shape[1], device=self.device)[None, :]
+                 < torch.tensor(counts, device=self.device)[:, None])
         flat = states[valid]  # row by row: each completion's positions in order
         hidden = flat.to("cpu", copy=True)
         bounds = [0, *itertools.accumulate(counts)]

@@ -72,7 +72,8 @@ def build_tokenizer(reads: list[str], options: ReadOptions, vocab: int, max_read
     return tokenizer, report
 
 
-def build_store(reads: list[str], tokenizer: PreTrainedTokenizerFast, options: ReadOptions, out: Path) -> dict[str, Any]:
+def build_store(reads: list[str], tokenizer: PreTrainedTokenizerFast, options: ReadOptions,
+                out: Path) -> dict[str, Any]:
     """Tokenize the filtered reads into the flat store DiLoCo peers draw from, in ``out``, with the
     tokenizer beside the ids (``out/tokenizer``: the ids' meaning travels with them). Returns the
     report; ValueError names what was wrong (no file is written then)."""

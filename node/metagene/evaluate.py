@@ -42,7 +42,8 @@ def score_reads(model: LlamaForCausalLM, reads: Sequence[np.ndarray], seq_len: i
         out = model(**rows.model_inputs(), output_hidden_states=True)
         logits = out.logits.float()
         keep = rows.labels != IGNORE
-        token_nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows.labels.clamp_min(0), reduction="none")
+        token_nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows.labels.clamp_min(0),
+                                                      reduction="none")
         nll.append((token_nll * keep).sum(1))
         counts.append(keep.sum(1))
         inside = (rows.document_ids >= 0).unsqueeze(-1).float()
@@ -91,7 +92,8 @@ def evaluate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, reads:
     classes = len(store.source_names)
     per_class = np.bincount(labels, minlength=classes)
     if classes < 2 or per_class.min() < 2:
-        raise ValueError(f"evaluation needs >= 2 organisms with >= 2 reads each; got {dict(zip(store.source_names, per_class.tolist()))}")
+        raise ValueError(f"evaluation needs >= 2 organisms with >= 2 reads each; "
+                         f"got {dict(zip(store.source_names, per_class.tolist()))}")
     nll, counts, pooled = score_reads(model, [store.read(i) for i in range(len(store))], seq_len)
     perplexity = {name: math.exp(nll[np.asarray(labels) == c].sum() / counts[np.asarray(labels) == c].sum())
                   for c, name in enumerate(store.source_names)}

@@ -74,7 +74,8 @@ def filter_reads(reads: Iterable[Read], config: FilterConfig = FilterConfig(),
         if read.sequence.count("N") > config.max_n_fraction * length:
             stats.too_many_n += 1
             continue
-        if read.quality is not None and config.min_mean_quality > 0 and mean_quality(read.quality) < config.min_mean_quality:
+        if read.quality is not None and config.min_mean_quality > 0 \
+                and mean_quality(read.quality) < config.min_mean_quality:
             stats.low_quality += 1
             continue
         if config.dedup:

@@ -54,7 +54,8 @@ def _file_digest(path: Path) -> bytes:
     return h.digest()
 
 
-def input_key(files: list[Path], tokenizer_dir: Path | None, options: ReadOptions, vocab: int, tokenizer_reads: int) -> str:
+def input_key(files: list[Path], tokenizer_dir: Path | None, options: ReadOptions, vocab: int,
+              tokenizer_reads: int) -> str:
     """The cache key of a store built from ``files`` (hex sha256)."""
     tokenizer: Any = (tokenizer_digest(tokenizer_dir).hex() if tokenizer_dir is not None
                       else {"train": {"vocab": vocab, "max_reads": tokenizer_reads}})

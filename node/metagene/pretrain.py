@@ -41,7 +41,8 @@ def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, batch:
     parts.total.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
     optimizer.step()
-    return {"step": step, "loss": float(parts.total.detach()), "ce": float(parts.cross_entropy.detach()), "z": float(parts.z_loss.detach()),
+    return {"step": step, "loss": float(parts.total.detach()), "ce": float(parts.cross_entropy.detach()),
+            "z": float(parts.z_loss.detach()),
             "grad_norm": float(grad_norm), "lr": recipe.lr_at(step), "tokens": parts.tokens}
 
 

@@ -30,7 +30,8 @@ def fit_probe(features: torch.Tensor, labels: torch.Tensor, classes: int, l2: fl
     return weight.detach(), bias.detach(), mean, std
 
 
-def predict(probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
+def predict(probe: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+            features: torch.Tensor) -> torch.Tensor:
     weight, bias, mean, std = probe
     return (((features.double() - mean) / std) @ weight + bias).argmax(-1)
 

@@ -175,7 +175,8 @@ def read_file(path: Path, stats: ParseStats | None = None, on_bad: Literal["erro
                     bad = _BAD_LETTER.search(sequence) if sequence.encode().translate(None, b"ACGTN") else None
                     if bad is not None:
                         where = f"line {4 * count - 2}" if fmt == "fastq" else f"record {count} ({record.name})"
-                        message = f"{path}: {where}: letter {bad.group()!r} at column {bad.start() + 1} is not one of ACGTN"
+                        message = (f"{path}: {where}: letter {bad.group()!r} at column {bad.start() + 1} "
+                                   f"is not one of ACGTN")
                         if on_bad == "error":
                             raise ReadFormatError(message)
                         stats.bad_reads += 1

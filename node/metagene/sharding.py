@@ -51,7 +51,8 @@ def shard_indices(seed: int, round_: int, peer: int, peers: int, reads_per_peer:
         raise ValueError(f"bad shard request: peer {peer} of {peers}, round {round_}, {reads_per_peer} reads per peer")
     per_round = peers * reads_per_peer
     if per_round > n_reads:
-        raise ValueError(f"a round needs {per_round} reads ({peers} peers x {reads_per_peer}) but the store has {n_reads}")
+        raise ValueError(f"a round needs {per_round} reads ({peers} peers x {reads_per_peer}) "
+                         f"but the store has {n_reads}")
     rounds_per_epoch = n_reads // per_round
     epoch, within = divmod(round_, rounds_per_epoch)
     base = within * per_round + peer * reads_per_peer

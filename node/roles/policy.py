@@ -49,7 +49,8 @@ class PolicyFollower:
 
         if not (self.model_dir / "config.json").exists():
             raise PolicySetupError(f"{self.model_dir} is not an HF-layout model directory (no config.json)")
-        return select_engine(self.engine_name).from_checkpoint(self.model_dir), AutoTokenizer.from_pretrained(self.model_dir)
+        return (select_engine(self.engine_name).from_checkpoint(self.model_dir),
+                AutoTokenizer.from_pretrained(self.model_dir))
 
     async def use(self, checkpoint: Checkpoint) -> bool:
         """Swap the engine's weights to ``checkpoint`` unless they already are; True if swapped."""

@@ -80,7 +80,8 @@ def read_tensor_index(path: Path) -> tuple[TensorEntry, ...]:
             raise CheckpointFormatError(f"{path}: tensor {name!r} has dtype {dtype!r}")
         entry = TensorEntry(name=name, dtype=dtype, shape=tuple(shape), offset=data_start + begin)
         if end - begin != entry.nbytes:
-            raise CheckpointFormatError(f"{path}: tensor {name!r} spans {end - begin} bytes, its shape needs {entry.nbytes}")
+            raise CheckpointFormatError(f"{path}: tensor {name!r} spans {end - begin} bytes, "
+                                        f"its shape needs {entry.nbytes}")
         entries.append(entry)
     return tuple(sorted(entries, key=lambda e: e.offset))
 

@@ -19,7 +19,15 @@ import trio
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.shards.config import MIB
-from intellect_node.node.shards.http import PEER_HEADER, ProgressWindow, header, read_head, recv_body, recv_into_view, sign_request
+from intellect_node.node.shards.http import (
+    PEER_HEADER,
+    ProgressWindow,
+    header,
+    read_head,
+    recv_body,
+    recv_into_view,
+    sign_request,
+)
 from intellect_node.protocol.errors import MalformedBody, Oversize, Stalled
 
 HASH_CHUNK = 1 * MIB  # bytes received before the fetcher hashes them: large enough to amortize calls

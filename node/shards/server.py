@@ -166,7 +166,8 @@ class ShardServer:
             self.scores.rejections["http_bad_path"] += 1
             raise _HttpError(404, "no such resource")
         peer = self._peer_key(request, stream)
-        bucket = self._requests.setdefault(peer, _Bucket(REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S))
+        bucket = self._requests.setdefault(peer, _Bucket(REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S,
+                                                         2 * REQUESTS_PER_PEER_S))
         if bucket.take(1) > 0:
             raise _HttpError(429, "too many requests", retry_after=1.0)
         if match["run"] != self.store.root.name:
@@ -306,7 +307,8 @@ class ShardServer:
         bucket = self._bytes.setdefault(peer, _Bucket(rate, rate, rate)) if rate > 0 else None
         with trio.CancelScope() as scope:
             # A paced upload must not look stalled to ourselves: expect half the allowed rate.
-            window = ProgressWindow(scope, self.config.stall_s, MIB if bucket is None else min(MIB, int(rate * self.config.stall_s / 2)))
+            window = ProgressWindow(scope, self.config.stall_s,
+                                    MIB if bucket is None else min(MIB, int(rate * self.config.stall_s / 2)))
             while count:
                 chunk = min(count, SENDFILE_CHUNK if bucket is None else max(1, int(bucket.rate / 10)))
                 if bucket is not None:

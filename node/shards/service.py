@@ -66,7 +66,7 @@ class ShardService:
         self.run_id = node.config.run_id
         if config.is_publisher and config.trainer not in (None, node.peer_id):
             raise ConfigError(f"--publish-dir makes this node ({node.peer_id}) the trainer, but --trainer names "
-                                   f"{config.trainer}: its manifests would be refused everywhere, its own copy included")
+                              f"{config.trainer}: its manifests would be refused everywhere, its own copy included")
         self.trainer = config.trainer or (node.peer_id if config.is_publisher else None)
         if self.trainer not in (None, node.peer_id):
             node.connections.protect(self.trainer, "trainer")  # never trimmed (specs/connections.md)
@@ -82,7 +82,8 @@ class ShardService:
         self.http_addr: str | None = None
         self._fetches: dict[int, trio.CancelScope] = {}
         self._starting: set[int] = set()  # steps whose partial directory is being created
-        self._incoming_send, self._incoming = trio.open_memory_channel[tuple[codec.Signed[CheckpointManifest], bytes]](64)
+        self._incoming_send, self._incoming = trio.open_memory_channel[
+            tuple[codec.Signed[CheckpointManifest], bytes]](64)
         self._provide_send, self._provide_queue = trio.open_memory_channel[str](100_000)
         self._nursery: trio.Nursery | None = None
         self._status_dirty = True
@@ -208,7 +209,8 @@ class ShardService:
             assert self._nursery is not None
             await self._nursery.start(self._fetch, checkpoint)
 
-    async def _fetch(self, checkpoint: Checkpoint, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _fetch(self, checkpoint: Checkpoint,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         step = checkpoint.step
         with trio.CancelScope() as scope:
             self._fetches[step] = scope
@@ -405,7 +407,8 @@ class ShardService:
             "peer_id": self.node.peer_id,
             "http": self.http_addr,
             "steps": {str(c.step): {"complete": c.complete, "verified": c.verified_count,
-                                    "shards": c.manifest.shard_count, "total_size": c.manifest.total_size, "origin": c.origin,
+                                    "shards": c.manifest.shard_count, "total_size": c.manifest.total_size,
+                                    "origin": c.origin,
                                     "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
                                     "path": str(c.data_path)}
                       for c in self.store.checkpoints.values()},
