@@ -57,7 +57,8 @@ def _layout(model: torch.nn.Module) -> Layout:
     return Layout.of(dict(model.named_parameters()))
 
 
-def run_rounds_together(peers: list[DilocoPeer], hooks: dict[int, Any] | None = None) -> list[RoundRecord | BaseException]:
+def run_rounds_together(peers: list[DilocoPeer],
+                        hooks: dict[int, Any] | None = None) -> list[RoundRecord | BaseException]:
     """One round on every peer at once (one thread each); a peer's failure is its result."""
     results: list[RoundRecord | BaseException] = [RuntimeError("did not finish")] * len(peers)
 

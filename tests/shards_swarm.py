@@ -25,7 +25,8 @@ def make_checkpoint(path: Path, mib: int, seed: int) -> str:
     g = torch.Generator().manual_seed(seed)
     per = (mib << 20) // 8
     tensors = {f"model.layers.{i}.mlp.{'up' if i % 2 else 'down'}_proj.weight":
-               torch.randint(0, 256, (per,), dtype=torch.uint8, generator=g).view(torch.bfloat16 if i % 2 else torch.float32)
+               torch.randint(0, 256, (per,), dtype=torch.uint8, generator=g).view(torch.bfloat16 if i % 2
+                                                                                  else torch.float32)
                for i in range(8)}
     write_safetensors(tensors, path)
     return hashlib.sha256(path.read_bytes()).hexdigest()

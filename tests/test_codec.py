@@ -17,7 +17,8 @@ OTHER = Identity.generate()
 
 
 def sealed_body(body: object, *, identity: Identity = IDENTITY, message_type: str = "node_advert",
-                version: int = codec.PROTOCOL_VERSION, lifetime_s: float = 60.0, timestamp_ms: int | None = None) -> bytes:
+                version: int = codec.PROTOCOL_VERSION, lifetime_s: float = 60.0,
+                timestamp_ms: int | None = None) -> bytes:
     """An envelope with a correct signature around an arbitrary body: schema errors in isolation."""
     return seal(identity, message_type, version, msgpack.packb(body, use_bin_type=True),
                 lifetime_s=lifetime_s, timestamp_ms=timestamp_ms)
@@ -190,7 +191,8 @@ hardware_strategy = st.builds(
 advert_changes = st.fixed_dictionaries({
     "run_id": st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True),
     "roles": st.lists(st.sampled_from(sorted(ROLES)), unique=True).map(tuple),
-    "addrs": st.lists(st.from_regex(r"/ip4/127\.0\.0\.1/tcp/[0-9]{1,5}", fullmatch=True), unique=True, max_size=4).map(tuple),
+    "addrs": st.lists(st.from_regex(r"/ip4/127\.0\.0\.1/tcp/[0-9]{1,5}", fullmatch=True), unique=True,
+                      max_size=4).map(tuple),
     "hardware": hardware_strategy,
     "throughput_tokens_per_s": st.none() | st.floats(0, 1e12, allow_nan=False),
     "policy_step": st.none() | st.integers(0, 2**40),

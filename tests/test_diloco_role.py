@@ -78,7 +78,8 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
         wait_until(lambda: len(_agreed(a.home, b.home)) >= 2, timeout_s=180, poll_s=0.5)
         together = _together(a.home, b.home)
         for ra, rb in together:  # a round that began from one state ends in one state
-            assert (ra["state_hash"] == rb["state_hash"]) == bool(ra["hash_agreement"] and rb["hash_agreement"]), (ra, rb)
+            assert (ra["state_hash"] == rb["state_hash"]) == bool(ra["hash_agreement"]
+                                                                  and rb["hash_agreement"]), (ra, rb)
         assert together[-1][0]["hash_agreement"]  # a disagreement was repaired, not carried on
         status = a.status()["services"]["diloco"]
         assert status["round"] >= 2 and status["last_round"]["round"] >= 1 and status["hivemind_peer"]
@@ -103,8 +104,8 @@ def test_two_nodes_run_diloco_rounds_and_stop_cleanly(tmp_path) -> None:
 
 def test_demo_workload_diloco_writes_metrics_plot_and_summary(tmp_path) -> None:
     out = tmp_path / "demo"
-    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "demo", "--workload", "diloco", "--peers", "2",
-                           "--rounds", "2", "--minutes", "2", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "demo", "--workload", "diloco",
+                           "--peers", "2", "--rounds", "2", "--minutes", "2", "--out", str(out)],
                           capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

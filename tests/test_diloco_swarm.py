@@ -227,8 +227,10 @@ def test_a_restarted_peer_resumes_from_its_checkpoint_and_rejoins(tmp_path) -> N
 
 def test_a_peer_outside_the_signed_allowlist_is_refused(tmp_path) -> None:
     owner = identity("owner")  # the run's owner signs the spec; its nodes trust that key
-    (tmp_path / "spec.ine").write_bytes(sign_run_spec(owner, "run", (identity("p0").peer_id, identity("p1").peer_id), 600))
-    members = with_run_spec(settings(round_timeout_s=15.0, run_spec="spec.ine", authority=owner.peer_id), "run", tmp_path)
+    (tmp_path / "spec.ine").write_bytes(sign_run_spec(owner, "run", (identity("p0").peer_id, identity("p1").peer_id),
+                                                      600))
+    members = with_run_spec(settings(round_timeout_s=15.0, run_spec="spec.ine", authority=owner.peer_id), "run",
+                            tmp_path)
     assert members.allowlist == (identity("p0").peer_id, identity("p1").peer_id)
     first = make_peer(tmp_path, "p0", members)
     peers = [first, make_peer(tmp_path, "p1", members, tuple(first.client.maddrs)),

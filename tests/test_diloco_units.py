@@ -118,7 +118,8 @@ def test_state_hash_identical_for_identical_state_and_sensitive_to_each_part() -
 
 def _peer_state(layout: Layout) -> PeerState:
     state = GlobalState(layout, torch.randn(layout.elements), torch.randn(layout.elements), 7)
-    return PeerState(state, torch.randn(layout.elements), torch.rand(layout.elements), torch.rand(layout.elements), 42, 1000)
+    return PeerState(state, torch.randn(layout.elements), torch.rand(layout.elements), torch.rand(layout.elements),
+                     42, 1000)
 
 
 def test_checkpoint_round_trip(tmp_path) -> None:
@@ -192,8 +193,9 @@ def test_schema_names_the_bad_field() -> None:
     with pytest.raises(frames.FrameError, match="unexpected fields \\['evil'\\]"):
         frames.validate(good | {"evil": 1}, frames.average_request(10))
     with pytest.raises(frames.FrameError, match="host"):
-        init = {"type": "init", "prefix": "p", "shapes": [[2]], "layout": b"L" * 32, "levels": 127, "initial_peers": [], "host": "::1",
-                "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": "", "allowlist": []}
+        init = {"type": "init", "prefix": "p", "shapes": [[2]], "layout": b"L" * 32, "levels": 127, "initial_peers": [],
+                "host": "::1", "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": "",
+                "allowlist": []}
         frames.validate(init, frames.INIT)
     assert frames.validate(init | {"host": "127.0.0.1", "levels": 2047}, frames.INIT)["levels"] == 2047  # fp16
     with pytest.raises(frames.FrameError, match="levels"):
@@ -298,14 +300,16 @@ def test_fp16_part_refuses_halves_that_are_not_grid_integers(value: float) -> No
 
 
 def test_settings_from_the_config_section_name_the_bad_key() -> None:
-    s = build(DilocoSettings, {"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml", "[diloco]")
+    s = build(DilocoSettings, {"H": 5, "compression": "int4", "outer_lr": 1, "allowlist": ["12D3KooW"]}, "cfg.toml",
+              "[diloco]")
     assert (s.H, s.levels, s.outer_lr, s.allowlist) == (5, 7, 1, ("12D3KooW",))
     for bad, message in (({"H": 0}, "H = 0 is out of bounds"), ({"Hx": 1}, "unknown keys \\['Hx'\\]"),
                          ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
                          ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp8"}, "unknown compression"),
                          ({"data": "file:/etc/passwd"}, "expected 'generated"),
                          ({"data": "metagene:seq_len=64"}, "needs store=DIR"),
-                         ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"), ({"initial_peers": "x"}, "expected a list")):
+                         ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"),
+                         ({"initial_peers": "x"}, "expected a list")):
         with pytest.raises(ValueError, match=message):
             build(DilocoSettings, bad, "cfg.toml", "[diloco]")
 

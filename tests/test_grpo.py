@@ -249,7 +249,8 @@ def test_old_policy_behavior_clips_what_already_moved_and_recompute_does_not() -
     behavior = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0)).step(stale)
     assert behavior["clip_fraction"] == pytest.approx(rewarded / total, abs=1e-6)
     assert behavior["ratio_mean"] == pytest.approx(math.e, rel=1e-4)
-    recompute = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0, old_policy="recompute")).step(stale)
+    recompute = GRPOLearner(small_model(), pad_id=0,
+                            optim=OptimConfig(warmup_steps=0, old_policy="recompute")).step(stale)
     assert recompute["clip_fraction"] == 0.0 and recompute["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
@@ -281,7 +282,8 @@ def test_shared_prompt_scoring_equals_a_plain_forward_pass() -> None:
     shared = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     for row in rows:
-        logits = model(input_ids=torch.tensor([list(row.prompt) + list(row.completion)])).logits[0, len(row.prompt) - 1: -1]
+        logits = model(input_ids=torch.tensor([list(row.prompt)
+                                               + list(row.completion)])).logits[0, len(row.prompt) - 1: -1]
         torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(row.completion)[:, None]).sum().backward()
     for a, p in zip(shared, model.parameters()):
         assert torch.allclose(a, p.grad, atol=1e-4)

@@ -167,8 +167,8 @@ async def test_forged_oversize_and_misplaced_dht_values_are_not_stored(target):
             attacker.host.get_peerstore().add_addrs(attacker.target.peer_id, attacker.target.addrs, 600)
             await attacker.host.connect(attacker.target)
             await dht.routing_table.add_peer(attacker.target.peer_id)
-            forged = seal(attacker.identity, "node_advert", 1, msgpack.packb(sample_advert(victim, run_id=RUN).to_wire()),
-                          lifetime_s=60)
+            forged = seal(attacker.identity, "node_advert", 1,
+                          msgpack.packb(sample_advert(victim, run_id=RUN).to_wire()), lifetime_s=60)
             await dht.put_value(advert_key(RUN, victim.peer_id), forged)
             await dht.put_value(advert_key(RUN, "12D3KooWother"), attacker.advert())  # not its own key
             await dht.put_value(advert_key(RUN, attacker.identity.peer_id), b"\x00" * 20_000)

@@ -121,7 +121,8 @@ def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_pa
                       max_size=ANNOUNCE_MAX_BYTES)
     forwarder = Identity.generate()
     origin = ID.from_base58(trainer.peer_id).to_bytes()
-    assert validators["announce"](ID.from_base58(forwarder.peer_id), SimpleNamespace(data=envelope, from_id=origin)) is False
+    assert validators["announce"](ID.from_base58(forwarder.peer_id),
+                                  SimpleNamespace(data=envelope, from_id=origin)) is False
     assert scores.rejections["unknown_type"] == 1 and scores.penalty(forwarder.peer_id) == 0
     huge = envelope + bytes(ANNOUNCE_MAX_BYTES)
     validators["announce"](ID.from_base58(forwarder.peer_id), SimpleNamespace(data=huge, from_id=origin))
@@ -195,7 +196,8 @@ def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signatur
         validators = {}
         pubsub = SimpleNamespace(set_topic_validator=lambda topic, fn, is_async: validators.__setitem__(topic, fn))
         accepted = tuple(cls for cls, _ in node.announcements.handlers.values())  # as Node.run installs it
-        install_validator(pubsub, "announce", accepted, node.announcements.dispatch, node.scores, max_size=ANNOUNCE_MAX_BYTES)
+        install_validator(pubsub, "announce", accepted, node.announcements.dispatch, node.scores,
+                          max_size=ANNOUNCE_MAX_BYTES)
 
         def deliver(signer: Identity) -> bool:
             message = SimpleNamespace(data=codec.encode(manifest, signer, lifetime_s=600),

@@ -69,10 +69,12 @@ def test_metagene_data_is_deterministic_per_seed_round_peer(store_dir) -> None:
     assert torch.equal(first.input_ids, s.open_data().draw(2, a, 1).input_ids)
     assert not torch.equal(first.input_ids, data.draw(2, b, 1).input_ids)
     assert not torch.equal(first.input_ids, data.draw(3, a, 1).input_ids)
-    assert first.target_tokens == sum(len(data.store.read(i)[:64]) for i in peer_reads(5, 2, a, 12, len(data.store), 4, 4))
+    assert first.target_tokens == sum(len(data.store.read(i)[:64])
+                                      for i in peer_reads(5, 2, a, 12, len(data.store), 4, 4))
     model = build_model(PRESETS["tiny"], seed=0)
     loss, tokens = data.loss(model, first)
-    assert tokens == first.target_tokens and 6.5 < float(loss.detach()) < 7.5  # about ln(vocab 1024) = 6.93, plus a small z-loss
+    # about ln(vocab 1024) = 6.93, plus a small z-loss
+    assert tokens == first.target_tokens and 6.5 < float(loss.detach()) < 7.5
     loss.backward()
 
 
@@ -92,10 +94,10 @@ def test_bad_store_is_a_clear_error(tmp_path, store_dir) -> None:
 def test_metagene_store_command_writes_a_store_diloco_opens(tmp_path) -> None:
     write_metagenome(tmp_path / "reads", seed=2, organisms=2, reads_per_organism=60, genome_length=2000)
     runner = CliRunner()
-    assert runner.invoke(app, ["metagene", "tokenizer", "--reads", str(tmp_path / "reads"), "--out", str(tmp_path / "tok"),
-                               "--vocab", "64"]).exit_code == 0
-    result = runner.invoke(app, ["metagene", "store", "--reads", str(tmp_path / "reads"), "--tokenizer", str(tmp_path / "tok"),
-                                 "--out", str(tmp_path / "store")])
+    assert runner.invoke(app, ["metagene", "tokenizer", "--reads", str(tmp_path / "reads"),
+                               "--out", str(tmp_path / "tok"), "--vocab", "64"]).exit_code == 0
+    result = runner.invoke(app, ["metagene", "store", "--reads", str(tmp_path / "reads"),
+                                 "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["reads"] == 120 and report["sources"] == ["org0", "org1"]

@@ -15,7 +15,8 @@ from intellect_node.node.metagene.genomes import GenomeSourceError, organisms_fr
 from intellect_node.node.metagene.reads import iter_reads
 from intellect_node.node.metagene.synthetic import write_metagenome
 
-pytest.importorskip("pyrodigal", reason="the real genomes come from an installed pyrodigal (setup.sh --dev installs it)")
+pytest.importorskip("pyrodigal",
+                    reason="the real genomes come from an installed pyrodigal (setup.sh --dev installs it)")
 
 
 def test_the_four_pyrodigal_genomes_are_real_sequences_of_distinct_composition() -> None:

@@ -56,7 +56,8 @@ def test_store_is_built_once_reused_and_rebuilt_when_changed(tmp_path, reads) ->
     assert store_digest(first.path) != first.digest
     lines.clear()
     rebuilt = _prepare([str(reads / "a")], tmp_path, lines=lines)
-    assert not rebuilt.reused and rebuilt.digest == first.digest and any("changed since it was built" in l for l in lines)
+    assert not rebuilt.reused and rebuilt.digest == first.digest and any("changed since it was built" in l
+                                                                         for l in lines)
 
 
 def test_peers_compare_a_run_digest_of_model_and_store(tmp_path, reads) -> None:
@@ -89,7 +90,8 @@ def test_bad_reads_and_flags_are_clear_errors_before_the_node_starts(tmp_path, r
     truncated = tmp_path / "cut.fastq.gz"
     truncated.write_bytes((reads / "a" / "org0.fastq.gz").read_bytes()[:300])
     cases = {("--workload", "metagene", "--reads", str(tmp_path / "missing")): "missing: no such file or directory",
-             ("--workload", "metagene", "--reads", str(fasta)): "genome.fastq: line 1: content is FASTA but the name says FASTQ",
+             ("--workload", "metagene", "--reads", str(fasta)):
+                 "genome.fastq: line 1: content is FASTA but the name says FASTQ",
              ("--workload", "metagene", "--reads", str(empty)): "empty.fq.gz: empty file",
              ("--workload", "metagene", "--reads", str(truncated)): "cut.fastq.gz",
              ("--workload", "metagene", "--reads", str(reads / "a"), "--tokenizer", str(tmp_path)): "no tokenizer.json",

@@ -57,7 +57,8 @@ def test_other_reads_are_refused_and_rejoining_reuses_the_store(tmp_path) -> Non
         (tmp_path / "nodes" / name / "config.toml").write_text(CONFIG)
 
     def join(name: str, reads: str, *more: str):
-        return swarm.start(name, ["join", "--role", "diloco", "--workload", "metagene", "--reads", str(tmp_path / reads), *more])
+        return swarm.start(name, ["join", "--role", "diloco", "--workload", "metagene",
+                                  "--reads", str(tmp_path / reads), *more])
 
     try:
         a = join("a", "shared", "--new-swarm")
@@ -67,17 +68,18 @@ def test_other_reads_are_refused_and_rejoining_reuses_the_store(tmp_path) -> Non
         assert all(r["solo"] for r in _rounds(a.home) + _rounds(c.home))  # never one group
         # c refuses a's state (its run digest names other data), so they meet at no round; had they
         # met, a leader would have refused the other at matchmaking with the same words
-        assert "the state file is of another run: it trains another model or other data" in (c.home / "node.log").read_text()
+        assert ("the state file is of another run: it trains another model or other data"
+                in (c.home / "node.log").read_text())
         # the same reads give the same store in another process (here: this one), so peers that
         # train their own tokenizer on the same reads agree
         (store_a,) = (a.home / "metagene" / "stores").iterdir()
-        mine = prepare_store([str(tmp_path / "shared")], None, tmp_path / "mine", MetageneJob(("x",), vocab=128).read_options(),
-                             128, 200_000, lambda _: None)
+        mine = prepare_store([str(tmp_path / "shared")], None, tmp_path / "mine",
+                             MetageneJob(("x",), vocab=128).read_options(), 128, 200_000, lambda _: None)
         assert mine.path.name == store_a.name and mine.digest.hex()[:16] in (a.home / "node.log").read_text()
         # a re-join with the same reads reuses the store; here into a's running home, so the node
         # itself then refuses to start twice, but the store step has run (and took no rebuild)
-        again = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "diloco", "--workload",
-                                "metagene", "--reads", str(tmp_path / "shared"), "--home", str(a.home),
+        again = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "diloco",
+                                "--workload", "metagene", "--reads", str(tmp_path / "shared"), "--home", str(a.home),
                                 "--run-id", swarm.run_id, "--listen", "/ip4/127.0.0.1/tcp/0"],
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 1 and "already running" in again.stderr, again.stderr[-2000:]

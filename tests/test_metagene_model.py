@@ -159,7 +159,8 @@ def test_shard_test_vectors_match_spec() -> None:
     assert [permute(7, 3, 10**9, i) for i in range(3)] == SPEC_VECTORS[4]
 
 
-SPEC_VECTORS = [[33, 13, 93, 44], [23, 71, 14, 35], [79, 61, 49, 74], [94, 38, 87, 85], [294621534, 305854761, 214787378]]
+SPEC_VECTORS = [[33, 13, 93, 44], [23, 71, 14, 35], [79, 61, 49, 74], [94, 38, 87, 85],
+                [294621534, 305854761, 214787378]]
 
 
 def test_round_batches_follow_the_assignment(store: TokenizedReads) -> None:

@@ -54,7 +54,8 @@ def test_lower_case_is_upper_cased(tmp_path: Path) -> None:
 
 BAD_FASTQ = {
     "truncated.fq": ("@r1\nACGT\n+\nIIII\n@r2\nACG\n", r"truncated.fq: line 7: Premature end"),
-    "mismatch.fq": ("@r1\nACGT\n+\nIIII\n@r2\nACG\n+\nIIII\n", r"mismatch.fq: line 8: Length of sequence and qualities differ"),
+    "mismatch.fq": ("@r1\nACGT\n+\nIIII\n@r2\nACG\n+\nIIII\n",
+                    r"mismatch.fq: line 8: Length of sequence and qualities differ"),
     "letters.fq": ("@r1\nACGT\n+\nIIII\n@r2\nACXT\n+\nIIII\n", r"letters.fq: line 6: letter 'X' at column 3"),
     "empty.fq": ("", r"empty.fq: empty file"),
     "fasta_named.fastq": (">r1\nACGT\n", r"fasta_named.fastq: line 1: content is FASTA but the name says FASTQ"),
@@ -125,7 +126,8 @@ def test_filter_drops_short_n_rich_low_quality_and_duplicates(tmp_path: Path) ->
 
 
 def test_dedup_memory_bound_counts_saturation(tmp_path: Path) -> None:
-    records = [(f"r{i}", seq, "I" * 40) for i, seq in enumerate(["ACGT" * 10, "TTGA" * 10, "CCGA" * 10, "ACGT" * 10, "CCGA" * 10])]
+    records = [(f"r{i}", seq, "I" * 40)
+               for i, seq in enumerate(["ACGT" * 10, "TTGA" * 10, "CCGA" * 10, "ACGT" * 10, "CCGA" * 10])]
     write_fastq(tmp_path / "d.fq", records)
     stats = FilterStats()
     kept = list(filter_reads(iter_reads(tmp_path / "d.fq"), FilterConfig(max_unique=2), stats))

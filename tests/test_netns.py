@@ -23,7 +23,8 @@ def _listen(net: SmallInternet, namespace: str, port: int) -> subprocess.Popen[s
     code = (f"import socket,sys\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             f"s.bind(('0.0.0.0', {port})); s.listen(); print('ready', flush=True)\n"
             "c, a = s.accept(); print(a[0], flush=True)")
-    server = subprocess.Popen([*net.exec_prefix(namespace), sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([*net.exec_prefix(namespace), sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              text=True)
     assert server.stdout is not None and server.stdout.readline().strip() == "ready"
     return server
 
@@ -59,13 +60,16 @@ def test_limited_switch_holds_a_transfer_to_its_rate_and_routes_nowhere_else() -
     code = ("import socket, sys, time\nfrom tests.netns import enter\nenter(sys.argv[1])\n"
             "try:\n socket.create_connection(('1.1.1.1', 80), timeout=2)\nexcept OSError as exc:\n print(exc.errno)\n"
             f"s = socket.create_connection((sys.argv[2], 9000), timeout=5)\nstarted = time.perf_counter()\n"
-            f"s.sendall(b'x' * {SEND_BYTES})\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\nprint(time.perf_counter() - started)")
+            f"s.sendall(b'x' * {SEND_BYTES})\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\n"
+            f"print(time.perf_counter() - started)")
     with LimitedSwitch(hosts=2, mbit=SEND_MBIT) as net:
         a, b = net.name("host0"), net.name("host1")
         assert net.sh(a, "tc", "qdisc", "show", "dev", "eth0").startswith("qdisc tbf")
         sink = subprocess.Popen([*net.exec_prefix(b), sys.executable, "-c",
-                                 "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-                                 "s.bind(('0.0.0.0', 9000)); s.listen(); print('ready', flush=True)\nc, _ = s.accept()\n"
+                                 "import socket\ns=socket.socket(); "
+                                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                                 "s.bind(('0.0.0.0', 9000)); s.listen(); print('ready', flush=True)\n"
+                                 "c, _ = s.accept()\n"
                                  "while c.recv(1 << 16): pass\nc.sendall(b'k')"], stdout=subprocess.PIPE, text=True)
         try:
             assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"

@@ -78,7 +78,8 @@ def test_three_roles_train_a_real_model_with_long_completions(tmp_path: Path) ->
         trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
                                           "--tasks", str(tasks), "--batch-groups", "1", "--steps", str(STEPS),
                                           "--verify-fraction", "0", "--trust-validator", validator_id], ENV)
-        common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model), "--tasks", str(tasks)]
+        common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model),
+                  "--tasks", str(tasks)]
         validator = swarm.start("validator", ["join", "--role", "validator", *common], ENV)
         worker = swarm.start("worker", ["join", "--role", "inference", *common], ENV)
 

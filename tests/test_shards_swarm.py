@@ -46,7 +46,8 @@ def test_origin_and_eight_fetchers_end_byte_identical_with_about_one_origin_copy
         assert origin["uploaded_bytes"] <= 2 * total, origin["uploaded_bytes"] / total
         # `status` shows the step each node holds (the advert's policy step)
         wait_until(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [1] * 9, 60)
-        print(f"256 MiB to 8 fetchers in {elapsed:.1f} s; origin uploaded {origin['uploaded_bytes'] / total:.2f} copies")
+        print(f"256 MiB to 8 fetchers in {elapsed:.1f} s; "
+              f"origin uploaded {origin['uploaded_bytes'] / total:.2f} copies")
     finally:
         swarm.stop_all()
 

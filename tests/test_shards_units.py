@@ -24,7 +24,15 @@ from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
 from intellect_node.node.shards.store import PARTIAL, ShardStore
 from intellect_node.protocol import codec
-from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Rejected, Stalled, Truncated, Unanswered
+from intellect_node.protocol.errors import (
+    InvalidValue,
+    MalformedBody,
+    Oversize,
+    Rejected,
+    Stalled,
+    Truncated,
+    Unanswered,
+)
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
     ShardComplaint,
@@ -401,9 +409,11 @@ async def test_server_serves_only_verified_ranges_and_refuses_path_tricks(tmp_pa
         assert answer == b""  # oversize head: dropped without an answer
         answer = await raw_request(endpoint, b"\x00\x01garbage\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 400")
-        answer = await raw_request(endpoint, f"GET {TARGET} HTTP/1.1\r\nhost: x\r\nrange: bytes=0-1,5-9\r\n\r\n".encode())
+        answer = await raw_request(endpoint,
+                                   f"GET {TARGET} HTTP/1.1\r\nhost: x\r\nrange: bytes=0-1,5-9\r\n\r\n".encode())
         assert answer.startswith(b"HTTP/1.1 416")
-        answer = await raw_request(endpoint, f"GET {TARGET} HTTP/1.1\r\nhost: x\r\nx-ina-peer: {served.trainer.peer_id} 1 {'0' * 128}\r\n\r\n".encode())
+        answer = await raw_request(endpoint, (f"GET {TARGET} HTTP/1.1\r\nhost: x\r\n"
+                                              f"x-ina-peer: {served.trainer.peer_id} 1 {'0' * 128}\r\n\r\n").encode())
         assert answer.startswith(b"HTTP/1.1 401")
         nursery.cancel_scope.cancel()
     assert served.scores.rejections["http_bad_path"] >= 3
@@ -498,9 +508,11 @@ async def hostile_server(behaviour: str, length: int, task_status=trio.TASK_STAT
             await stream.aclose()
             return
         if behaviour == "wrong_range":
-            await stream.send_all(f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\ncontent-range: bytes 1-{length}/99999\r\n\r\n".encode())
+            await stream.send_all((f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\n"
+                                   f"content-range: bytes 1-{length}/99999\r\n\r\n").encode())
             return
-        await stream.send_all(f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\ncontent-range: bytes 0-{length - 1}/99999\r\n\r\n".encode())
+        await stream.send_all((f"HTTP/1.1 206 OK\r\ncontent-length: {length}\r\n"
+                               f"content-range: bytes 0-{length - 1}/99999\r\n\r\n").encode())
         await stream.send_all(b"x" * 1000)
         if behaviour == "truncated":
             await stream.aclose()

@@ -81,7 +81,8 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
     ledger = read_jsonl(home / "trainer" / "ledger.jsonl")
     accounted = {key for entry in ledger
                  for key in entry.get("trained", []) + entry.get("stale", []) + entry.get("banned", [])}
-    still_pooled = {p.name.removesuffix(".group").replace("-", ":") for p in (home / "trainer" / "pool").glob("*.group")}
+    still_pooled = {p.name.removesuffix(".group").replace("-", ":")
+                    for p in (home / "trainer" / "pool").glob("*.group")}
     lost = pooled - accounted - still_pooled
     assert not lost, f"{len(lost)} accepted groups lost across the kill"
     judged = {p.stem for p in (home / "verdicts").glob("*.json")}
@@ -104,8 +105,8 @@ def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdict
     validator_home = swarm.root / "validator"
     validator_home.mkdir(parents=True)
     validator_id = load_or_create_identity(NodeConfig(home=validator_home).layout.identity_key)[0].peer_id
-    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model), "--tasks", TASKS,
-                                      "--batch-groups", "4", "--verify-fraction", "0",
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
+                                      "--tasks", TASKS, "--batch-groups", "4", "--verify-fraction", "0",
                                       "--trust-validator", validator_id], ENV)
     common = ["--bootstrap", trainer.addr, "--trainer", trainer.peer_id, "--model", str(model), "--tasks", TASKS]
     swarm.start("validator", ["join", "--role", "validator", *common], ENV)
