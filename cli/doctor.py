@@ -16,7 +16,8 @@ def doctor(
     listen: Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines")] = False,
 ) -> None:
-    """Check this machine before joining: identity, config, port, reachability, disk, GPU, code sandbox, bootstrap peers, clock."""
+    """Check this machine before joining: identity, config, port, reachability, disk, GPU, code sandbox,
+    bootstrap peers, clock."""
     from intellect_node.node.app.doctor import FAIL, run_checks
     from intellect_node.node.swarm.host import quiet_libp2p_logs
 

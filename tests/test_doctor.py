@@ -17,12 +17,11 @@ from intellect_node.node.app.doctor import (
     check_identity,
     check_listen,
     check_peers,
-    dialback_check,
     check_reachability,
     check_sandbox,
+    dialback_check,
     skew_check,
 )
-
 from tests.inprocess_nodes import make_node
 
 
@@ -104,7 +103,8 @@ async def test_an_unreachable_bootstrap_peer_fails_with_the_reason():
 def test_cli_json_and_exit_status(tmp_path):
     (tmp_path / "config.toml").write_text("bootstrap = 3\n")  # not a list: a config FAIL
     result = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "doctor", "--home", str(tmp_path),
-                             "--listen", "/ip4/127.0.0.1/tcp/0", "--json"], check=False, capture_output=True, text=True, timeout=120)
+                             "--listen", "/ip4/127.0.0.1/tcp/0", "--json"], check=False, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 1, result.stderr
     checks = {c["name"]: c for c in json.loads(result.stdout)}
     assert checks["config"]["level"] == FAIL and "bootstrap" in checks["config"]["detail"]

@@ -13,6 +13,7 @@ nobody may run, with a copy of the package code and this file on ``PYTHONPATH``)
 node takes to start bubblewrap: unprivileged, creating the user namespace itself.
 """
 
+# ruff: noqa: E501  (the hostile programs are one-line table entries, kept whole to be read as written)
 from __future__ import annotations
 
 import os
@@ -20,7 +21,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -387,8 +387,8 @@ def _nobody_python() -> str | None:
     its own installation; so the probe also asks that nobody can read the prefix it runs from.
     """
     usable = ("import os, sys\nprefix = os.path.realpath(sys.base_prefix)\n"
-              "if os.access(prefix, os.R_OK | os.X_OK) and os.path.realpath(sys.executable).startswith(prefix + os.sep):\n"
-              "    print(sys.version_info[:2])")
+              "inside = os.path.realpath(sys.executable).startswith(prefix + os.sep)\n"
+              "if inside and os.access(prefix, os.R_OK | os.X_OK):\n    print(sys.version_info[:2])")
     for candidate in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", candidate, "-c",
                                 usable], capture_output=True, text=True)

@@ -292,10 +292,10 @@ def test_a_node_with_code_tasks_refuses_to_start_without_the_sandbox(no_bubblewr
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference", "--new-swarm",
-                           "--model", "tiny", "--tasks", "humaneval:count=2", "--home", str(tmp_path),
-                           "--listen", "/ip4/127.0.0.1/tcp/0"], env=no_bubblewrap, capture_output=True, text=True,
-                          timeout=120)
+    join = ["join", "--role", "inference", "--new-swarm", "--model", "tiny", "--tasks", "humaneval:count=2",
+            "--home", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/0"]
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", *join], env=no_bubblewrap,
+                          capture_output=True, text=True, timeout=120)
     stderr = " ".join(done.stderr.split())
     assert done.returncode == 2 and "code tasks" in stderr and "bubblewrap" in stderr, done.stderr
     assert not (tmp_path / "models").exists()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from intellect_node.node.tasks.sandbox import _STARTUP_S, SandboxLimits, Sandboxes, read_capped, wait
+from intellect_node.node.tasks.sandbox import _STARTUP_S, Sandboxes, SandboxLimits, read_capped, wait
 
 PASSED = b'{"passed": true}\n'
 

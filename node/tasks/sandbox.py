@@ -57,7 +57,8 @@ _BOOT = Path(__file__).with_name("_sandbox_boot.py")
 SANDBOX_ID = 65534  # the uid and gid inside, and the host user a root node starts bubblewrap as
 _TMPFS_BYTES = 64 << 20
 _STARTUP_S = 2.0  # added to a run's wall-clock limit: namespaces and the interpreter start first
-INSTALL_HINT = "install bubblewrap (`apt-get install -y bubblewrap`) and allow user namespaces (sysctl user.max_user_namespaces > 0)"
+INSTALL_HINT = ("install bubblewrap (`apt-get install -y bubblewrap`) and allow user namespaces "
+                "(sysctl user.max_user_namespaces > 0)")
 # sysctls that stop an unprivileged process from creating a user namespace: (file, the value that blocks, fix)
 _USERNS_SWITCHES = (
     ("user/max_user_namespaces", "0", "sysctl -w user.max_user_namespaces=15000"),
