@@ -11,8 +11,10 @@ import typer
 
 def doctor(
     home: Annotated[Path | None, typer.Option("--home", help="Node home [default: ~/.intellect-node]")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="TOML config file [default: <home>/config.toml]")] = None,
-    bootstrap: Annotated[list[str] | None, typer.Option("--bootstrap", help="Bootstrap peer multiaddr; repeatable")] = None,
+    config: Annotated[Path | None,
+                      typer.Option("--config", help="TOML config file [default: <home>/config.toml]")] = None,
+    bootstrap: Annotated[list[str] | None,
+                         typer.Option("--bootstrap", help="Bootstrap peer multiaddr; repeatable")] = None,
     listen: Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines")] = False,
 ) -> None:
@@ -27,6 +29,7 @@ def doctor(
         print(json.dumps([check.as_dict() for check in checks], indent=1))
     else:
         for check in checks:
-            print(f"{check.level:<4} {check.name:<12} {check.detail}" + (f"\n     {'':<12} fix: {check.fix}" if check.fix else ""))
+            fix = f"\n     {'':<12} fix: {check.fix}" if check.fix else ""
+            print(f"{check.level:<4} {check.name:<12} {check.detail}{fix}")
     if any(check.level == FAIL for check in checks):
         raise typer.Exit(1)

@@ -18,6 +18,8 @@ from typing import Any
 
 import multiaddr
 import trio
+from libp2p.custom_types import TProtocol
+
 from intellect_node.crypto.envelope import MAX_CLOCK_SKEW_S, open_envelope
 from intellect_node.crypto.identity import Identity, IdentityError, load_identity
 from intellect_node.node.app.config import (
@@ -42,7 +44,6 @@ from intellect_node.protocol.framing import (
     decode_envelope_list,
 )
 from intellect_node.protocol.messages import NodeAdvert
-from libp2p.custom_types import TProtocol
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 DIAL_TIMEOUT_S = 5.0
@@ -69,7 +70,8 @@ def check_config(flags: dict[str, Any], config_file: Path | None) -> tuple[Check
         config = load_config(flags, config_file=config_file)
     except ConfigError as exc:
         home = flags.get("home")
-        return Check("config", FAIL, str(exc), "fix the named key or file"), NodeConfig(**({"home": home} if home else {}))
+        fallback = NodeConfig(**({"home": home} if home else {}))
+        return Check("config", FAIL, str(exc), "fix the named key or file"), fallback
     source = config_file or config.layout.config_file
     detail = f"{source} parses" if Path(source).exists() else f"no {source}: defaults (and environment, flags) apply"
     return Check("config", OK, detail), config
@@ -103,7 +105,8 @@ def check_reachability(listen: list[str]) -> Check:
              for host in dialable_hosts(m[1])]
     public = [host for host in hosts if ipaddress.ip_address(host).is_global]
     if public:
-        return Check("reachability", OK, f"public address {', '.join(public)}: peers can dial it if the TCP port is open")
+        return Check("reachability", OK,
+                     f"public address {', '.join(public)}: peers can dial it if the TCP port is open")
     if hosts and all(ipaddress.ip_address(host).is_loopback for host in hosts):
         return Check("reachability", WARN, "listens on loopback only: only this machine can reach it",
                      "listen on /ip4/0.0.0.0/tcp/4001 to join other machines")
@@ -168,7 +171,8 @@ async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S,
     the answer is then the one the node would get, node/swarm/nat/reachability.py)."""
     if not bootstrap:
         return [Check("bootstrap", WARN, "no bootstrap peers configured",
-                      f"ask the run's operators for the line `intellect-node bootstrap` prints, e.g. {config_line(['/dns4/HOST/tcp/4001/p2p/PEER_ID'])}")]
+                      "ask the run's operators for the line `intellect-node bootstrap` prints, e.g. "
+                      + config_line(["/dns4/HOST/tcp/4001/p2p/PEER_ID"]))]
     host = build_host(Identity.generate())
     attempts: list[Attempt] = []
     skew: Check | None = None
