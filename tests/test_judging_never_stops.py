@@ -1,9 +1,10 @@
-"""A live validator process fed malformed but signed batches: it never stops judging.
+"""A live validator, and a live trainer (which runs the same judge on what it trains on), fed
+malformed but signed batches: neither stops judging.
 
 Every hostile batch below is signed by its own fresh key, passes or fails the receiver's wire
 checks as it should, and whatever reaches the judge is judged, deferred within the inbox's
 bounds, or dropped; an honest batch delivered after all of them is still accepted, and the node
-never restarts its validator (specs/validation.md section 4, "Judging never stops").
+never restarts its judging service (specs/validation.md section 4, "Judging never stops").
 """
 
 import dataclasses
@@ -80,9 +81,26 @@ def test_a_live_validator_judges_through_hostile_batches(swarm, tmp_path):
     validator = swarm.start("validator", ["join", "--role", "validator", "--bootstrap", trainer.addr, "--trainer",
                                           trainer.peer_id, "--model", str(model), "--tasks", TASKS,
                                           "--engine", "torch"])
-    swarm.wait_until(lambda: step_zero_manifest_hash(validator.home) is not None, timeout_s=120, poll_s=0.5)
-    swarm.wait_until(lambda: "validator" in validator.status()["services"], timeout_s=60, poll_s=0.5)
-    manifest_hash = step_zero_manifest_hash(validator.home)
+    judges_through_hostile_batches(swarm, tmp_path, validator, "validator", model,
+                                   lambda: validator.status()["services"]["validator"])
+
+
+def test_a_live_trainer_judges_through_hostile_batches(swarm, tmp_path):
+    """The trainer runs the same ValidatorService on what it trains on: the same batches cannot
+    stop its training either."""
+    model = wide_tiny_model()
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
+                                      "--tasks", TASKS, "--engine", "torch"])
+    judges_through_hostile_batches(swarm, tmp_path, trainer, "trainer", model,
+                                   lambda: trainer.status()["services"]["trainer"]["verification"])
+
+
+def judges_through_hostile_batches(swarm, tmp_path, judge, service: str, model, verification) -> None:
+    """Deliver every hostile batch, a flood and then an honest batch to the live ``judge``; the honest
+    batch is accepted, nothing made the judge raise, and ``service`` never restarted."""
+    swarm.wait_until(lambda: step_zero_manifest_hash(judge.home) is not None, timeout_s=120, poll_s=0.5)
+    swarm.wait_until(lambda: service in judge.status()["services"], timeout_s=60, poll_s=0.5)
+    manifest_hash = step_zero_manifest_hash(judge.home)
 
     engine = TorchEngine.from_checkpoint(model)
     from transformers import AutoTokenizer
@@ -106,24 +124,24 @@ def test_a_live_validator_judges_through_hostile_batches(swarm, tmp_path):
 
     async def attack() -> None:
         async with trio.open_nursery() as nursery:
-            attacker = make_node(tmp_path, "attacker", RUN, bootstrap=[validator.addr])
+            attacker = make_node(tmp_path, "attacker", RUN, bootstrap=[judge.addr])
             await nursery.start(attacker.run)
             for name, (key, batch) in hostile.items():
                 envelope = codec.encode(batch, key, lifetime_s=600)
                 try:
-                    outcomes[name] = await deliver(attacker, validator.peer_id, envelope, attempts=1)
+                    outcomes[name] = await deliver(attacker, judge.peer_id, envelope, attempts=1)
                 except DeliveryRejected as exc:
                     outcomes[name] = f"rejected: {exc}"
             # one worker floods batches that can never be judged: only its own share fills
             for i in range(InboxLimits().per_worker_batches + 2):
                 batch = dataclasses.replace(template, worker=flood_key.peer_id, manifest_hash=bytes([i + 1]) * 32)
                 try:
-                    outcomes[f"flood-{i}"] = await deliver(attacker, validator.peer_id,
+                    outcomes[f"flood-{i}"] = await deliver(attacker, judge.peer_id,
                                                            codec.encode(batch, flood_key, lifetime_s=600), attempts=1)
                 except DeliveryFailed as exc:
                     outcomes[f"flood-{i}"] = str(exc)
             envelope = codec.encode(honest, honest_key, lifetime_s=600)
-            outcomes["honest"] = await deliver(attacker, validator.peer_id, envelope)
+            outcomes["honest"] = await deliver(attacker, judge.peer_id, envelope)
             nursery.cancel_scope.cancel()
 
     trio.run(attack)
@@ -134,7 +152,7 @@ def test_a_live_validator_judges_through_hostile_batches(swarm, tmp_path):
     assert outcomes["honest"] == "stored"
 
     def honest_verdict() -> Verdict | None:
-        for path in (validator.home / "verdicts").glob("*.json"):
+        for path in (judge.home / "verdicts").glob("*.json"):
             record = __import__("json").loads(path.read_text())
             if record["worker"] == honest_key.peer_id and record["verdict"]:
                 return codec.decode(bytes.fromhex(record["verdict"]), Verdict).message
@@ -143,12 +161,12 @@ def test_a_live_validator_judges_through_hostile_batches(swarm, tmp_path):
     swarm.wait_until(lambda: honest_verdict() is not None, timeout_s=180, poll_s=1)
     verdict = honest_verdict()
     assert verdict is not None and verdict.accepted and not verdict.rejected, verdict
-    status = validator.status()["services"]["validator"]
+    status = verification()
     assert status["failed_batches"] == 0, status  # nothing above made the judge raise
     rejected = status["rejected_groups"]
     assert rejected.get("bad_tokens") == 1, rejected
     assert rejected.get("wrong_task", 0) >= 1, rejected
     # the far-ahead step, the unknown checkpoints and the counter gap wait, decoded once
     assert status["deferred"] >= 3 + InboxLimits().per_worker_batches, status
-    assert validator.process.poll() is None
-    assert validator.status()["supervisor"]["validator"]["restarts"] == 0
+    assert judge.process.poll() is None
+    assert judge.status()["supervisor"][service]["restarts"] == 0
