@@ -11,6 +11,7 @@
 - ``tasks``: task sets and reward verifiers (toy, math, code sandbox).
 - ``app``: one node process: configuration, role assembly, logging, signals.
 - ``home``: what a node keeps on disk, written durably.
+- ``config``: the typed config machinery every section is built on (one error type, one loader).
 - ``metagene``: the METAGENE-1 workload: reads in, tokenizer, packing, pretraining, evaluation.
 - ``models``: real pretrained models (GGUF, HF) brought into the HF layout the engines load.
 - ``demo``: a whole swarm on this machine, its dashboard and plot, and the tiny CPU model.

@@ -7,6 +7,8 @@
 HF-layout Llama and Qwen2.
 - ``intellect_node.node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.
 - ``intellect_node.node.engine.proofs``: TOPLOC proofs for a batch of completions in a few batched calls.
+- ``intellect_node.node.engine.calibration``: an engine pair's tolerances measured from honest work
+  (``intellect-node calibrate``, specs/sampling.md section 4).
 - ``intellect_node.node.engine.chunked_head``: log-probabilities of chosen tokens with the LM head run
   over a few rows at a time (the full vocabulary's logits never held at once).
 
