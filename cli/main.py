@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -16,6 +16,7 @@ from intellect_node.cli.model import model_app
 from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
+from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, build, whole_number
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from rich.console import Console
@@ -47,30 +48,17 @@ def _config(**flags: Any) -> NodeConfig:
         raise typer.Exit(2) from None
 
 
-def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
-         inference: InferenceOptions | None = None, validator: Any = None, trusted: tuple[str, ...] = (),
-         trainer: Any = None, diloco: Any = None) -> None:
-    from intellect_node.node.app.roles import RoleOptions
-    from intellect_node.node.app.run import run_node, setup_logging
-    from intellect_node.node.swarm.bootstrap import config_line
+def _run(config: NodeConfig, roles: RoleOptions) -> None:
+    """``serve`` the node; the errors a user can fix end it with their message and status 1."""
+    from intellect_node.node.app.run import serve
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.host import PortInUse
     from intellect_node.node.swarm.runtime import JoinError
     from intellect_node.node.swarm.supervisor import HostFailed
 
-    setup_logging(config.log_level)
-
-    def on_ready(addrs: list[str]) -> None:
-        if announce:
-            for addr in addrs:
-                print(addr, flush=True)
-            # stderr, unstyled: stdout stays one address per line for scripts; this is for people.
-            print(f"add this line to the [node] section of each joining node's config.toml:\n{config_line(addrs)}",
-                  file=sys.stderr, flush=True)
-
     expected = (JoinError, NodeAlreadyRunning, PortInUse, ConfigError, HostFailed)
     try:
-        run_node(config, on_ready, RoleOptions(shards, inference, validator, trainer, trusted, diloco))
+        serve(config, roles)
     except expected as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -81,11 +69,6 @@ def _run(config: NodeConfig, announce: bool, shards: ShardConfig | None = None,
         for exc in _leaves(matched):
             err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    finally:
-        # Everything the node owns is closed by now. The interpreter's last garbage collection would
-        # walk the node's whole heap (libp2p, torch): 2-3 s measured at exit, the bulk of a SIGTERM's
-        # stop time, which a supervisor's patience (systemd, a test) may not grant.
-        gc.freeze()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
@@ -142,7 +125,7 @@ def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = N
     """Run a long-lived DHT entry point; prints its multiaddrs for others' --bootstrap."""
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=["bootstrap"], new_swarm=True)
-    _run(cfg, announce=True)
+    _run(cfg, RoleOptions())
 
 
 @app.command()
@@ -179,17 +162,16 @@ def join(
     if bad:
         err.print(f"[red]error:[/red] unknown role {bad[0]!r}; choose from {', '.join(ROLE_CHOICES)}")
         raise typer.Exit(2)
-    if nproc * nnodes > 1:
-        if role != ["trainer"]:
-            err.print("[red]error:[/red] --nproc/--nnodes shard the trainer: use them with --role trainer alone")
-            raise typer.Exit(2)
-        if node_rank >= nnodes:
-            err.print(f"[red]error:[/red] --node-rank {node_rank} is not below --nnodes {nnodes}")
-            raise typer.Exit(2)
+    sharded = nproc * nnodes > 1
+    if sharded and role != ["trainer"]:
+        _usage("--nproc/--nnodes shard the trainer: use them with --role trainer alone")
+    if sharded and node_rank >= nnodes:
+        _usage(f"--node-rank {node_rank} is not below --nnodes {nnodes}")
+    if sharded and node_rank > 0:  # the node runs on machine rank 0; this machine's ranks follow it
         from intellect_node.node.roles.trainer.launch import launch_trainer
 
-        raise typer.Exit(launch_trainer(nproc, without_launch_flags(sys.argv[1:]), nnodes=nnodes,
-                                        node_rank=node_rank, master_addr=master_addr, master_port=master_port))
+        raise typer.Exit(launch_trainer(nproc, None, nnodes=nnodes, node_rank=node_rank,
+                                        master_addr=master_addr, master_port=master_port))
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
     if async_level is not None:  # run-wide: the workers and validators of this node obey it too
@@ -233,8 +215,14 @@ def join(
         data = _metagene_data(cfg, reads, tokenizer)
         model = model or cfg.sections.get("diloco", {}).get("model") or "tiny"
     diloco = _diloco_settings(cfg, model, data) if "diloco" in role else None
-    _run(cfg, announce=True, shards=shards, inference=inference, validator=validator,
-         trusted=tuple(trust_validator or ()), trainer=training, diloco=diloco)
+    roles = RoleOptions(shards, inference, validator, training, tuple(trust_validator or ()), diloco)
+    if sharded:  # rank 0 serves this node with these options, loaded once, here
+        from intellect_node.node.app.run import serve
+        from intellect_node.node.roles.trainer.launch import launch_trainer
+
+        raise typer.Exit(launch_trainer(nproc, partial(serve, cfg, roles), nnodes=nnodes, node_rank=node_rank,
+                                        master_addr=master_addr, master_port=master_port))
+    _run(cfg, roles)
 
 
 def _diloco_settings(cfg: NodeConfig, model: str | None, data: str | None) -> Any:
@@ -299,23 +287,6 @@ def _metagene_data(cfg: NodeConfig, reads: list[str] | None, tokenizer: Path | N
     err.print(f"metagene store {'reused' if store.reused else 'built'}: {store.path} ({store.reads:,} reads, "
               f"{store.tokens:,} tokens, digest {store.digest.hex()[:16]})", soft_wrap=True, markup=False)
     return spec
-
-
-LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
-
-
-def without_launch_flags(argv: list[str]) -> list[str]:
-    """``argv`` without the sharded trainer's launch flags (``--nproc 2`` or ``--nproc=2``): what
-    rank 0 runs under torchrun must not start torchrun again."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in LAUNCH_FLAGS:
-            skip = True
-        elif not arg.startswith(tuple(f + "=" for f in LAUNCH_FLAGS)):
-            kept.append(arg)
-    return kept
 
 
 def _whole(key: str, value: Any) -> int:

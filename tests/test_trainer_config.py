@@ -48,9 +48,16 @@ def test_bad_settings_are_named(tmp_path, text, flags, message) -> None:
         load(tmp_path, text, **flags)
 
 
-def test_rank_zero_runs_the_join_command_without_the_launch_flags() -> None:
-    from intellect_node.cli.main import without_launch_flags
+def test_rank_zero_gets_the_loaded_node_function_not_a_command_line(tmp_path) -> None:
+    """What the launcher hands rank 0 survives pickling as the node function with its loaded
+    config: rank 0 parses no flags again, so it cannot start torchrun again either."""
+    import pickle
+    from functools import partial
 
-    argv = ["join", "--role", "trainer", "--nproc", "2", "--model", "m", "--nnodes=2", "--node-rank", "1",
-            "--master-addr", "10.0.0.1", "--master-port=29600", "--steps", "3"]
-    assert without_launch_flags(argv) == ["join", "--role", "trainer", "--model", "m", "--steps", "3"]
+    from intellect_node.node.app.config import load_config
+    from intellect_node.node.app.roles import RoleOptions
+    from intellect_node.node.app.run import serve
+
+    config = load_config({"home": str(tmp_path), "roles": ["trainer"]}, environ={})
+    entry = pickle.loads(pickle.dumps(partial(serve, config, RoleOptions(trainer=load(tmp_path, None)))))
+    assert entry.func is serve and entry.args[0] == config and entry.args[1].trainer.batch_groups == 16

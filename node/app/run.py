@@ -3,6 +3,7 @@ SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -12,6 +13,7 @@ import trio
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
+from intellect_node.node.swarm.bootstrap import config_line
 from intellect_node.node.swarm.hardware import detect_hardware
 from intellect_node.node.swarm.host import quiet_libp2p_logs
 
@@ -59,3 +61,24 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], roles: R
 
     trio.run(main)
     log.info("node %s stopped", identity.peer_id)
+
+
+def serve(config: NodeConfig, roles: RoleOptions) -> None:
+    """What ``join`` and ``bootstrap`` run once the configuration is loaded, and what rank 0 of a
+    sharded trainer runs (node/roles/trainer/launch.py): logging, the node, its addresses printed."""
+    setup_logging(config.log_level)
+    try:
+        run_node(config, print_addresses, roles)
+    finally:
+        # Everything the node owns is closed by now. The interpreter's last garbage collection would
+        # walk the node's whole heap (libp2p, torch): 2-3 s measured at exit, the bulk of a SIGTERM's
+        # stop time, which a supervisor's patience (systemd, a test) may not grant.
+        gc.freeze()
+
+
+def print_addresses(addrs: list[str]) -> None:
+    """One listen multiaddr per line on stdout (for scripts), the config line for people on stderr."""
+    for addr in addrs:
+        print(addr, flush=True)
+    print(f"add this line to the [node] section of each joining node's config.toml:\n{config_line(addrs)}",
+          file=sys.stderr, flush=True)
