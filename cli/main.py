@@ -44,8 +44,7 @@ def _config(**flags: Any) -> NodeConfig:
     try:
         return load_config(flags, config_file=config_file)
     except ConfigError as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _config_error(exc)
 
 
 def _run(config: NodeConfig, roles: RoleOptions) -> None:
@@ -184,8 +183,7 @@ def join(
         shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir},
                                    file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
     except ConfigError as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _config_error(exc)
     inference = None
     if "inference" in role:
         if model is None:
@@ -228,8 +226,6 @@ def join(
 def _diloco_settings(cfg: NodeConfig, model: str | None, data: str | None) -> Any:
     """``[diloco]`` with --model (a preset name) and --data on top, and the allowlist of its signed
     run spec; errors name the key (or the spec file)."""
-    from rich.markup import escape
-
     from intellect_node.node.diloco.run_spec import with_run_spec
     from intellect_node.node.diloco.settings import DilocoSettings
 
@@ -243,8 +239,7 @@ def _diloco_settings(cfg: NodeConfig, model: str | None, data: str | None) -> An
             settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
         return settings
     except ValueError as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        _config_error(exc)
 
 
 def _is_metagene(cfg: NodeConfig, workload: str | None, reads: list[str] | None, tokenizer: Path | None,
@@ -262,6 +257,12 @@ def _is_metagene(cfg: NodeConfig, workload: str | None, reads: list[str] | None,
     return metagene
 
 
+def _config_error(exc: Exception) -> NoReturn:
+    """Exit 2 with a configuration error; escaped, since ``[section]`` names read as markup to rich."""
+    err.print(f"[red]configuration error:[/red] {escape(str(exc))}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
 def _usage(message: str) -> NoReturn:
     err.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(2)
@@ -269,8 +270,6 @@ def _usage(message: str) -> NoReturn:
 
 def _metagene_data(cfg: NodeConfig, reads: list[str] | None, tokenizer: Path | None) -> str:
     """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
-    from rich.markup import escape
-
     from intellect_node.node.metagene.job import MetageneJob
     from intellect_node.node.metagene.prepare import prepare_store
 
@@ -294,8 +293,7 @@ def _whole(key: str, value: Any) -> int:
     try:
         return whole_number(key, value, 0)
     except ConfigError as exc:
-        err.print(f"[red]configuration error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _config_error(exc)
 
 
 def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:
@@ -323,8 +321,7 @@ def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: st
                                     section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
                                     source=str(cfg.config_file))
     except ConfigError as exc:
-        err.print(f"[red]configuration error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        _config_error(exc)
 
 
 def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:

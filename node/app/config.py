@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.config.base import ConfigError, build, field_types, whole_number
+from intellect_node.node.config.base import ConfigError, build, field_types, values_of, whole_number
 from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
@@ -111,6 +111,18 @@ class NodeConfig:
 
 
 @dataclass(frozen=True)
+class RoleSection:
+    """The types of ``[inference]`` and ``[validator]`` (ROLE_SECTION_KEYS: which keys each takes);
+    one node's roles share model, tasks and engine, the first section setting one decides."""
+
+    model: str | None = None
+    tasks: str | None = None
+    engine: str | None = None
+    groups_per_step: int | None = None
+    verify_fraction: float | None = None
+
+
+@dataclass(frozen=True)
 class InferenceOptions:
     """What the inference role needs beyond the node: a base model (HF layout), tasks, an engine."""
 
@@ -157,7 +169,6 @@ def _split_sections(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], d
                           f"sections are {list(SECTIONS)}, node keys are {sorted(NODE_KEYS)}")
     node_values.update(tables.pop("node", {}))
     for role, known in ROLE_SECTION_KEYS.items():
-        extra = sorted(set(tables.get(role, {})) - known)
-        if extra:
-            raise ConfigError(f"{path} [{role}]: unknown keys {extra}; known keys are {sorted(known)}")
+        if role in tables:
+            tables[role] = values_of(RoleSection, tables[role], str(path), f"[{role}]", known)
     return node_values, tables
