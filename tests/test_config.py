@@ -8,7 +8,8 @@ from intellect_node.node.config.base import ConfigError
 
 
 def test_flags_override_environment_override_file_override_defaults(tmp_path):
-    (tmp_path / "config.toml").write_text('run_id = "from-file"\nheartbeat_s = 3.0\nroles = ["trainer"]\nnew_swarm = true\n')
+    (tmp_path / "config.toml").write_text(
+        'run_id = "from-file"\nheartbeat_s = 3.0\nroles = ["trainer"]\nnew_swarm = true\n')
     env = {"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_HEARTBEAT_S": "4"}
     config = load_config({"home": str(tmp_path), "run_id": "from-flag", "roles": None}, environ=env)
     assert config.run_id == "from-flag"
@@ -19,7 +20,8 @@ def test_flags_override_environment_override_file_override_defaults(tmp_path):
 
 
 def test_environment_lists_are_comma_separated(tmp_path):
-    env = {"INTELLECT_NODE_HOME": str(tmp_path), "INTELLECT_NODE_BOOTSTRAP": "/ip4/1.2.3.4/tcp/1/p2p/x, /ip4/5.6.7.8/tcp/2/p2p/y"}
+    env = {"INTELLECT_NODE_HOME": str(tmp_path),
+           "INTELLECT_NODE_BOOTSTRAP": "/ip4/1.2.3.4/tcp/1/p2p/x, /ip4/5.6.7.8/tcp/2/p2p/y"}
     assert load_config({}, environ=env).bootstrap == ["/ip4/1.2.3.4/tcp/1/p2p/x", "/ip4/5.6.7.8/tcp/2/p2p/y"]
 
 
@@ -46,7 +48,8 @@ def test_one_file_with_sections(tmp_path):
     from intellect_node.node.shards.config import load_shard_config
 
     (tmp_path / "config.toml").write_text(
-        '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\nmax_tokens = 128\ngroup_size = 4\ntemperature = 0.5\n'
+        '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\nmax_tokens = 128\ngroup_size = 4\n'
+        'temperature = 0.5\n'
         '[shards]\nkeep_steps = 5\n[inference]\nengine = "torch"\n'
         '[trainer]\nbatch_groups = 4\n[trainer.optim]\nlr = 1e-3\n')
     config = load_config({"home": str(tmp_path)}, environ={})
@@ -101,7 +104,8 @@ def test_shards_values_are_typed_strictly(tmp_path, table, match):
 @pytest.mark.parametrize("value", ['"16"', "-1", "true", "2.5"])
 def test_a_bad_groups_per_step_is_named_before_any_model_is_built(tmp_path, value):
     (tmp_path / "config.toml").write_text(f"[inference]\ngroups_per_step = {value}\n")
-    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference", "--new-swarm",
+    done = subprocess.run([sys.executable, "-m", "intellect_node.cli.main", "join", "--role", "inference",
+                           "--new-swarm",
                            "--model", "tiny", "--home", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "[inference] groups_per_step" in done.stderr, done.stderr

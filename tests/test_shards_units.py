@@ -15,14 +15,14 @@ from safetensors import safe_open
 
 from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.node.config.base import ConfigError
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
 from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
-from intellect_node.node.config.base import ConfigError
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
 from intellect_node.node.shards.store import PARTIAL, ShardStore
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import (
     InvalidValue,

@@ -54,8 +54,9 @@ class RunConfig:
         whole_number("[run] async_level", self.async_level, 0)
         whole_number("[run] max_tokens", self.max_tokens, 1)
         whole_number("[run] group_size", self.group_size, 1)
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not self.temperature > 0:
-            raise ConfigError(f"[run] temperature: {self.temperature!r} is not a number > 0")
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature > 0:
+            raise ConfigError(f"[run] temperature: {temperature!r} is not a number > 0")
 
 
 @dataclass

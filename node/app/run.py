@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 import trio
+
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble

@@ -40,7 +40,9 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def _describe(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else "list" if typing.get_origin(hint) in (tuple, list) else str(hint)
+    if isinstance(hint, type):
+        return hint.__name__
+    return "list" if typing.get_origin(hint) in (tuple, list) else str(hint)
 
 
 def typed(hint: Any, value: Any, where: str) -> Any:

@@ -54,11 +54,13 @@ class DilocoSettings:
             "H": 1 <= self.H <= 100_000, "inner_lr": 0 < self.inner_lr < 1, "weight_decay": 0 <= self.weight_decay < 1,
             "betas": all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2,
             "outer_lr": 0 < self.outer_lr <= 10, "outer_momentum": 0 <= self.outer_momentum < 1,
-            "round_timeout_s": max(1.0, self.matchmaking_s) < self.round_timeout_s <= 3600, "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
+            "round_timeout_s": max(1.0, self.matchmaking_s) < self.round_timeout_s <= 3600,
+            "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
             "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
             "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
             "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
-            "allowlist": len(self.allowlist) <= 4096 and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
+            "allowlist": len(self.allowlist) <= 4096
+            and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
             "authority": not self.authority or re.fullmatch(PEER_ID_PATTERN, self.authority) is not None})
         if bool(self.run_spec) != bool(self.authority):
             raise ConfigError("[diloco] run_spec and authority go together: the signed spec file and the peer id "

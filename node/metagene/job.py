@@ -60,7 +60,8 @@ class MetageneJob:
         if tokenizer is not None:
             values["tokenizer"] = str(tokenizer)
         if not values.get("reads"):
-            raise ConfigError(f"the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads in {source}")
+            raise ConfigError("the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads "
+                              f"in {source}")
         return build(cls, {}, source, "[metagene]", **values)
 
     @property
@@ -74,5 +75,6 @@ class MetageneJob:
     def data_spec(self, store: Path) -> str:
         """The DiLoCo ``data`` spec of a store (node/diloco/data.py: items are comma-separated)."""
         if "," in str(store) or "=" in str(store):
-            raise ValueError(f"{store}: a store path with ',' or '=' cannot be named in a data spec; use another --home")
+            raise ValueError(f"{store}: a store path with ',' or '=' cannot be named in a data spec; "
+                             "use another --home")
         return f"metagene:store={store},seq_len={self.seq_len}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.home.durable import write_durably

@@ -26,13 +26,15 @@ from intellect_node.node.config.loader import read_toml
 from intellect_node.node.roles.trainer.service import TrainerOptions
 
 SECTIONS = ("optim", "loss", "rewards")
-TOP_LEVEL = ("batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed", "verify_fraction")
+TOP_LEVEL = ("batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed",
+             "verify_fraction")
 DEPRECATED_FILE = ("--trainer-config is deprecated: move the file's keys into config.toml's [trainer] section "
                    "([optim] becomes [trainer.optim], and so on)")
 
 
 def load_trainer_options(*, model_dir: Path, task_spec: str, publish_dir: Path, config_file: Path | None,
-                         flags: Mapping[str, Any], trusted: tuple[str, ...] = (), section: Mapping[str, Any] | None = None,
+                         flags: Mapping[str, Any], trusted: tuple[str, ...] = (),
+                         section: Mapping[str, Any] | None = None,
                          run_async_level: int | None = None, source: str = "config file") -> TrainerOptions:
     """``flags``: top-level keys and ``lr`` (None = not given); ``section``: ``[trainer]`` of ``source``;
     ``config_file``: an old ``--trainer-config`` file, still read."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from intellect_node.node.roles.trainer import ranks
 
 
