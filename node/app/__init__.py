@@ -1,6 +1,8 @@
 """One node process, assembled from configuration.
 
 - ``config``: ``NodeConfig`` from defaults, the TOML file, environment and flags.
+- ``roles``: the table of role builders: which services a node runs for its roles.
+- ``doctor``: the checks of ``intellect-node doctor`` (Python, torch, ports, sandbox, ...).
 - ``run``: ``run_node``: identity, hardware, the services for the configured roles, logging and a
   clean stop on SIGINT/SIGTERM.
 """

@@ -1,7 +1,7 @@
 """The configuration machinery every package shares, at the bottom of the dependency arrows.
 
-    base.py    ConfigError, strict typing of one section's values, bounds
-    loader.py  the TOML file, and the layers: defaults < file < environment < flags
+- ``base``: ``ConfigError``, strict typing of one section's values, bounds.
+- ``loader``: the TOML file, and the layers: defaults < file < environment < flags.
 
 Each section's class lives with its concern (node/shards/config.py, node/diloco/settings.py, ...);
 node/app/config.py composes them into the one root.

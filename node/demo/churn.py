@@ -14,6 +14,7 @@ from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.adverts import SOFTWARE_VERSION
 from intellect_node.node.swarm.host import build_host
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
@@ -89,7 +90,7 @@ async def advertise_and_leave(target: PeerInfo, run_id: str, source_ip: str = "1
     """One churn cycle: a fresh identity connects, publishes a short-lived advert, leaves."""
     identity = Identity.generate()
     advert = NodeAdvert(peer_id=identity.peer_id, run_id=run_id, roles=("inference",), addrs=(),
-                        hardware=CHURN_HARDWARE, throughput_tokens_per_s=0.0, software_version="0.1.0",
+                        hardware=CHURN_HARDWARE, throughput_tokens_per_s=0.0, software_version=SOFTWARE_VERSION,
                         policy_step=None)
     try:
         async with fresh_peer(target, source_ip, identity) as host:

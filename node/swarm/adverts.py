@@ -9,6 +9,7 @@ and is stored far more rarely because each store costs a lookup plus writes at a
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +27,8 @@ from intellect_node.protocol.keys import advert_key, members_topic, run_members_
 from intellect_node.protocol.messages import Hardware, NodeAdvert
 
 log = logging.getLogger(__name__)
-SOFTWARE_VERSION = "0.1.0"
+# the installed distribution's version (pyproject.toml is its one source)
+SOFTWARE_VERSION = importlib.metadata.version("intellect-node")
 MAX_ADVERTISED_ADDRS = 16
 MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
