@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+
 from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions, run_demo, summarize  # noqa: E402
 from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
@@ -51,11 +52,13 @@ from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa:
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from intellect_node.node.tasks.verify import teaches_nothing  # noqa: E402
 from intellect_node.node.roles.trainer.service import TrainerOptions  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402
-from intellect_node.node.tasks.verify import task_reward  # noqa: E402
+from intellect_node.node.tasks.verify import (
+    task_reward,  # noqa: E402
+    teaches_nothing,  # noqa: E402
+)
 
 TARGET_ACCURACY = 0.8
 TARGET_RATIO = 0.9

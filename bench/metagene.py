@@ -74,9 +74,9 @@ def pipeline(args: argparse.Namespace) -> str:
     tokenizer_reads = 5_000 if args.quick else 20_000
     repeats = args.repeats or (1 if args.quick else 3)
 
+    import pyfastx
     import torch
     from Bio import SeqIO
-    import pyfastx
 
     from intellect_node.node.metagene.dataset import tokenize_reads
     from intellect_node.node.metagene.feed import round_batches
@@ -278,7 +278,7 @@ def learning(args: argparse.Namespace) -> str:
         print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} "
               f"{m['kmer_mcc']:>9.3f} "
               f"{tokens:>9,} {seconds:>7.1f}")
-    print(f"  per organism (DiLoCo / one peer): " + ", ".join(
+    print("  per organism (DiLoCo / one peer): " + ", ".join(
         f"{k} {v:.3f}/{peer['perplexity_per_organism'][k]:.3f}" for k, v in ours["perplexity_per_organism"].items()))
     ratio = ours["perplexity"] / peer["perplexity"]
     verdict = "ok" if ratio <= LEARNING_TARGET else "short"

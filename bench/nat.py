@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, wait_until  # noqa: E402
-
 from tests.netns import SmallInternet, unavailable_reason  # noqa: E402
 from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
 

@@ -65,9 +65,9 @@ from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa:
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
-from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 from intellect_node.node.tasks.math_words import generate_math_tasks  # noqa: E402
 from intellect_node.protocol.rollouts import unpack_logprobs, unpack_tokens  # noqa: E402
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 
 PROOF_TARGET = 0.95  # proving generation at >= 95% of plain generation's rate
 VERIFY_TARGET = 10.0
@@ -111,8 +111,9 @@ def train_steps(model_dir: Path, groups: list[TrainingGroup], steps: int, device
     """In a fresh process: load the model as the trainer does and take ``steps`` GRPO steps on
     ``groups``; wall and CPU seconds per step, the process's peak RSS in bytes and on a GPU the
     peak of ``torch.cuda.max_memory_allocated`` (else 0)."""
-    from intellect_node.node.roles.trainer.learner import GRPOLearner
     from transformers import AutoModelForCausalLM
+
+    from intellect_node.node.roles.trainer.learner import GRPOLearner
 
     torch.set_num_threads(threads)
     cuda = torch.device(device).type == "cuda"

@@ -33,6 +33,7 @@ from intellect_node.node.engine.base import SamplingParams, derive_seed  # noqa:
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.protocol.sampling import Replay, margins, sample  # noqa: E402
 
+
 def inverse_cdf(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The alternative design: the token whose interval of the float64 CDF (token id order) holds
     u; also the CDF, whose disagreement between engines is the slack such a design would need."""

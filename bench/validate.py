@@ -39,18 +39,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.crypto.toploc import Thresholds, verify_proofs  # noqa: E402
-from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.engine.base import Engine, PrefillResult  # noqa: E402
-from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
-from intellect_node.node.tasks.schema import Task  # noqa: E402
-from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
+from intellect_node.node.engine.base import Engine, PrefillResult  # noqa: E402
+from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
-from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
+from intellect_node.node.tasks.schema import Task  # noqa: E402
+from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens  # noqa: E402
-from intellect_node.protocol.run_spec import EnginePair  # noqa: E402
+from intellect_node.protocol.run_spec import (  # noqa: E402
+    TORCH_TORCH,
+    EnginePair,  # noqa: E402
+    build_run_spec,
+)
 from intellect_node.protocol.sampling import Replay, margins  # noqa: E402
 
 TARGET = 10.0

@@ -17,8 +17,8 @@ import hashlib
 import re
 import struct
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 from intellect_node.crypto.identity import (

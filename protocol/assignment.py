@@ -10,10 +10,11 @@ with a different ``domain`` string for each derived value, so the task index, th
 and the sampling seed are independent of one another. The task and the length target also mix in
 the ``beacon``: the ``manifest_hash`` of checkpoint ``step``, which nobody knows before the trainer
 signs that checkpoint, so no task of ``step`` is known before it (specs/rollouts.md, "Committed
-assignments"); the sampling seed does not need it (a seed tells nothing without its task). Strings are UTF-8 and prefixed with their
-byte length (u32 big-endian), integers are u64 big-endian: no two distinct inputs share an
-encoding. Any validator recomputes the same values from the rollout's claimed
-``(run_id, peer_id, step, counter)`` and rejects a rollout whose task differs.
+assignments"); the sampling seed does not need it (a seed tells nothing without its task).
+Strings are UTF-8 and prefixed with their byte length (u32 big-endian), integers are u64
+big-endian: no two distinct inputs share an encoding. Any validator recomputes the same values
+from the rollout's claimed ``(run_id, peer_id, step, counter)`` and rejects a rollout whose task
+differs.
 
 The digest is reduced modulo the number of choices. Its bias is at most ``n / 2**256``:
 negligible for any task set that fits in memory.

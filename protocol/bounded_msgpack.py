@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
 from intellect_node.protocol.errors import MalformedBody, Oversize
 from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Optional, Record, Str, Validator
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import msgpack
+
 from intellect_node.crypto.envelope import OpenedEnvelope, open_envelope, seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.protocol.bounded_msgpack import record_limits, unpack

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 
 import msgpack
+
 from intellect_node.protocol.bounded_msgpack import Limits, unpack
 from intellect_node.protocol.errors import (
     InvalidValue,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import blake3
+
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.keys import _digest
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
 from intellect_node.protocol.schema import (

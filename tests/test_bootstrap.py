@@ -7,6 +7,7 @@ import tomllib
 
 import pytest
 import trio
+
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.app.config import load_config
 from intellect_node.node.swarm.bootstrap import (
@@ -16,7 +17,6 @@ from intellect_node.node.swarm.bootstrap import (
     resolve,
 )
 from intellect_node.node.swarm.runtime import JoinError
-
 from tests.inprocess_nodes import make_node
 
 RUN = "bootstrap-test"

@@ -14,6 +14,7 @@ import sys
 
 import msgpack
 import pytest
+
 from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco import frames

@@ -17,9 +17,9 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.engine.base import SamplingParams
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.validator.validation import RunContext
-from intellect_node.protocol.run_spec import TORCH_TORCH
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
+from intellect_node.protocol.run_spec import TORCH_TORCH
 from tests.test_validation import CHEATER, RUN, SETTINGS, STEP, World, noisy, reasons
 
 

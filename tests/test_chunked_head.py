@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from intellect_node.node.engine.chunked_head import chunked_token_logprobs
 
 VOCAB, HIDDEN = 49152, 32

@@ -5,11 +5,11 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from intellect_node.crypto.envelope import DOMAIN, HEADER_SIZE, MAGIC, now_ms, seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec, errors
 from intellect_node.protocol.messages import ACCELERATORS, ROLES, Hardware, NodeAdvert
-
 from tests.protocol_samples import sample_advert
 
 IDENTITY = Identity.generate()

@@ -7,10 +7,10 @@ from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.demo.churn import can_connect, fresh_peer, peer_info, serving
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy, address_keys
 from intellect_node.node.swarm.host import build_host
-from intellect_node.node.demo.churn import can_connect, fresh_peer, peer_info, serving
 
 # py-libp2p's inbound slots are max_connections - min_connections: 10 here instead of 250, so
 # the upstream defect shows after a dozen connections instead of hundreds.
@@ -135,7 +135,8 @@ def test_300_idle_connections_from_one_address_do_not_keep_an_honest_peer_out(sw
 
             for _ in range(300):
                 nursery.start_soon(idle)
-            await trio.to_thread.run_sync(wait_until, lambda: sum(node.status()["connections"]["refused"].values()) >= 300 - cap, 60.0)
+            await trio.to_thread.run_sync(
+                wait_until, lambda: sum(node.status()["connections"]["refused"].values()) >= 300 - cap, 60.0)
             honest = await can_connect(target, "127.0.0.3")
             release.set()
         return honest

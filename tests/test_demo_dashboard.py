@@ -6,9 +6,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from intellect_node.node.demo.swarm import DemoOptions, summarize
 from intellect_node.node.demo.dashboard import nodes_table, training_table
 from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.demo.swarm import DemoOptions, summarize
 
 
 def lines() -> list[dict]:

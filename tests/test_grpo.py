@@ -11,10 +11,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from intellect_node.node.roles.trainer.groups import TrainingGroup
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig, token_logprobs, _pack, _Row
+from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig, _pack, _Row, token_logprobs
 from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
-from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, length_reward, total_rewards
+from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.tasks.verify import teaches_nothing
 
 CFG = LossConfig()  # eps 0.2, delta 4

@@ -14,9 +14,9 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.crypto.envelope import now_ms, seal
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.node.swarm.host import build_host, parse_peer_addr
-from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, frame

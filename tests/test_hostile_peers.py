@@ -184,8 +184,8 @@ def test_idle_streams_do_not_stall_an_honest_delivery_or_dht_get(target):
     from intellect_node.node.swarm.dht_get import ask_peer
     from intellect_node.node.swarm.membership import check_advert_record
     from intellect_node.node.swarm.peer_scores import PeerScores
-    from intellect_node.protocol.framing import MAX_DELIVERY_REPLY, decode_delivery_reply, frame
     from intellect_node.node.swarm.streams import read_frame
+    from intellect_node.protocol.framing import MAX_DELIVERY_REPLY, decode_delivery_reply, frame
     from intellect_node.protocol.keys import advert_key
 
     async def honest(addr: str) -> tuple[float, str, float]:

@@ -54,8 +54,14 @@ def advert_envelope(identity, ip: str, now: int, *, long_addrs: bool = False) ->
 def test_sybil_flood_keeps_known_and_proven_members_and_the_response_fits_its_frame():
     from intellect_node.crypto.envelope import now_ms
     from intellect_node.crypto.identity import Identity
-    from intellect_node.node.swarm.membership import (MAX_PER_IP, MAX_PER_SUBNET, MemberView, TableFull,
-                                                      advertised_ip, subnet)
+    from intellect_node.node.swarm.membership import (
+        MAX_PER_IP,
+        MAX_PER_SUBNET,
+        MemberView,
+        TableFull,
+        advertised_ip,
+        subnet,
+    )
     from intellect_node.protocol.framing import MAX_MEMBERS_RESPONSE, decode_envelope_list, encode_envelope_list
 
     view, now = MemberView(RUN), now_ms()
@@ -95,6 +101,8 @@ def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_pa
     at every bootstrap node: banned after four steps.)"""
     from types import SimpleNamespace
 
+    from libp2p.peer.id import ID
+
     from intellect_node.crypto.identity import Identity
     from intellect_node.node.shards.checkpoint import build_manifest
     from intellect_node.node.swarm.gossip import install_validator
@@ -104,8 +112,6 @@ def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_pa
     from intellect_node.protocol.manifest import CheckpointManifest
     from intellect_node.protocol.rollouts import RolloutAnnouncement
     from intellect_node.protocol.verdicts import Verdict
-    from libp2p.peer.id import ID
-
     from tests.shards_swarm import make_checkpoint
 
     assert max(CheckpointManifest.MAX_SIZE, Verdict.MAX_SIZE, RolloutAnnouncement.MAX_SIZE) <= ANNOUNCE_MAX_BYTES
@@ -133,9 +139,10 @@ async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_it
     """Random bytes, a length prefix over the 2-byte limit, a truncated frame and a request of the
     wrong size on /ina/dialback/1.0.0: each is counted (outcome ``rejected``) and charged by its
     reason in the handler, nothing reaches the stream guard, and the server still answers."""
+    from libp2p.custom_types import TProtocol
+
     from intellect_node.node.swarm.nat.reachability import REFUSED, ask, tcp_port
     from intellect_node.protocol.framing import DIALBACK_PROTOCOL, HEADER
-    from libp2p.custom_types import TProtocol
 
     server = make_node(tmp_path, "server", RUN)
     addrs = await nursery.start(server.run)
@@ -175,6 +182,8 @@ def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signatur
     never to the forwarder, and accepts the trainer's."""
     from types import SimpleNamespace
 
+    from libp2p.peer.id import ID
+
     from intellect_node.crypto.identity import Identity
     from intellect_node.node.shards.checkpoint import build_manifest
     from intellect_node.node.shards.config import ShardConfig
@@ -182,8 +191,6 @@ def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signatur
     from intellect_node.node.swarm.gossip import install_validator
     from intellect_node.protocol import codec
     from intellect_node.protocol.keys import ANNOUNCE_MAX_BYTES
-    from libp2p.peer.id import ID
-
     from tests.shards_swarm import make_checkpoint
 
     make_checkpoint(tmp_path / "step-1.safetensors", 3, seed=1)

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from intellect_node.crypto.toploc import verify_proofs
-from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.demo.swarm import DEMO_TASKS
-from intellect_node.node.tasks.verify import teaches_nothing
+from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.rollouts.inbox import RolloutInbox
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.verdicts import Verdict

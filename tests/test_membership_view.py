@@ -12,7 +12,8 @@ ALICE = Identity.generate()
 
 
 def advert_at(timestamp_ms: int, lifetime_s: float = 60, **changes) -> bytes:
-    return codec.encode(sample_advert(ALICE, run_id="r", **changes), ALICE, lifetime_s=lifetime_s, timestamp_ms=timestamp_ms)
+    return codec.encode(sample_advert(ALICE, run_id="r", **changes), ALICE, lifetime_s=lifetime_s,
+                        timestamp_ms=timestamp_ms)
 
 
 def test_newer_advert_replaces_older_and_an_older_one_is_a_replay():

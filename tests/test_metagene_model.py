@@ -22,8 +22,15 @@ from intellect_node.node.metagene.recipe import Recipe
 from intellect_node.node.metagene.sequences import IGNORE, build_rows, plan_rows
 from intellect_node.node.metagene.sharding import permute, shard_indices
 from intellect_node.node.metagene.synthetic import write_metagenome
-from intellect_node.node.metagene.tokenizer import (EOS_ID, NUCLEOTIDES, SPECIALS, load_tokenizer, save_tokenizer,
-                                                    token_stats, train_tokenizer)
+from intellect_node.node.metagene.tokenizer import (
+    EOS_ID,
+    NUCLEOTIDES,
+    SPECIALS,
+    load_tokenizer,
+    save_tokenizer,
+    token_stats,
+    train_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

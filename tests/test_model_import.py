@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from intellect_node.cli.main import app
 from intellect_node.node.engine.base import SamplingParams, encode_prompt
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.models.gguf_file import GGUFError, read_gguf_info
 from intellect_node.node.models.importer import ModelImportError, import_gguf
 from intellect_node.node.models.sources import SourceError, resolve_source
-from typer.testing import CliRunner
-
 from tests.engine_helpers import smollm2_import
 from tests.gguf_helpers import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_gguf
 

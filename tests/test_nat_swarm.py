@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from tests.netns import SmallInternet, unavailable_reason
 from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds
 
@@ -45,7 +45,8 @@ def test_nated_nodes_join_see_everyone_and_know_they_are_not_dialable(tmp_path) 
                     if name not in converged and everyone <= swarm.nodes[name].member_ids():
                         converged[name] = time.monotonic() - started[name]
                 time.sleep(0.1)
-            assert set(converged) == set(started), f"not converged within {BOUND_S:g} s: {set(started) - set(converged)}"
+            assert set(converged) == set(started), \
+                f"not converged within {BOUND_S:g} s: {set(started) - set(converged)}"
 
             decided_in = wait_until(lambda: all(_state(n) != "unknown" for n in swarm.nodes.values()), BOUND_S)
             status = {name: node.status() for name, node in swarm.nodes.items()}
@@ -119,8 +120,9 @@ def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path)
         try:
             boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
                                listen="/ip4/198.18.0.2/tcp/4001")
-            trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr, "--model", str(model),
-                                              "--tasks", TASKS, "--batch-groups", "4"], {"OMP_NUM_THREADS": "1"},
+            trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr,
+                                              "--model", str(model), "--tasks", TASKS, "--batch-groups", "4"],
+                                  {"OMP_NUM_THREADS": "1"},
                                   prefix=net.exec_prefix(net.name("pub1")), listen="/ip4/198.18.0.3/tcp/4001")
             swarm.start("home1", ["join", "--role", "inference", "--bootstrap", boot.addr, "--trainer",
                                            trainer.peer_id, "--model", str(model), "--tasks", TASKS],

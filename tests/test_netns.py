@@ -11,7 +11,6 @@ import pytest
 from tests.netns import LimitedSwitch, SmallInternet, _namespaces, unavailable_reason
 
 
-
 def _connect(net: SmallInternet, namespace: str, ip: str, port: int) -> str:
     code = (f"import socket\ntry:\n socket.create_connection(('{ip}', {port}), timeout=2); print('ok')\n"
             "except OSError as exc:\n print(type(exc).__name__)")

@@ -5,6 +5,8 @@ nobody is unreachable, a second request from the same IP is refused, and garbage
 from __future__ import annotations
 
 import trio
+from libp2p.custom_types import TProtocol
+
 from intellect_node.node.shards.fetcher import PeerBook
 from intellect_node.node.swarm.nat.reachability import (
     REFUSED,
@@ -16,8 +18,6 @@ from intellect_node.node.swarm.nat.reachability import (
 )
 from intellect_node.node.swarm.streams import write_frame
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL
-from libp2p.custom_types import TProtocol
-
 from tests.inprocess_nodes import make_node
 
 RUN = "reach-test"

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+
 from intellect_node.node.tasks.humaneval import (
     HUMANEVAL_PROBLEMS,
     canonical_answer,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from tests.netns import SmallInternet, unavailable_reason
 
 pytestmark = [pytest.mark.slow,
@@ -64,7 +64,8 @@ def test_homes_reach_each_other_through_the_relay_and_try_to_punch(tmp_path) -> 
                        BOUND_S)
             connected_in = time.monotonic() - started
             relay_after_connect = _relay(boot)
-            print(f"\nreserved after {reserved_in:.1f} s, homes connected through the relay after {connected_in:.1f} s; "
+            print(f"\nreserved after {reserved_in:.1f} s, homes connected through the relay after "
+                  f"{connected_in:.1f} s; "
                   f"relay: circuits {relay_after_connect['circuits']}, {relay_after_connect['bytes_relayed']} bytes")
 
             # DCUtR: both sides drive it every 2 s over a relayed connection; report what happened

@@ -7,12 +7,6 @@ from __future__ import annotations
 
 import multiaddr
 import trio
-from intellect_node.crypto.identity import Identity
-from intellect_node.node.swarm.guard import StreamGuard
-from intellect_node.node.swarm.host import build_host
-from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.node.swarm.nat.relay_client import RelayClient
-from intellect_node.node.swarm.nat.relay_service import HOP_PROTOCOL, RelayService, relay_limits
 from libp2p.abc import IHost
 from libp2p.custom_types import TProtocol
 from libp2p.peer.peerinfo import PeerInfo
@@ -21,6 +15,12 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
 from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg
 from libp2p.tools.anyio_service import background_trio_service
 
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm.guard import StreamGuard
+from intellect_node.node.swarm.host import build_host
+from intellect_node.node.swarm.nat.relay_client import RelayClient
+from intellect_node.node.swarm.nat.relay_service import HOP_PROTOCOL, RelayService, relay_limits
+from intellect_node.node.swarm.peer_scores import PeerScores
 from tests.inprocess_nodes import make_node
 
 LISTEN = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -80,7 +80,8 @@ async def test_a_stream_through_the_relay_reaches_the_reserved_peer(tmp_path, nu
     home = make_node(tmp_path, "home", "relay-test", bootstrap=addrs)
     await nursery.start(home.run)
     dialer_host = _guarded_host()
-    async with dialer_host.run(LISTEN), background_trio_service(dialer_service := RelayService(dialer_host, relay.nat.relay.limits)):
+    dialer_service = RelayService(dialer_host, relay.nat.relay.limits)
+    async with dialer_host.run(LISTEN), background_trio_service(dialer_service):
         relay_id = relay.host.get_id().to_base58()
         relay_addr = addrs[0].split("/p2p/")[0]
         with trio.fail_after(15):
@@ -115,7 +116,8 @@ def test_relay_limits_come_from_the_node_section(tmp_path) -> None:  # type: ign
 
     (tmp_path / "config.toml").write_text("[node]\nrelay_max_reservations = 3\nrelay_circuit_bytes = 1048576\n")
     config = load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RELAY_CIRCUIT_DURATION_S": "30"})
-    assert (config.relay_max_reservations, config.relay_circuit_bytes, config.relay_circuit_duration_s) == (3, 1 << 20, 30.0)
+    assert (config.relay_max_reservations, config.relay_circuit_bytes,
+            config.relay_circuit_duration_s) == (3, 1 << 20, 30.0)
     (tmp_path / "config.toml").write_text("[node]\nrelay_circuit_bytes = 0\n")
     try:
         load_config({"home": str(tmp_path)}, environ={})

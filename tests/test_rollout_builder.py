@@ -12,13 +12,13 @@ from transformers import AutoTokenizer
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.crypto.toploc import verify_proofs
+from intellect_node.node.demo.tinymodel import ensure_tiny_model
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import task_index
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
-from intellect_node.node.demo.tinymodel import ensure_tiny_model
 from tests.engine_helpers import QUICK_RECIPE
 
 WORKER = Identity.generate()

@@ -45,7 +45,8 @@ def batch(groups=None, **changes) -> RolloutBatch:
 
 
 def resealed(body: dict) -> bytes:
-    return seal(WORKER, RolloutBatch.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(body, use_bin_type=True), lifetime_s=60)
+    return seal(WORKER, RolloutBatch.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(body, use_bin_type=True),
+                lifetime_s=60)
 
 
 def test_round_trip_and_packed_arrays():
@@ -79,7 +80,8 @@ def test_inconsistent_completions_are_invalid(broken, match):
 
 
 def test_duplicate_counters_empty_groups_and_overlong_completions_are_invalid():
-    group = RolloutGroup(counter=5, task_id="t", length_target=None, prompt_ids=pack_tokens([1]), completions=(completion(4),))
+    group = RolloutGroup(counter=5, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
+                         completions=(completion(4),))
     with pytest.raises(errors.InvalidValue, match="twice"):
         codec.decode(resealed(batch(groups=(group, group)).to_wire()), RolloutBatch)
     with pytest.raises(errors.InvalidValue, match="empty group"):

@@ -30,9 +30,9 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
+from intellect_node.node.roles.trainer import ranks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
-from intellect_node.node.roles.trainer import ranks
 from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.sharded import ShardedLearner

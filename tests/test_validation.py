@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -21,16 +22,16 @@ from intellect_node.node.engine.base import encode_prompt
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.validator import validation
+from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
 from intellect_node.node.tasks.schema import with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.node.tasks.verify import teaches_nothing
-from intellect_node.node.roles.validator.ledger import JudgeState
-from intellect_node.node.roles.validator import validation
-from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
-from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
+from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
 from tests.test_rollout_builder import untrained_wide_tiny_model, wide_tiny_model
 
@@ -289,7 +290,8 @@ def test_only_verified_tokens_are_ever_scored(world: World, monkeypatch: pytest.
 def test_proofs_from_another_rollout_are_rejected(world: World) -> None:
     batch = world.build()
     group = batch.groups[0]
-    a, b = group.completions[0], next(c for c in batch.groups[3].completions if len(c.proofs) == len(group.completions[0].proofs))
+    a = group.completions[0]
+    b = next(c for c in batch.groups[3].completions if len(c.proofs) == len(a.proofs))
     swapped = dataclasses.replace(a, proofs=b.proofs)
     groups = list(batch.groups)
     groups[0] = dataclasses.replace(group, completions=(swapped, *group.completions[1:]))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.roles.validator.verdict_trust import TrustedVerdicts
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import pack_logprobs
 from intellect_node.protocol.verdicts import AcceptedGroup, RejectedGroup, Verdict

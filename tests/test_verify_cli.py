@@ -23,10 +23,10 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.tinymodel import ensure_tiny_model
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
-from intellect_node.protocol.run_spec import build_run_spec
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import pack_logprobs, unpack_logprobs
+from intellect_node.protocol.run_spec import build_run_spec
 from tests.engine_helpers import QUICK_RECIPE
 
 TASKS = "toy:seed=3,count=40"

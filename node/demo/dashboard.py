@@ -16,8 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from intellect_node.node.demo.swarm import DemoOptions
     from intellect_node.node.demo.local_swarm import LocalSwarm
+    from intellect_node.node.demo.swarm import DemoOptions
 
 RATE_WINDOW = 10  # steps over which tokens/s is averaged
 

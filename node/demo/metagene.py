@@ -48,8 +48,8 @@ def prepare_data(options: MetageneDemoOptions, root: Path) -> tuple[Path, Any, l
     """Training FASTQs, the tokenizer and the store under ``root``; returns (store, tokenizer, eval reads)."""
     from intellect_node.node.metagene.build import TOKENIZER_DIR, ReadOptions, build_store, build_tokenizer
     from intellect_node.node.metagene.filtering import filter_reads
-    from intellect_node.node.metagene.reads import iter_reads
     from intellect_node.node.metagene.genomes import organisms_from
+    from intellect_node.node.metagene.reads import iter_reads
     from intellect_node.node.metagene.synthetic import cut_reads, write_fastq, write_metagenome
 
     for name in ("reads", "eval", "store"):

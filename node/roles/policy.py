@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from intellect_node.node.engine import select_engine
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.shards.loader import load_tensors

@@ -15,6 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
 from intellect_node.node.rollouts.inbox import InboxFull, RolloutInbox
 from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
@@ -27,9 +31,6 @@ from intellect_node.protocol.framing import (
     encode_delivery_reply,
 )
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
-from libp2p.abc import INetStream
-from libp2p.custom_types import TProtocol
-from libp2p.peer.id import ID
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 60.0

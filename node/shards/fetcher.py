@@ -23,11 +23,11 @@ from typing import Protocol
 import blake3
 import trio
 
-from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.server import unpack_bits
 from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected
 from intellect_node.protocol.manifest import BadShard
 

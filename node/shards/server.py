@@ -28,7 +28,6 @@ import h11
 import numpy as np
 import trio
 
-from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.shards.config import MIB, ShardConfig
 from intellect_node.node.shards.http import (
     PEER_HEADER,
@@ -40,6 +39,7 @@ from intellect_node.node.shards.http import (
     verify_request,
 )
 from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.errors import Rejected
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
 from intellect_node.node.home.durable import fsync_directory, fsync_file, write_durably
 from intellect_node.node.shards.checkpoint import hash_range
 from intellect_node.protocol.codec import Signed

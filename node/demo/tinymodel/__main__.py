@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from intellect_node.node.demo.tinymodel.build import TinyRecipe, ensure_tiny_model, greedy_accuracy
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.tasks.toy import generate_toy_tasks
-from intellect_node.node.demo.tinymodel.build import TinyRecipe, ensure_tiny_model, greedy_accuracy
 
 EVAL_SEED = 424242
 

@@ -54,9 +54,12 @@ def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run
     per-call cost of a decode loop is paid once per batch, not once per group."""
     started = time.perf_counter()
     counters = range(first_counter, first_counter + settings.groups_per_batch)
-    chosen = [tasks[task_index(run_id, worker, step, counter, len(tasks), beacon=manifest_hash)] for counter in counters]
-    targets = [length_target(run_id, worker, step, counter, settings.length_targets, beacon=manifest_hash) for counter in counters]
-    prompts = [encode_prompt(tokenizer, with_length_target(task, target).prompt) for task, target in zip(chosen, targets)]
+    chosen = [tasks[task_index(run_id, worker, step, counter, len(tasks), beacon=manifest_hash)]
+              for counter in counters]
+    targets = [length_target(run_id, worker, step, counter, settings.length_targets, beacon=manifest_hash)
+               for counter in counters]
+    prompts = [encode_prompt(tokenizer, with_length_target(task, target).prompt)
+               for task, target in zip(chosen, targets)]
     params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens,
                             prompt_seeds=tuple(sampling_seed(run_id, worker, step, counter) for counter in counters))
     generations = engine.generate(prompts, settings.group_size, params)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from intellect_node.crypto.toploc import DEFAULT_TOPK
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably

@@ -28,6 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from transformers import DynamicCache
+
 from intellect_node.node.engine.chunked_head import chunked_token_logprobs
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
@@ -36,9 +40,6 @@ from intellect_node.node.roles.trainer.rewards import (
     group_advantages,
     total_rewards,
 )
-from torch import nn
-from torch.distributed.tensor import DTensor
-from transformers import DynamicCache
 
 OLD_POLICIES = ("behavior", "recompute")
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import msgpack
+
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.protocol.bounded_msgpack import Limits, unpack

@@ -39,17 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
+
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.home.durable import append_durably, rename_durably
+from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
 from intellect_node.node.roles.trainer.loss import LossConfig
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig
-from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.service import (
     ValidatorOptions,
@@ -58,6 +58,7 @@ from intellect_node.node.roles.validator.service import (
 from intellect_node.node.roles.validator.validation import BatchVerdict
 from intellect_node.node.shards.checkpoint import write_safetensors
 from intellect_node.node.tasks.schema import Task
+from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol.rollouts import (
     RolloutBatch,
     unpack_tokens,
@@ -115,7 +116,8 @@ class TrainerCounters:
 
     def to_state(self) -> dict[str, Any]:
         return {"filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
-                "banned_groups": self.banned_groups, "train_s": self.train_s, "wait_s": self.wait_s, "elapsed_s": self.elapsed_s,
+                "banned_groups": self.banned_groups, "train_s": self.train_s, "wait_s": self.wait_s,
+                "elapsed_s": self.elapsed_s,
                 "last_eval": self.last_eval}
 
 
@@ -306,7 +308,8 @@ class TrainerService:
                 "eval_accuracy": self.counters.last_eval, "eval_measured": evaluated,
                 "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
                 "train_s": round(train_s, 3), "wait_s": round(wait_s, 3),
-                "utilization": round(self.counters.train_s / max(1e-9, self.counters.train_s + self.counters.wait_s), 4),
+                "utilization": round(self.counters.train_s
+                                     / max(1e-9, self.counters.train_s + self.counters.wait_s), 4),
                 "accepted_groups": self.validator.accepted_groups,
                 "rejected_groups": sum(n for r, n in self.validator.rejections.items() if r != "stale_step"),
                 "rejections": dict(self.validator.rejections),

@@ -30,6 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
 from intellect_node.node.roles.trainer.learner import (
     GRPOLearner,
     OptimConfig,
@@ -40,10 +45,6 @@ from intellect_node.node.roles.trainer.learner import (
 )
 from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.rewards import RewardConfig
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 class _Scorer(nn.Module):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from intellect_node.node.home.durable import write_durably
 
 STATE_FILE = "state.pt"

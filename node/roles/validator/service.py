@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.policy import PolicyFollower

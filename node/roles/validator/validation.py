@@ -5,7 +5,8 @@ signed spec and never by the batch's declarations: it recomputes the assignment 
 target), the prompt tokens, and with one batched prefill of prompt + completion on the claimed
 checkpoint the hidden states (TOPLOC), the raw-model logprobs and the sampling replay of every
 token (``intellect_node.protocol.sampling``), then checks termination and recomputes rewards.
-One prefill costs a fraction of the token-by-token generation it checks, which is what makes validation cheap. The trainer reuses ``verify_batch``.
+One prefill costs a fraction of the token-by-token generation it checks, which is what makes
+validation cheap. The trainer reuses ``verify_batch``.
 specs/validation.md is normative; the checks run in its order and the first failure names a
 group's reason.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from intellect_node.crypto.toploc import Thresholds, verify_proofs
 from intellect_node.node.engine.base import (
     Engine,
