@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.runtime import Node, Service
 
 log = logging.getLogger(__name__)
-RECEIVER_ROLES = frozenset({"trainer", "validator"})
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ ROLE_BUILDERS: dict[str, Callable[[Assembly], None]] = {
 
 def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Service]:
     """The services ``node`` runs for ``config.roles``: overlay, rollout inbox, then each role's."""
-    from intellect_node.node.rollouts.exchange import RolloutReceiver
+    from intellect_node.node.rollouts.exchange import RECEIVER_ROLES, RolloutReceiver
     from intellect_node.node.rollouts.inbox import shared_inbox
     from intellect_node.node.shards.service import ShardService
     from intellect_node.protocol.rollouts import RolloutAnnouncement

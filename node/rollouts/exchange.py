@@ -33,6 +33,8 @@ from intellect_node.protocol.framing import (
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 
 log = logging.getLogger(__name__)
+# the roles that receive batches: a worker delivers to their members, a node with one runs the receiver
+RECEIVER_ROLES = frozenset({"trainer", "validator"})
 READ_TIMEOUT_S = 60.0
 MAX_CONCURRENT_BATCHES = 4
 

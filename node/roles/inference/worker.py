@@ -28,6 +28,7 @@ from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
 from intellect_node.node.rollouts.exchange import (
+    RECEIVER_ROLES,
     DeliveryFailed,
     DeliveryRejected,
     deliver,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
-RECEIVER_ROLES = frozenset({"trainer", "validator"})
 BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
