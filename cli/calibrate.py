@@ -38,13 +38,17 @@ def _engine(spec: str, model: Path, device: str | None) -> object:
 
 
 def calibrate(
-    model: Annotated[Path, typer.Option("--model", help="The run's model (HF-layout directory)", exists=True, file_okay=False)],
-    worker: Annotated[str, typer.Option("--worker", help="Generating engine: torch or vllm, with :float32|bfloat16|float16")] = "torch:bfloat16",
+    model: Annotated[Path, typer.Option(
+        "--model", help="The run's model (HF-layout directory)", exists=True, file_okay=False)],
+    worker: Annotated[str, typer.Option(
+        "--worker", help="Generating engine: torch or vllm, with :float32|bfloat16|float16")] = "torch:bfloat16",
     validator: Annotated[str, typer.Option("--validator", help="Judging engine, as --worker")] = "torch:float32",
     tasks: Annotated[str, typer.Option("--tasks", help="The run's tasks, as for join")] = "toy:seed=0,count=1000",
-    groups: Annotated[int, typer.Option("--groups", help="Honest groups measured (more groups: deeper tails seen)", min=8)] = 256,
+    groups: Annotated[int, typer.Option(
+        "--groups", help="Honest groups measured (more groups: deeper tails seen)", min=8)] = 256,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="The run's max_tokens", min=1)] = 64,
-    device: Annotated[str | None, typer.Option("--device", help="Device for both engines [the engine's default]")] = None,
+    device: Annotated[str | None, typer.Option(
+        "--device", help="Device for both engines [the engine's default]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print figures and pair as JSON")] = False,
 ) -> None:
     """Measure an engine pair on honest work and print the tolerances for the run spec."""

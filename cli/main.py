@@ -10,18 +10,19 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
-from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, build, whole_number
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -30,11 +31,14 @@ app.add_typer(metagene_app, name="metagene")
 app.command()(doctor)
 app.add_typer(model_app, name="model")
 
-HomeOpt = Annotated[Path | None, typer.Option("--home", help="Node home: key, peer cache, data. [default: ~/.intellect-node]")]
+HomeOpt = Annotated[Path | None, typer.Option(
+    "--home", help="Node home: key, peer cache, data. [default: ~/.intellect-node]")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML config file [default: <home>/config.toml]")]
 RunOpt = Annotated[str | None, typer.Option("--run-id", help="Run to join [default: intellect-public]")]
-BootstrapOpt = Annotated[list[str] | None, typer.Option("--bootstrap", help="Bootstrap peer multiaddr (.../p2p/<id>); repeatable")]
-ListenOpt = Annotated[list[str] | None, typer.Option("--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
+BootstrapOpt = Annotated[list[str] | None, typer.Option(
+    "--bootstrap", help="Bootstrap peer multiaddr (.../p2p/<id>); repeatable")]
+ListenOpt = Annotated[list[str] | None, typer.Option(
+    "--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
 LogOpt = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")]
 ROLE_CHOICES = ("inference", "trainer", "validator", "diloco")
 
@@ -94,9 +98,12 @@ def keygen(home: HomeOpt = None, config: ConfigOpt = None) -> None:
 
 @app.command("diloco-spec")
 def diloco_spec(
-    allow: Annotated[list[str], typer.Option("--allow", help="Node peer id admitted to the DiLoCo run's rounds; repeatable")],
-    out: Annotated[Path, typer.Option("--out", help="Where to write the signed spec ([diloco] run_spec of every node)", dir_okay=False)],
-    days: Annotated[float, typer.Option("--days", help="Validity in days (at most 7: re-sign for longer runs)", min=0.001, max=7.0)] = 7.0,
+    allow: Annotated[list[str], typer.Option(
+        "--allow", help="Node peer id admitted to the DiLoCo run's rounds; repeatable")],
+    out: Annotated[Path, typer.Option(
+        "--out", help="Where to write the signed spec ([diloco] run_spec of every node)", dir_okay=False)],
+    days: Annotated[float, typer.Option(
+        "--days", help="Validity in days (at most 7: re-sign for longer runs)", min=0.001, max=7.0)] = 7.0,
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None,
 ) -> None:
     """Sign the DiLoCo run spec (its allowlist) with this node's key, the run's owner: every node
@@ -132,29 +139,76 @@ def join(
     role: Annotated[list[str], typer.Option("--role", help="inference, trainer, validator or diloco; repeatable")],
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
-    new_swarm: Annotated[bool | None, typer.Option("--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
-    trainer: Annotated[str | None, typer.Option("--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
-    publish_dir: Annotated[Path | None, typer.Option("--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. Inference: without it the node relays checkpoints but generates nothing; trainer: without it the node publishes what is written to --publish-dir")] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help="toy:seed=S,count=N[,kinds=add+reverse], math:seed=S,count=N, humaneval[:count=N] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
+    new_swarm: Annotated[bool | None, typer.Option(
+        "--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
+    trainer: Annotated[str | None, typer.Option(
+        "--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
+    publish_dir: Annotated[Path | None, typer.Option(
+        "--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model",
+        help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. "
+             "Inference: without it the node relays checkpoints but generates nothing; "
+             "trainer: without it the node publishes what is written to --publish-dir")] = None,
+    tasks: Annotated[str | None, typer.Option(
+        "--tasks",
+        help="toy:seed=S,count=N[,kinds=add+reverse], math:seed=S,count=N, "
+             "humaneval[:count=N] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Inference engine: auto, torch or vllm [auto]")] = None,
-    trust_validator: Annotated[list[str] | None, typer.Option("--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
-    verify_fraction: Annotated[float | None, typer.Option("--verify-fraction", help="Validator, trainer: fraction of batches verified, drawn from a local secret (a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]", min=0.0, max=1.0)] = None,
-    groups_per_step: Annotated[int | None, typer.Option("--groups-per-step", help="Inference: informative groups (completions scored differently) generated on one policy step before waiting (up to 10 s at a time) for the next; 0: no limit [0]", min=0)] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
-    batch_groups: Annotated[int | None, typer.Option("--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
-    async_level: Annotated[int | None, typer.Option("--async-level", help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]", min=0)] = None,
+    trust_validator: Annotated[list[str] | None, typer.Option(
+        "--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
+    verify_fraction: Annotated[float | None, typer.Option(
+        "--verify-fraction",
+        help="Validator, trainer: fraction of batches verified, drawn from a local secret "
+             "(a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]",
+        min=0.0, max=1.0)] = None,
+    groups_per_step: Annotated[int | None, typer.Option(
+        "--groups-per-step",
+        help="Inference: informative groups (completions scored differently) generated on one "
+             "policy step before waiting (up to 10 s at a time) for the next; 0: no limit [0]",
+        min=0)] = None,
+    steps: Annotated[int | None, typer.Option(
+        "--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
+    batch_groups: Annotated[int | None, typer.Option(
+        "--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
+    async_level: Annotated[int | None, typer.Option(
+        "--async-level",
+        help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]",
+        min=0)] = None,
     lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
-    trainer_config: Annotated[Path | None, typer.Option("--trainer-config", help="Deprecated (still read): a TOML file with [optim], [loss], [rewards]; use config.toml's [trainer] section")] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Trainer: processes on this machine sharing the model with FSDP2 (torchrun; gloo on CPU, nccl on GPUs) [1]", min=1)] = 1,
-    nnodes: Annotated[int, typer.Option("--nnodes", help="Trainer: machines in the sharded trainer (each runs this command) [1]", min=1)] = 1,
-    node_rank: Annotated[int, typer.Option("--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
-    master_addr: Annotated[str, typer.Option("--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
-    master_port: Annotated[int, typer.Option("--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
-    data: Annotated[str | None, typer.Option("--data", help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] (a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
-    workload: Annotated[str | None, typer.Option("--workload", help="DiLoCo: 'metagene' pretrains a genomic model on --reads: the tokenizer and store are built once in the home and reused on re-joins (also chosen by [metagene] reads)")] = None,
-    reads: Annotated[list[str] | None, typer.Option("--reads", help="DiLoCo --workload metagene: FASTQ/FASTA file (plain or .gz), directory or glob; repeatable ([metagene] reads)")] = None,
-    tokenizer: Annotated[Path | None, typer.Option("--tokenizer", help="DiLoCo --workload metagene: a `metagene tokenizer` directory every peer shares; without it one is trained on the reads ([metagene] tokenizer)")] = None,
+    trainer_config: Annotated[Path | None, typer.Option(
+        "--trainer-config",
+        help="Deprecated (still read): a TOML file with [optim], [loss], "
+             "[rewards]; use config.toml's [trainer] section")] = None,
+    nproc: Annotated[int, typer.Option(
+        "--nproc",
+        help="Trainer: processes on this machine sharing the model "
+             "with FSDP2 (torchrun; gloo on CPU, nccl on GPUs) [1]",
+        min=1)] = 1,
+    nnodes: Annotated[int, typer.Option(
+        "--nnodes", help="Trainer: machines in the sharded trainer (each runs this command) [1]", min=1)] = 1,
+    node_rank: Annotated[int, typer.Option(
+        "--node-rank", help="Trainer: this machine's rank among --nnodes; rank 0 runs the node [0]", min=0)] = 0,
+    master_addr: Annotated[str, typer.Option(
+        "--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
+    master_port: Annotated[int, typer.Option(
+        "--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
+    data: Annotated[str | None, typer.Option(
+        "--data",
+        help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] "
+             "(a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
+    workload: Annotated[str | None, typer.Option(
+        "--workload",
+        help="DiLoCo: 'metagene' pretrains a genomic model on --reads: the tokenizer and store are "
+             "built once in the home and reused on re-joins (also chosen by [metagene] reads)")] = None,
+    reads: Annotated[list[str] | None, typer.Option(
+        "--reads",
+        help="DiLoCo --workload metagene: FASTQ/FASTA file (plain or .gz), "
+             "directory or glob; repeatable ([metagene] reads)")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer",
+        help="DiLoCo --workload metagene: a `metagene tokenizer` directory every peer "
+             "shares; without it one is trained on the reads ([metagene] tokenizer)")] = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -189,13 +243,14 @@ def join(
         if model is None:
             err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
-            per_step = _whole("[inference] groups_per_step", _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
+            per_step = _whole("[inference] groups_per_step",
+                              _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
             inference = dataclasses.replace(_inference_options(cfg, model, tasks, engine), groups_per_step=per_step)
     training = None
     if "trainer" in role and model is not None:
         training = _trainer_options(cfg, shards, model, tasks, trainer_config, tuple(trust_validator or ()),
-                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level, "lr": lr,
-                                     "verify_fraction": verify_fraction})
+                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level,
+                                     "lr": lr, "verify_fraction": verify_fraction})
         shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
     elif "trainer" in role:
         err.print("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
@@ -362,7 +417,8 @@ def _print_status(data: dict[str, Any]) -> None:
         table.add_column(column)
     for m in members:
         step = "-" if m["policy_step"] is None else str(m["policy_step"])
-        table.add_row(m["peer_id"][-12:], ",".join(m["roles"]), _format_hardware(m["hardware"]), step, f"{m['age_s']:.0f}s")
+        table.add_row(m["peer_id"][-12:], ",".join(m["roles"]), _format_hardware(m["hardware"]), step,
+                      f"{m['age_s']:.0f}s")
     Console().print(table)
     if "connections" in data:
         c = data["connections"]
@@ -382,7 +438,8 @@ def _format_service(name: str, s: dict[str, Any]) -> str:
                 f"rejected {d['rejected']}, undelivered {d['failed']}")
     if name == "validator":
         rejected = ", ".join(f"{k}={v}" for k, v in sorted(s["rejected_groups"].items())) or "none"
-        return f"{s['rows_verified']} rows judged ({s['rows_per_s']:,.0f}/s), {s['accepted_groups']} groups accepted, rejected: {rejected}"
+        return (f"{s['rows_verified']} rows judged ({s['rows_per_s']:,.0f}/s), "
+                f"{s['accepted_groups']} groups accepted, rejected: {rejected}")
     if name == "trainer":
         waiting = "-" if s["waiting_share"] is None else f"{s['waiting_share']:.0%}"
         return f"step {s['step']}, {s['pooled_groups']} groups pooled, waiting {waiting} of the time"
@@ -416,6 +473,7 @@ def status(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None
 
 def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
     import trio
+
     from intellect_node.node.swarm.host import quiet_libp2p_logs
     from intellect_node.node.swarm.peer_cache import PeerCache
     from intellect_node.node.swarm.query import query_members
@@ -433,17 +491,26 @@ def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
 
 
 @app.command()
-def demo(steps: Annotated[int | None, typer.Option(help="Also stop after this many trainer steps [default: stop by --minutes only]", min=1)] = None,
+def demo(steps: Annotated[int | None, typer.Option(
+             help="Also stop after this many trainer steps [default: stop by --minutes only]", min=1)] = None,
          workers: Annotated[int, typer.Option(help="Inference nodes", min=1)] = 2,
          minutes: Annotated[float, typer.Option(help="Stop after this many minutes", min=0.1)] = 10.0,
-         out: Annotated[Path | None, typer.Option(help="Directory for metrics.jsonl, reward.png, summary.json and the nodes' homes [default: a temp dir]")] = None,
-         async_level: Annotated[int, typer.Option("--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
+         out: Annotated[Path | None, typer.Option(
+             help="Directory for metrics.jsonl, reward.png, summary.json "
+                  "and the nodes' homes [default: a temp dir]")] = None,
+         async_level: Annotated[int, typer.Option(
+             "--async-level", help="Oldest usable policy is step - this; 0 is synchronous", min=0)] = 2,
          validator: Annotated[bool, typer.Option(help="Run a validator node beside the trainer's own checks")] = True,
-         dashboard: Annotated[bool, typer.Option(help="Live dashboard (on a terminal); otherwise one line per step")] = True,
-         workload: Annotated[str, typer.Option(help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama; metagene: DiLoCo peers pretraining a genomic model on a generated metagenome")] = "rl",
+         dashboard: Annotated[bool, typer.Option(
+             help="Live dashboard (on a terminal); otherwise one line per step")] = True,
+         workload: Annotated[str, typer.Option(
+             help="rl: the toy RL swarm; diloco: DiLoCo peers pretraining the tiny Llama; metagene: "
+                  "DiLoCo peers pretraining a genomic model on a generated metagenome")] = "rl",
          peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
          rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10,
-         genomes: Annotated[str, typer.Option(help="metagene: generated genomes, or pyrodigal: the four real ones in an installed pyrodigal's test data")] = "generated") -> None:
+         genomes: Annotated[str, typer.Option(
+             help="metagene: generated genomes, or pyrodigal: the four real ones "
+                  "in an installed pyrodigal's test data")] = "generated") -> None:
     """The whole swarm on this machine: a trainer, inference nodes and a validator learn a toy task
     (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
@@ -464,7 +531,8 @@ def demo(steps: Annotated[int | None, typer.Option(help="Also stop after this ma
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json (with a CPU profile per node); "
-              f"bench/RESULTS.md's Learning section has the figures of the 10-minute run to compare with", soft_wrap=True)
+              f"bench/RESULTS.md's Learning section has the figures of the 10-minute run to compare with",
+              soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
 
@@ -499,7 +567,8 @@ def _metagene_demo(peers: int, rounds: int, minutes: float, out: Path | None, ge
         raise typer.Exit(2) from None
     after = summary.get("after", {})
     err.print(f"{summary['nodes']} peers, rounds done {summary['rounds_done']}, state hash at round "
-              f"{summary['newest_common_round']} {'equal' if summary['same_state_hash_there'] else 'NOT equal'} on all; "
+              f"{summary['newest_common_round']} {'equal' if summary['same_state_hash_there'] else 'NOT equal'} "
+              f"on all; "
               f"held-out perplexity {summary['before']['perplexity']} -> {after.get('perplexity')}, probe MCC "
               f"{summary['probe_mcc_before']} -> {summary['probe_mcc_after']} (4-mer baseline {summary['kmer_mcc']}); "
               f"{summary['seconds']:.0f} s, stopped by {summary['stopped_by']}", soft_wrap=True, markup=False)

@@ -19,11 +19,14 @@ metagene_app = typer.Typer(no_args_is_help=True, add_completion=False,
                            help="METAGENE-1 workload: metagenomic reads in, a genomic foundation model out.")
 err = Console(stderr=True)
 
-ReadsOpt = Annotated[list[str], typer.Option("--reads", help="FASTQ/FASTA file (plain or .gz), directory or glob; repeatable")]
-MinQOpt = Annotated[float, typer.Option("--min-quality", help="Drop FASTQ reads with a lower mean Phred score (0: off)", min=0, max=93)]
+ReadsOpt = Annotated[list[str], typer.Option(
+    "--reads", help="FASTQ/FASTA file (plain or .gz), directory or glob; repeatable")]
+MinQOpt = Annotated[float, typer.Option(
+    "--min-quality", help="Drop FASTQ reads with a lower mean Phred score (0: off)", min=0, max=93)]
 MaxNOpt = Annotated[float, typer.Option("--max-n", help="Drop reads with a larger fraction of N", min=0, max=1)]
 MinLenOpt = Annotated[int, typer.Option("--min-length", help="Drop reads shorter than this (bp)", min=1)]
-OnBadOpt = Annotated[str, typer.Option("--on-bad", help="A read with letters other than ACGTN: 'error' stops, 'skip' counts and skips")]
+OnBadOpt = Annotated[str, typer.Option(
+    "--on-bad", help="A read with letters other than ACGTN: 'error' stops, 'skip' counts and skips")]
 
 
 def _options(min_quality: float, max_n: float, min_length: int, on_bad: str) -> Any:
@@ -48,10 +51,13 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 @metagene_app.command()
-def tokenizer(reads: ReadsOpt, out: Annotated[Path, typer.Option("--out", help="Directory for the HF-layout tokenizer")],
+def tokenizer(reads: ReadsOpt, out: Annotated[Path, typer.Option(
+                  "--out", help="Directory for the HF-layout tokenizer")],
               vocab: Annotated[int, typer.Option(help="Vocabulary size (METAGENE-1: 1024)", min=16, max=65536)] = 1024,
-              max_reads: Annotated[int, typer.Option("--max-reads", help="Train on at most this many reads", min=1)] = 200_000,
-              min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
+              max_reads: Annotated[int, typer.Option(
+                  "--max-reads", help="Train on at most this many reads", min=1)] = 200_000,
+              min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32,
+              on_bad: OnBadOpt = "error") -> None:
     """Train the BPE tokenizer on reads and report base pairs per token."""
     from intellect_node.node.metagene.build import build_tokenizer
 
@@ -63,22 +69,27 @@ def tokenizer(reads: ReadsOpt, out: Annotated[Path, typer.Option("--out", help="
 
 
 @metagene_app.command()
-def store(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tokenizer", help="Directory written by `metagene tokenizer`")],
-          out: Annotated[Path, typer.Option("--out", help="Directory for the tokenized read store (DiLoCo: --data metagene:store=DIR)")],
-          min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
+def store(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option(
+              "--tokenizer", help="Directory written by `metagene tokenizer`")],
+          out: Annotated[Path, typer.Option(
+              "--out", help="Directory for the tokenized read store (DiLoCo: --data metagene:store=DIR)")],
+          min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32,
+          on_bad: OnBadOpt = "error") -> None:
     """Tokenize filtered reads into the flat store DiLoCo peers draw from (every peer needs the same one)."""
     from intellect_node.node.metagene.build import build_store
     from intellect_node.node.metagene.tokenizer import load_tokenizer
 
     try:
-        report = build_store(reads, load_tokenizer(tokenizer_dir), _options(min_quality, max_n, min_length, on_bad), out)
+        report = build_store(reads, load_tokenizer(tokenizer_dir), _options(min_quality, max_n, min_length, on_bad),
+                             out)
     except (ValueError, OSError) as exc:
         raise _fail(exc) from None
     print(json.dumps(report))
 
 
 @metagene_app.command()
-def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tokenizer", help="Directory written by `metagene tokenizer`")],
+def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option(
+                 "--tokenizer", help="Directory written by `metagene tokenizer`")],
              out: Annotated[Path, typer.Option("--out", help="Directory for the HF-layout model and metrics.jsonl")],
              preset: Annotated[str, typer.Option(help="tiny, small, base or metagene-7b")] = "tiny",
              steps: Annotated[int, typer.Option(min=1)] = 200,
@@ -88,7 +99,8 @@ def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tok
              warmup: Annotated[int | None, typer.Option(help="Warm-up steps [10% of --steps]", min=0)] = None,
              seed: Annotated[int, typer.Option(min=0)] = 0,
              threads: Annotated[int, typer.Option(help="torch threads (0: torch's default)", min=0)] = 0,
-             min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
+             min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32,
+          on_bad: OnBadOpt = "error") -> None:
     """Pretrain on one machine with METAGENE-1's recipe (scaled to --steps); 5% of reads held out."""
     import torch
 
@@ -133,8 +145,10 @@ def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option("--tok
 @metagene_app.command("eval")
 def evaluate(model_dir: Annotated[Path, typer.Option("--model", help="HF-layout model directory (with its tokenizer)")],
              reads: ReadsOpt,
-             per_organism: Annotated[int, typer.Option("--per-organism", help="Use at most this many reads per source file", min=2)] = 500,
-             min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32, on_bad: OnBadOpt = "error") -> None:
+             per_organism: Annotated[int, typer.Option(
+                 "--per-organism", help="Use at most this many reads per source file", min=2)] = 500,
+             min_quality: MinQOpt = 20.0, max_n: MaxNOpt = 0.1, min_length: MinLenOpt = 32,
+          on_bad: OnBadOpt = "error") -> None:
     """Held-out perplexity per organism (one source file = one organism) and the probe's MCC against
     a 4-mer baseline."""
     from transformers import AutoModelForCausalLM
@@ -164,8 +178,9 @@ def synth(out: Annotated[Path, typer.Option("--out", help="Directory for one .fa
           organisms: Annotated[int, typer.Option(min=2, max=64)] = 4,
           reads: Annotated[int, typer.Option("--reads", help="Reads per organism", min=2)] = 500,
           seed: Annotated[int, typer.Option(min=0)] = 0,
-          genomes: Annotated[str, typer.Option(help="generated: seeded genomes of distinct composition; pyrodigal: "
-                                               "the four real genomes in an installed pyrodigal's test data")] = "generated") -> None:
+          genomes: Annotated[str, typer.Option(
+              help="generated: seeded genomes of distinct composition; pyrodigal: "
+                   "the four real genomes in an installed pyrodigal's test data")] = "generated") -> None:
     """Write a metagenome: reads with Illumina-like errors cut from generated or real genomes."""
     from intellect_node.node.metagene.genomes import GenomeSourceError, organisms_from
     from intellect_node.node.metagene.synthetic import write_metagenome

@@ -20,10 +20,18 @@ err = Console(stderr=True)
 
 
 def verify(
-    batch_file: Annotated[Path, typer.Argument(help="A rollout batch envelope as stored (an inbox file)", exists=True, dir_okay=False)],
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="The batch's checkpoint (HF-layout directory; with manifest.ine its hash is checked)", exists=True, file_okay=False)],
-    run_spec: Annotated[Path | None, typer.Option("--run-spec", help="The run's signed RunSpec envelope [default: the run's shared defaults]", exists=True, dir_okay=False)] = None,
-    authority: Annotated[str | None, typer.Option("--authority", help="Peer id that must have signed --run-spec [default: its signer, printed]")] = None,
+    batch_file: Annotated[Path, typer.Argument(
+        help="A rollout batch envelope as stored (an inbox file)", exists=True, dir_okay=False)],
+    checkpoint: Annotated[Path, typer.Option(
+        "--checkpoint",
+        help="The batch's checkpoint (HF-layout directory; with manifest.ine its hash is checked)",
+        exists=True, file_okay=False)],
+    run_spec: Annotated[Path | None, typer.Option(
+        "--run-spec",
+        help="The run's signed RunSpec envelope [default: the run's shared defaults]",
+        exists=True, dir_okay=False)] = None,
+    authority: Annotated[str | None, typer.Option(
+        "--authority", help="Peer id that must have signed --run-spec [default: its signer, printed]")] = None,
     tasks: Annotated[str, typer.Option("--tasks", help="The run's tasks, as for join")] = "toy:seed=0,count=1000",
     engine: Annotated[str, typer.Option("--engine", help="The judging engine: torch or vllm")] = "torch",
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON")] = False,
