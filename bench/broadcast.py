@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.shards_swarm import ShardSwarm, make_checkpoint, shard_status  # noqa: E402
+from tests.support.shards_swarm import ShardSwarm, make_checkpoint, shard_status  # noqa: E402
 
 PEER_VENV = ROOT / ".bench-venv-shardcast"
 PEER_VERSION = "0.3.2"

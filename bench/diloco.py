@@ -13,7 +13,7 @@
 All runs use the same model (the tiny Llama preset), the same samples (node/diloco/data.py's
 assignment for the two workers' identities), the same inner AdamW and the same token budget.
 With ``--link-mbit N`` (default 100 as root with ``ip`` and ``tc``; 0: loopback) every worker runs
-in its own network namespace on tests/netns.py's ``LimitedSwitch``: N Mbit/s each way per worker
+in its own network namespace on tests/support/netns.py's ``LimitedSwitch``: N Mbit/s each way per worker
 (tbf), addresses in 198.18.0.0/15, no route out; the namespaces go on exit, failure, Ctrl-C or
 SIGTERM.
 
@@ -66,7 +66,7 @@ from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord  # noqa: E40
 from intellect_node.node.diloco.settings import DilocoSettings  # noqa: E402
 from intellect_node.node.metagene.presets import build_model  # noqa: E402
 from intellect_node.node.metagene.recipe import Recipe, make_optimizer  # noqa: E402
-from tests.netns import LimitedSwitch, enter, unavailable_reason  # noqa: E402
+from tests.support.netns import LimitedSwitch, enter, unavailable_reason  # noqa: E402
 
 TARGET, BYTES_TARGET, UTILIZATION_TARGET = 1.02, 400.0, 0.95
 WORKERS = 2

@@ -1,7 +1,7 @@
 """Checkpoint broadcast with half the fetchers behind NAT, against the same swarm with none.
 
 Both configurations run in one run, one after the other, in the namespace internet of
-tests/netns.py (as root; `ip` and `iptables` needed): a public bootstrap (also the relay), the
+tests/support/netns.py (as root; `ip` and `iptables` needed): a public bootstrap (also the relay), the
 trainer (origin) in a second public namespace, and F fetchers (inference nodes without a model,
 which fetch, verify and re-serve every checkpoint). In the "public" configuration every fetcher
 has a public namespace; in the "half NAT" one, half of them sit in homes behind their own
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, wait_until  # noqa: E402
-from tests.netns import SmallInternet, unavailable_reason  # noqa: E402
-from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
+from tests.support.netns import SmallInternet, unavailable_reason  # noqa: E402
+from tests.support.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
 
 TARGET = 1.5
 MIB = 1 << 20

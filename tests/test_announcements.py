@@ -13,7 +13,7 @@ from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutAnnouncement
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 RUN = "announce-run"
 

@@ -2,7 +2,7 @@
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.peer_scores import PeerScores
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 
 def test_bans_are_logged_and_restored(tmp_path):

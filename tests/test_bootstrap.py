@@ -17,7 +17,7 @@ from intellect_node.node.swarm.bootstrap import (
     resolve,
 )
 from intellect_node.node.swarm.runtime import JoinError
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 RUN = "bootstrap-test"
 

@@ -10,7 +10,7 @@ from intellect_node.crypto.envelope import DOMAIN, HEADER_SIZE, MAGIC, now_ms, s
 from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec, errors
 from intellect_node.protocol.messages import ACCELERATORS, ROLES, Hardware, NodeAdvert
-from tests.protocol_samples import sample_advert
+from tests.support.protocol_samples import sample_advert
 
 IDENTITY = Identity.generate()
 OTHER = Identity.generate()

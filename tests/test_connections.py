@@ -148,7 +148,7 @@ def test_300_idle_connections_from_one_address_do_not_keep_an_honest_peer_out(sw
 
 
 def test_a_node_protects_the_bootstrap_peer_it_joined_through(tmp_path):
-    from tests.inprocess_nodes import make_node
+    from tests.support.inprocess_nodes import make_node
 
     async def main() -> None:
         boot = make_node(tmp_path, "boot", "conn-run")
@@ -167,7 +167,7 @@ def test_a_node_protects_the_bootstrap_peer_it_joined_through(tmp_path):
 def test_a_node_protects_the_runs_trainer(tmp_path):
     from intellect_node.node.shards.config import ShardConfig
     from intellect_node.node.shards.service import ShardService
-    from tests.inprocess_nodes import make_node
+    from tests.support.inprocess_nodes import make_node
 
     trainer = Identity.generate().peer_id
     node = make_node(tmp_path, "worker", "conn-run")

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from intellect_node.node.demo.swarm import DemoOptions, run_demo
-from tests.engine_helpers import demo_tiny_model
+from tests.support.engine_helpers import demo_tiny_model
 
 STEPS = 60
 MARGIN = 0.05

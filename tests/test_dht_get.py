@@ -29,7 +29,7 @@ from intellect_node.node.swarm.membership import AdvertRecordValidator, check_ad
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key
-from tests.protocol_samples import sample_advert
+from tests.support.protocol_samples import sample_advert
 
 RUN = "dht-get-test"
 LISTEN = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]

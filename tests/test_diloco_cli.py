@@ -11,7 +11,7 @@ import pytest
 from intellect_node.node.diloco.run_spec import RunSpecError, sign_run_spec, with_run_spec
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.protocol.errors import InvalidValue
-from tests.diloco_helpers import identity
+from tests.support.diloco_helpers import identity
 
 MEMBER = identity("member")
 

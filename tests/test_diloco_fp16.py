@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.diloco_helpers import make_peer, run_rounds_together, settings
+from tests.support.diloco_helpers import make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
 

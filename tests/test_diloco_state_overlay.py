@@ -20,7 +20,7 @@ from intellect_node.node.metagene.presets import build_model
 from intellect_node.node.shards.checkpoint import build_manifest
 from intellect_node.protocol import codec
 from intellect_node.protocol.manifest import CheckpointManifest
-from tests.diloco_helpers import MICRO, Overlays, identity
+from tests.support.diloco_helpers import MICRO, Overlays, identity
 
 SHARD = 1 << 16  # the smallest shard size: the micro model's state spans several shards
 

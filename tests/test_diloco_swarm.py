@@ -17,7 +17,7 @@ import torch
 from intellect_node.node.diloco import frames
 from intellect_node.node.diloco.client import AveragerError
 from intellect_node.node.diloco.run_spec import sign_run_spec, with_run_spec
-from tests.diloco_helpers import Overlays, identity, make_peer, run_rounds_together, settings
+from tests.support.diloco_helpers import Overlays, identity, make_peer, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from intellect_node.node.app.doctor import (
     dialback_check,
     skew_check,
 )
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 
 def test_config_parses_or_fails_naming_the_key(tmp_path):

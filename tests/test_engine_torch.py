@@ -16,7 +16,7 @@ from intellect_node.node.engine import EngineUnavailable, select_engine
 from intellect_node.node.engine.base import Completion, SamplingParams, encode_prompt
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
-from tests.engine_helpers import quick_tiny_model
+from tests.support.engine_helpers import quick_tiny_model
 
 PROMPTS = [
     "What is 12 + 34?",

@@ -21,7 +21,7 @@ from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, frame
 from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, members_topic
-from tests.protocol_samples import sample_advert
+from tests.support.protocol_samples import sample_advert
 
 RUN = "attack-test"
 

@@ -30,7 +30,7 @@ from intellect_node.node.swarm.query import query_members
 from intellect_node.protocol import codec
 from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
 from intellect_node.protocol.keys import members_topic
-from tests.protocol_samples import sample_advert
+from tests.support.protocol_samples import sample_advert
 
 pytestmark = pytest.mark.slow
 RUN = "guard-test"

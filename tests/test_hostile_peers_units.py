@@ -5,7 +5,7 @@ from collections import Counter
 
 import trio
 
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 RUN = "guard-units"
 
@@ -44,7 +44,7 @@ async def test_failing_service_is_restarted_and_shown_in_status(tmp_path, nurser
 
 def advert_envelope(identity, ip: str, now: int, *, long_addrs: bool = False) -> bytes:
     from intellect_node.protocol import codec
-    from tests.protocol_samples import sample_advert
+    from tests.support.protocol_samples import sample_advert
 
     port_pad = "/p2p-circuit" * 12 if long_addrs else ""
     addrs = tuple(f"/ip4/{ip}/tcp/{4000 + i}{port_pad}/p2p/{identity.peer_id}" for i in range(16 if long_addrs else 1))
@@ -112,7 +112,7 @@ def test_a_node_that_handles_no_manifests_does_not_charge_their_forwarder(tmp_pa
     from intellect_node.protocol.manifest import CheckpointManifest
     from intellect_node.protocol.rollouts import RolloutAnnouncement
     from intellect_node.protocol.verdicts import Verdict
-    from tests.shards_swarm import make_checkpoint
+    from tests.support.shards_swarm import make_checkpoint
 
     assert max(CheckpointManifest.MAX_SIZE, Verdict.MAX_SIZE, RolloutAnnouncement.MAX_SIZE) <= ANNOUNCE_MAX_BYTES
     make_checkpoint(tmp_path / "step-1.safetensors", 3, seed=1)
@@ -191,7 +191,7 @@ def test_forwarders_of_checkpoint_manifests_are_never_charged_for_whose_signatur
     from intellect_node.node.swarm.gossip import install_validator
     from intellect_node.protocol import codec
     from intellect_node.protocol.keys import ANNOUNCE_MAX_BYTES
-    from tests.shards_swarm import make_checkpoint
+    from tests.support.shards_swarm import make_checkpoint
 
     make_checkpoint(tmp_path / "step-1.safetensors", 3, seed=1)
     manifest = build_manifest(tmp_path / "step-1.safetensors", run_id=RUN, step=1, parent_step=None, shard_size=1 << 16)

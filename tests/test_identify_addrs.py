@@ -25,7 +25,7 @@ from intellect_node.node.swarm.runtime import Node
 from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol import codec
 from intellect_node.protocol.messages import NodeAdvert
-from tests.protocol_samples import CPU_HARDWARE
+from tests.support.protocol_samples import CPU_HARDWARE
 
 
 def _ip(addr: multiaddr.Multiaddr | str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:

@@ -3,7 +3,7 @@
 import trio
 
 from intellect_node.protocol.keys import members_topic
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 RUN = "anti-entropy"
 TIMING = dict(advert_lifetime_s=4.0, advert_refresh_s=1.0, heartbeat_s=1.0, discovery_s=1.0)

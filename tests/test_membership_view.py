@@ -6,7 +6,7 @@ from intellect_node.node.swarm.membership import AdvertRecordValidator, MemberVi
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec, errors
 from intellect_node.protocol.keys import advert_key
-from tests.protocol_samples import sample_advert
+from tests.support.protocol_samples import sample_advert
 
 ALICE = Identity.generate()
 

@@ -26,7 +26,7 @@ from intellect_node.node.metagene.job import MetageneJob
 from intellect_node.node.metagene.prepare import prepare_store
 from intellect_node.node.metagene.presets import build_model
 from intellect_node.node.metagene.synthetic import write_metagenome
-from tests.diloco_helpers import DATA, MICRO, _layout, child_settings, identity, run_rounds_together, settings
+from tests.support.diloco_helpers import DATA, MICRO, _layout, child_settings, identity, run_rounds_together, settings
 
 pytestmark = pytest.mark.slow
 

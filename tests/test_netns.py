@@ -1,5 +1,5 @@
 """The namespace helpers themselves: NAT out works, nothing reaches a home from outside, a
-rate-limited link holds its rate, and the namespaces are gone afterwards (tests/netns.py)."""
+rate-limited link holds its rate, and the namespaces are gone afterwards (tests/support/netns.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.netns import LimitedSwitch, SmallInternet, _namespaces, unavailable_reason
+from tests.support.netns import LimitedSwitch, SmallInternet, _namespaces, unavailable_reason
 
 
 def _connect(net: SmallInternet, namespace: str, ip: str, port: int) -> str:
@@ -56,7 +56,7 @@ SEND_MBIT, SEND_BYTES = 8.0, 2_000_000
 def test_limited_switch_holds_a_transfer_to_its_rate_and_routes_nowhere_else() -> None:
     """bench/diloco.py's link: a worker that entered its namespace (``enter``) sends to the other
     host at about the tbf rate, not at loopback speed, and has no route off the switch."""
-    code = ("import socket, sys, time\nfrom tests.netns import enter\nenter(sys.argv[1])\n"
+    code = ("import socket, sys, time\nfrom tests.support.netns import enter\nenter(sys.argv[1])\n"
             "try:\n socket.create_connection(('1.1.1.1', 80), timeout=2)\nexcept OSError as exc:\n print(exc.errno)\n"
             f"s = socket.create_connection((sys.argv[2], 9000), timeout=5)\nstarted = time.perf_counter()\n"
             f"s.sendall(b'x' * {SEND_BYTES})\ns.shutdown(socket.SHUT_WR)\ns.recv(1)\n"

@@ -18,7 +18,7 @@ from intellect_node.node.swarm.nat.reachability import (
 )
 from intellect_node.node.swarm.streams import write_frame
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 RUN = "reach-test"
 

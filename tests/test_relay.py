@@ -1,4 +1,4 @@
-"""Circuit relay v2 and hole punching in the namespace internet (tests/netns.py): a public
+"""Circuit relay v2 and hole punching in the namespace internet (tests/support/netns.py): a public
 bootstrap that is also the relay, two homes each behind its own MASQUERADE NAT. Each home learns
 it is private, reserves a slot on the relay and advertises its relayed address; the other home
 dials that address and the members exchange runs across the circuit (counted by the relay); DCUtR
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
-from tests.netns import SmallInternet, unavailable_reason
+from tests.support.netns import SmallInternet, unavailable_reason
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]

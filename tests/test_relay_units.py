@@ -21,7 +21,7 @@ from intellect_node.node.swarm.host import build_host
 from intellect_node.node.swarm.nat.relay_client import RelayClient
 from intellect_node.node.swarm.nat.relay_service import HOP_PROTOCOL, RelayService, relay_limits
 from intellect_node.node.swarm.peer_scores import PeerScores
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 LISTEN = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
 ECHO = TProtocol("/test/echo/1.0.0")

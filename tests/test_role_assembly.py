@@ -9,7 +9,7 @@ import pytest
 from intellect_node.node.app.config import InferenceOptions, NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
 from intellect_node.node.shards.config import load_shard_config
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 
 
 def test_relay_only_roles_run_the_overlay_and_the_inbox(tmp_path: Path) -> None:

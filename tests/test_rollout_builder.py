@@ -19,7 +19,7 @@ from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import task_index
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
-from tests.engine_helpers import QUICK_RECIPE
+from tests.support.engine_helpers import QUICK_RECIPE
 
 WORKER = Identity.generate()
 

@@ -15,7 +15,7 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
 from intellect_node.protocol.rollouts import RolloutBatch
-from tests.inprocess_nodes import make_node
+from tests.support.inprocess_nodes import make_node
 from tests.test_rollouts_wire import batch
 
 RUN = "delivery-test"

@@ -100,7 +100,7 @@ def test_malformed_proof_length_is_invalid():
 
 
 def test_a_node_advert_is_not_accepted_where_a_batch_is_expected():
-    from tests.protocol_samples import sample_advert
+    from tests.support.protocol_samples import sample_advert
 
     with pytest.raises(errors.UnknownMessageType):
         codec.decode(codec.encode(sample_advert(WORKER), WORKER, lifetime_s=60), RolloutBatch)

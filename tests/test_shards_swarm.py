@@ -17,8 +17,8 @@ from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.protocol import codec
 from intellect_node.protocol.keys import announcements_topic, members_topic
 from intellect_node.protocol.manifest import CheckpointManifest
-from tests.protocol_samples import sample_advert
-from tests.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, shard_status
+from tests.support.protocol_samples import sample_advert
+from tests.support.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, shard_status
 from tests.test_hostile_input import Attacker
 
 MIB = 1 << 20

@@ -19,7 +19,7 @@ from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.tasks.schema import filter_by_solve_rate, with_length_target
 from intellect_node.node.tasks.solve_rate import measure_solve_rates
 from intellect_node.node.tasks.toy import generate_toy_tasks
-from tests.engine_helpers import QUICK_RECIPE, quick_tiny_model
+from tests.support.engine_helpers import QUICK_RECIPE, quick_tiny_model
 
 
 def test_hf_layout_and_tokenizer() -> None:

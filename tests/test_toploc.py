@@ -25,7 +25,7 @@ from intellect_node.crypto.toploc import (
     proof_size,
     verify_proofs,
 )
-from tests.toploc_model import TinyConfig, TinyLlama
+from tests.support.toploc_model import TinyConfig, TinyLlama
 
 REASONS = {
     "ok",

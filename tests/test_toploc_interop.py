@@ -1,7 +1,7 @@
 """crypto.toploc against the reference package ``toploc`` 0.1.6.
 
 The golden-vector tests always run: the reference's bytes and verifier figures are committed
-in tests/golden/ (tests/toploc_golden.py builds the inputs and regenerates the file). The other
+in tests/golden/ (tests/support/toploc_golden.py builds the inputs and regenerates the file). The other
 tests need the reference itself (scripts/setup-reference.sh builds it; setup.sh --dev runs
 that) and compare on fresh inputs, both directions, and pin where we deliberately differ.
 """
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from intellect_node.crypto.toploc import PRIME, build_proofs, verify_proofs
-from tests import toploc_golden
-from tests.toploc_model import TinyConfig, TinyLlama
+from tests.support import toploc_golden
+from tests.support.toploc_model import TinyConfig, TinyLlama
 
 
 @pytest.mark.parametrize("case", toploc_golden.CASES, ids=lambda c: c.name)

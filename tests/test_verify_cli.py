@@ -27,7 +27,7 @@ from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import pack_logprobs, unpack_logprobs
 from intellect_node.protocol.run_spec import build_run_spec
-from tests.engine_helpers import QUICK_RECIPE
+from tests.support.engine_helpers import QUICK_RECIPE
 
 TASKS = "toy:seed=3,count=40"
 SETTINGS = RolloutSettings(group_size=2, groups_per_batch=2, max_tokens=40, top_p=0.9)

@@ -88,7 +88,7 @@ class LocalSwarm:
               prefix: Sequence[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0") -> NodeProcess:
         """Start one node and wait for the multiaddr it prints; RuntimeError with its log if it fails.
 
-        ``prefix`` wraps the command (``ip netns exec NAME`` in tests/netns.py's namespaces)."""
+        ``prefix`` wraps the command (``ip netns exec NAME`` in tests/support/netns.py's namespaces)."""
         home = self.root / name
         home.mkdir(parents=True, exist_ok=True)
         log_file = open(home / "node.log", "a")  # noqa: SIM115 - closed in stop()

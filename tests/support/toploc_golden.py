@@ -7,7 +7,7 @@ has a deterministic "recomputation" (mantissa low bits flipped here and there) a
 that the reference's C++ verifier reported for it against the golden proofs.
 
 Regenerate (needs the reference: scripts/setup-reference.sh):
-    .venv/bin/python -m tests.toploc_golden
+    .venv/bin/python -m tests.support.toploc_golden
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GOLDEN_PATH = Path(__file__).parent / "golden" / "toploc_reference.json"
+GOLDEN_PATH = Path(__file__).parent.parent / "golden" / "toploc_reference.json"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.runtime import Node
 from intellect_node.node.swarm.settings import SwarmSettings
-from tests.protocol_samples import CPU_HARDWARE
+from tests.support.protocol_samples import CPU_HARDWARE
 
 
 def make_node(root: Path, name: str, run_id: str, identity: Identity | None = None, bootstrap=(), services=(),
