@@ -17,6 +17,7 @@ The environment uses a field's name upper-cased with the prefix, lists comma-sep
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,11 +86,10 @@ class NodeConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        for name in ("relay_reservation_ttl_s", "relay_circuit_duration_s", "relay_circuit_bytes"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"[node] {name}: {getattr(self, name)!r} must be above 0")
-        if self.relay_max_reservations < 0:
-            raise ConfigError(f"[node] relay_max_reservations: {self.relay_max_reservations!r} must be 0 or more")
+        try:
+            self.swarm()  # the swarm's fields are checked once, by SwarmSettings
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"[node] {exc}") from None
 
     @property
     def layout(self) -> HomeLayout:
@@ -102,13 +102,8 @@ class NodeConfig:
 
     def swarm(self) -> SwarmSettings:
         """What the swarm reads of this config (node/swarm/settings.py): the swarm never imports the app."""
-        return SwarmSettings(
-            home=self.home, run_id=self.run_id, roles=tuple(self.roles), listen=tuple(self.listen),
-            bootstrap=tuple(self.bootstrap), new_swarm=self.new_swarm, advert_lifetime_s=self.advert_lifetime_s,
-            advert_refresh_s=self.advert_refresh_s, heartbeat_s=self.heartbeat_s, discovery_s=self.discovery_s,
-            connect_timeout_s=self.connect_timeout_s, relay_service=self.relay_service,
-            relay_max_reservations=self.relay_max_reservations, relay_reservation_ttl_s=self.relay_reservation_ttl_s,
-            relay_circuit_duration_s=self.relay_circuit_duration_s, relay_circuit_bytes=self.relay_circuit_bytes)
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(SwarmSettings)}
+        return SwarmSettings(**{name: tuple(v) if isinstance(v, list) else v for name, v in values.items()})
 
 
 @dataclass(frozen=True)
