@@ -25,11 +25,11 @@ INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.fork
 
 def reap_children(where: str) -> list[str]:
     """Terminate every live descendant of this process; return what was reaped, for the warning."""
-    children = [c for c in psutil.Process(os.getpid()).children(recursive=True)
-                if _alive(c) and not any(helper in _describe(c) for helper in INTERPRETER_HELPERS)]
-    if not children:
+    described = [(c, _describe(c)) for c in psutil.Process(os.getpid()).children(recursive=True) if _alive(c)]
+    leftovers = [(c, name) for c, name in described if not any(h in name for h in INTERPRETER_HELPERS)]
+    if not leftovers:
         return []
-    names = [_describe(c) for c in children]
+    children, names = [c for c, _ in leftovers], [name for _, name in leftovers]
     for child in children:
         _signal(child, "terminate")
     _, alive = psutil.wait_procs(children, timeout=GRACE_S)
