@@ -109,9 +109,7 @@ def main() -> None:
     started = time.perf_counter()
     pair, figures = calibrate(engines, tokenizer, tasks, settings, calibration_groups)
     for combination, f in figures.items():
-        print(f"calibration {combination}: {f.positions} positions, {f.flips} flips (noise {f.noise:.3g}), "
-              f"worst margin {f.worst_margin:.3g}, logprob error {f.max_logprob_error:.3g}, TOPLOC "
-              f"{f.max_exp_mismatches}/{f.max_mant_err_mean:.3g}/{f.max_mant_err_median:.3g}", flush=True)
+        print(f"calibration {combination}: {f.summary()}", flush=True)
     print(f"calibrated torch/torch: margin_noise={pair.margin_noise:.3g} sampling_slack={pair.sampling_slack:.3g} "
           f"logprob_atol={pair.logprob_atol:.3g} TOPLOC {pair.toploc_max_exp_mismatches}/"
           f"{pair.toploc_max_mant_err_mean:.3g}/{pair.toploc_max_mant_err_median:.3g} "

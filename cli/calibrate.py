@@ -73,9 +73,7 @@ def calibrate(
     if as_json:
         print(json.dumps({"figures": dataclasses.asdict(figures), "engine_pair": dataclasses.asdict(pair)}, indent=2))
         return
-    print(f"# {figures.positions} positions, {figures.flips} flips (noise {figures.noise:.3g}), deepest flip "
-          f"{figures.worst_margin:.3g}, logprob error {figures.max_logprob_error:.3g}, TOPLOC "
-          f"{figures.max_exp_mismatches} / {figures.max_mant_err_mean:.3g} / {figures.max_mant_err_median:.3g}")
+    print(f"# {figures.summary()}")
     print("[[run.engines]]")
     for field in dataclasses.fields(pair):
         value = getattr(pair, field.name)

@@ -56,6 +56,12 @@ class PairFigures:
     max_mant_err_mean: float
     max_mant_err_median: float
 
+    def summary(self) -> str:
+        """One line of the figures, for people (``intellect-node calibrate``, bench/cross_engine.py)."""
+        return (f"{self.positions} positions, {self.flips} flips (noise {self.noise:.3g}), deepest flip "
+                f"{self.worst_margin:.3g}, logprob error {self.max_logprob_error:.3g}, TOPLOC "
+                f"{self.max_exp_mismatches}/{self.max_mant_err_mean:.3g}/{self.max_mant_err_median:.3g}")
+
     @staticmethod
     def worst_of(figures: Sequence[PairFigures]) -> PairFigures:
         """One set of figures that every one of ``figures`` stays within (a pair covering several
