@@ -27,7 +27,7 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol.sampling import MAX_SLACK
-from tests.test_rollout_builder import wide_tiny_model
+from tests.support.engine_helpers import wide_tiny_model
 
 RUN, MANIFEST = "calibration-run", bytes(range(32))
 SETTINGS = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=40)

@@ -20,8 +20,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.verdicts import Verdict
-from tests.support.engine_helpers import demo_tiny_model
-from tests.test_rollout_builder import wide_tiny_model
+from tests.support.engine_helpers import demo_tiny_model, wide_tiny_model
 
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
           "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}

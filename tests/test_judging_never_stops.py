@@ -26,8 +26,8 @@ from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens
 from intellect_node.protocol.verdicts import Verdict
+from tests.support.engine_helpers import wide_tiny_model
 from tests.support.inprocess_nodes import make_node
-from tests.test_rollout_builder import wide_tiny_model
 
 pytestmark = pytest.mark.slow
 RUN = "judging-test"

@@ -1,9 +1,5 @@
 """A worker's batch, built by the real torch engine, checks out against a prefill recomputation."""
 
-import dataclasses
-import functools
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,29 +8,17 @@ from transformers import AutoTokenizer
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.crypto.toploc import verify_proofs
-from intellect_node.node.demo.tinymodel import ensure_tiny_model
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import task_index
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
-from tests.support.engine_helpers import QUICK_RECIPE
+from tests.support.engine_helpers import wide_tiny_model
 
 WORKER = Identity.generate()
 
 
-@functools.cache
-def wide_tiny_model() -> Path:
-    """TOPLOC needs at least top-k (128) values in a one-token chunk: hidden size 128."""
-    recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2)
-    return ensure_tiny_model(Path(tempfile.mkdtemp(prefix="ina-wide-tiny-")) / "tiny", recipe)
-
-
-def untrained_wide_tiny_model() -> Path:
-    """The same shape with random weights: it almost never samples EOS, so completions run long."""
-    recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2, train_steps=0)
-    return ensure_tiny_model(Path(tempfile.mkdtemp(prefix="ina-untrained-tiny-")) / "tiny", recipe)
 SETTINGS = RolloutSettings(group_size=3, groups_per_batch=2, max_tokens=40)
 
 

@@ -16,7 +16,7 @@ from intellect_node.protocol.errors import Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
 from intellect_node.protocol.rollouts import RolloutBatch
 from tests.support.inprocess_nodes import make_node
-from tests.test_rollouts_wire import batch
+from tests.support.protocol_samples import sample_batch
 
 RUN = "delivery-test"
 
@@ -35,7 +35,8 @@ async def pair(tmp_path, nursery):
 
 
 def signed_batch(identity: Identity, **changes) -> bytes:
-    return codec.encode(batch(**{"run_id": RUN, "worker": identity.peer_id, **changes}), identity, lifetime_s=600)
+    unsigned = sample_batch(**{"run_id": RUN, "worker": identity.peer_id, **changes})
+    return codec.encode(unsigned, identity, lifetime_s=600)
 
 
 async def test_batch_is_stored_durably_once_and_retries_are_duplicates(pair):

@@ -8,50 +8,25 @@ from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec, errors
 from intellect_node.protocol.rollouts import (
-    CompletionRecord,
     RolloutBatch,
     RolloutGroup,
-    SamplingSettings,
     pack_logprobs,
     pack_tokens,
     proof_count,
     unpack_logprobs,
     unpack_tokens,
 )
-
-WORKER = Identity.generate()
-
-
-def completion(tokens: int = 40, **changes) -> CompletionRecord:
-    fields = dict(token_ids=pack_tokens(range(tokens)), logprobs=pack_logprobs([-0.5] * tokens), finish_reason="stop",
-                  proofs=tuple(bytes(258) for _ in range(proof_count(tokens))), reward=1.0)
-    fields.update(changes)
-    return CompletionRecord(**fields)
-
-
-def batch(groups=None, **changes) -> RolloutBatch:
-    fields = dict(
-        run_id="r", worker=WORKER.peer_id, policy_step=3, manifest_hash=bytes(range(32)), engine="torch",
-        sampling=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64),
-        groups=groups if groups is not None else (
-            RolloutGroup(counter=0, task_id="t0", length_target=50, prompt_ids=pack_tokens([1, 2, 3]),
-                         completions=(completion(40), completion(33, finish_reason="length"))),
-            RolloutGroup(counter=1, task_id="t1", length_target=None, prompt_ids=pack_tokens([4]),
-                         completions=(completion(1),)),
-        ),
-    )
-    fields.update(changes)
-    return RolloutBatch(**fields)
+from tests.support.protocol_samples import SAMPLE_WORKER, sample_advert, sample_batch, sample_completion
 
 
 def resealed(body: dict) -> bytes:
-    return seal(WORKER, RolloutBatch.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(body, use_bin_type=True),
+    return seal(SAMPLE_WORKER, RolloutBatch.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(body, use_bin_type=True),
                 lifetime_s=60)
 
 
 def test_round_trip_and_packed_arrays():
-    original = batch()
-    decoded = codec.decode(codec.encode(original, WORKER, lifetime_s=600), RolloutBatch).message
+    original = sample_batch()
+    decoded = codec.decode(codec.encode(original, SAMPLE_WORKER, lifetime_s=600), RolloutBatch).message
     assert decoded == original
     first = decoded.groups[0].completions[0]
     assert unpack_tokens(first.token_ids).tolist() == list(range(40))
@@ -61,7 +36,7 @@ def test_round_trip_and_packed_arrays():
 
 def test_a_batch_signed_by_someone_other_than_the_worker_is_refused():
     with pytest.raises(errors.SignerMismatch):
-        codec.decode(resealed(batch(worker=Identity.generate().peer_id).to_wire()), RolloutBatch)
+        codec.decode(resealed(sample_batch(worker=Identity.generate().peer_id).to_wire()), RolloutBatch)
 
 
 @pytest.mark.parametrize("broken,match", [
@@ -73,46 +48,45 @@ def test_a_batch_signed_by_someone_other_than_the_worker_is_refused():
     (lambda c: dataclasses.replace(c, logprobs=pack_logprobs([float("nan")] * c.num_tokens)), "finite"),
 ])
 def test_inconsistent_completions_are_invalid(broken, match):
-    bad = batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
-                                     completions=(broken(completion(40)),)),))
+    bad = sample_batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
+                                     completions=(broken(sample_completion(40)),)),))
     with pytest.raises(errors.InvalidValue, match=match):
         codec.decode(resealed(bad.to_wire()), RolloutBatch)
 
 
 def test_duplicate_counters_empty_groups_and_overlong_completions_are_invalid():
     group = RolloutGroup(counter=5, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
-                         completions=(completion(4),))
+                         completions=(sample_completion(4),))
     with pytest.raises(errors.InvalidValue, match="twice"):
-        codec.decode(resealed(batch(groups=(group, group)).to_wire()), RolloutBatch)
+        codec.decode(resealed(sample_batch(groups=(group, group)).to_wire()), RolloutBatch)
     with pytest.raises(errors.InvalidValue, match="empty group"):
-        codec.decode(resealed(batch(groups=(dataclasses.replace(group, completions=()),)).to_wire()), RolloutBatch)
+        empty = dataclasses.replace(group, completions=())
+        codec.decode(resealed(sample_batch(groups=(empty,)).to_wire()), RolloutBatch)
     with pytest.raises(errors.InvalidValue, match="max_tokens"):
-        long = dataclasses.replace(group, completions=(completion(65),))
-        codec.decode(resealed(batch(groups=(long,)).to_wire()), RolloutBatch)
+        long = dataclasses.replace(group, completions=(sample_completion(65),))
+        codec.decode(resealed(sample_batch(groups=(long,)).to_wire()), RolloutBatch)
 
 
 def test_malformed_proof_length_is_invalid():
-    bad = completion(10, proofs=(bytes(257),))
-    body = batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
+    bad = sample_completion(10, proofs=(bytes(257),))
+    body = sample_batch(groups=(RolloutGroup(counter=0, task_id="t", length_target=None, prompt_ids=pack_tokens([1]),
                                       completions=(bad,)),)).to_wire()
     with pytest.raises(errors.InvalidValue):
         codec.decode(resealed(body), RolloutBatch)
 
 
 def test_a_node_advert_is_not_accepted_where_a_batch_is_expected():
-    from tests.support.protocol_samples import sample_advert
-
     with pytest.raises(errors.UnknownMessageType):
-        codec.decode(codec.encode(sample_advert(WORKER), WORKER, lifetime_s=60), RolloutBatch)
+        codec.decode(codec.encode(sample_advert(SAMPLE_WORKER), SAMPLE_WORKER, lifetime_s=60), RolloutBatch)
 
 
 def test_announcement_round_trip_and_binding():
     from intellect_node.protocol.rollouts import RolloutAnnouncement
 
-    note = RolloutAnnouncement(run_id="r", worker=WORKER.peer_id, policy_step=2, batch_digest=bytes(32), groups=4,
-                               completions=32)
-    assert codec.decode(codec.encode(note, WORKER, lifetime_s=60), RolloutAnnouncement).message == note
-    forged = seal(WORKER, RolloutAnnouncement.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(
+    note = RolloutAnnouncement(run_id="r", worker=SAMPLE_WORKER.peer_id, policy_step=2, batch_digest=bytes(32),
+                               groups=4, completions=32)
+    assert codec.decode(codec.encode(note, SAMPLE_WORKER, lifetime_s=60), RolloutAnnouncement).message == note
+    forged = seal(SAMPLE_WORKER, RolloutAnnouncement.TYPE, codec.PROTOCOL_VERSION, msgpack.packb(
         {**note.to_wire(), "worker": Identity.generate().peer_id}, use_bin_type=True), lifetime_s=60)
     with pytest.raises(errors.SignerMismatch):
         codec.decode(forged, RolloutAnnouncement)

@@ -25,7 +25,7 @@ from intellect_node.protocol.sampling import (
     position_key,
     sample,
 )
-from tests.test_rollout_builder import untrained_wide_tiny_model
+from tests.support.engine_helpers import untrained_wide_tiny_model
 
 M64 = (1 << 64) - 1
 

@@ -33,7 +33,7 @@ from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
-from tests.test_rollout_builder import untrained_wide_tiny_model, wide_tiny_model
+from tests.support.engine_helpers import untrained_wide_tiny_model, wide_tiny_model
 
 RUN = "validation-test"
 STEP = 4  # the newest checkpoint; step 3 is the previous one

