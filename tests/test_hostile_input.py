@@ -16,11 +16,10 @@ from intellect_node.crypto.envelope import now_ms, seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.swarm.gossip import build_pubsub
-from intellect_node.node.swarm.host import build_host, parse_peer_addr
-from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, frame
 from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, members_topic
+from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
 
 RUN = "attack-test"
@@ -44,29 +43,8 @@ def target(tmp_path):
     swarm.stop_all()
 
 
-class Attacker:
-    def __init__(self, target_addr: str) -> None:
-        self.identity = Identity.generate()
-        self.host = build_host(self.identity)
-        self.target = parse_peer_addr(target_addr)
-
-    def advert(self, **changes) -> bytes:
-        return codec.encode(sample_advert(self.identity, run_id=RUN, **changes), self.identity, lifetime_s=60)
-
-    async def send_members_request(self, raw: bytes) -> bytes | None:
-        """Write raw bytes on a members stream; the target's reply payload, or None if it hung up."""
-        self.host.get_peerstore().add_addrs(self.target.peer_id, self.target.addrs, 600)
-        await self.host.connect(self.target)
-        stream = await self.host.new_stream(self.target.peer_id, [TProtocol(MEMBERS_PROTOCOL)])
-        await stream.write(raw)
-        try:
-            return await read_frame(stream, 1 << 20, 8.0)
-        except Exception:
-            return None
-
-
 async def attack(target_addr: str, action) -> None:
-    attacker = Attacker(target_addr)
+    attacker = Attacker(target_addr, RUN)
     async with attacker.host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
         await action(attacker)
 

@@ -120,7 +120,7 @@ def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path)
     the public side, generates, and delivers its batches over its own outbound connection; the
     trainer verifies them (no rejection) and trains."""
     from tests.support.engine_helpers import demo_tiny_model
-    from tests.test_trainer_role import TASKS, trained_steps
+    from tests.support.trainer_runs import TASKS, trained_steps
 
     model = demo_tiny_model()
     with SmallInternet(publics=2, homes=1) as net:

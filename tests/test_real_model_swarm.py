@@ -36,7 +36,7 @@ from intellect_node.node.shards.store import DATA_FILE
 from intellect_node.node.tasks.humaneval import humaneval_task, read_humaneval
 from intellect_node.node.tasks.schema import save_tasks
 from tests.support.engine_helpers import smollm2_import
-from tests.test_trainer_role import ENV, TIMING, read_jsonl, trained_steps
+from tests.support.trainer_runs import ENV, TIMING, read_jsonl, trained_steps
 
 RUN_ID = "real-model-test"
 STEPS = 2

@@ -17,9 +17,9 @@ from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.protocol import codec
 from intellect_node.protocol.keys import announcements_topic, members_topic
 from intellect_node.protocol.manifest import CheckpointManifest
+from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
 from tests.support.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, shard_status
-from tests.test_hostile_input import Attacker
 
 MIB = 1 << 20
 
@@ -56,7 +56,7 @@ async def run_hostile_peer(target: NodeProcess, run_id: str, behaviour: str, sha
                            forged_manifest: CheckpointManifest | None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """A member whose HTTP server claims every shard and misbehaves; it gossips its advert (and,
     if given, that manifest signed with its own key) until cancelled. Reports its peer id."""
-    attacker = Attacker(target.addr)
+    attacker = Attacker(target.addr, run_id)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(liar_server, behaviour, shard_count)
         async with attacker.host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):

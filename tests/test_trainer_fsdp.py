@@ -37,7 +37,7 @@ from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.sharded import ShardedLearner
 from intellect_node.node.roles.trainer.state import load_state, save_state
-from tests.test_grpo import make_groups, small_model
+from tests.support.grpo_groups import make_groups, small_model
 
 ATOL = 1e-5
 NORM_RTOL = 1e-5

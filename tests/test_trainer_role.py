@@ -9,7 +9,6 @@ judged with a verdict record. Step numbers continue from the saved state.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,27 +19,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import demo_tiny_model
-
-TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
-          "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}
-ENV = {"OMP_NUM_THREADS": "1"}
-TASKS = "toy:seed=5,count=500,kinds=reverse"
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    lines = []
-    for raw in path.read_text().splitlines():
-        try:
-            lines.append(json.loads(raw))
-        except ValueError:  # a line cut by the kill
-            pass
-    return lines
-
-
-def trained_steps(home: Path) -> list[int]:
-    return [line["step"] for line in read_jsonl(home / "trainer" / "metrics.jsonl") if "task_reward" in line]
+from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_steps
 
 
 @pytest.fixture
