@@ -20,7 +20,7 @@ from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
-from tests.test_validation import CHEATER, RUN, SETTINGS, STEP, World, noisy, reasons
+from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, noisy, reasons
 
 
 @pytest.fixture(scope="module")

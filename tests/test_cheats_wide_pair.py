@@ -21,7 +21,7 @@ from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
-from tests.test_validation import CHEATER, RUN, SETTINGS, STEP, World, reasons
+from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, reasons
 
 WIDE = dataclasses.replace(TORCH_TORCH, sampling_slack=1.2, margin_noise=0.06, logprob_atol=2.0,
                            toploc_max_mant_err_mean=5.0, toploc_max_mant_err_median=3.0)

@@ -106,3 +106,17 @@ def test_the_package_map_names_every_module(package: Path) -> None:
     children += [p.name for p in package.iterdir() if (p / "__init__.py").is_file()]
     missing = [name for name in children if not re.search(rf"`(?:[\w.]*\.)?{re.escape(name)}`", doc)]
     assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not name {missing}"
+
+
+def test_tests_share_code_through_tests_support_only() -> None:
+    """A test module imported by another would run its tests twice and tie unrelated files together;
+    what tests share lives in ``tests/support`` (and its map names it, checked below)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+                 for path in sorted((ROOT / "tests").rglob("*.py"))
+                 for module, line in imports_of(path)
+                 if module.startswith("tests.") and not module.startswith("tests.support")]
+    assert not offenders, offenders
+
+
+def test_the_tests_support_map_names_every_module() -> None:
+    test_the_package_map_names_every_module(ROOT / "tests" / "support")

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import reap_children
+from tests.support.reaper import reap_children
 
 
 def test_leftover_processes_are_reaped_and_named() -> None:

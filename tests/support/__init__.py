@@ -6,8 +6,10 @@
 - ``diloco_helpers``: DiLoCo peers, averager children and generated corpora for the DiLoCo tests.
 - ``grpo_groups``: a small random Qwen2 policy and GRPO groups sampled as if from it.
 - ``inprocess_nodes``: real libp2p nodes started in the test's own trio loop.
+- ``judging_world``: two checkpoints, a validator and a worker engine, and forgeries by a real key.
 - ``netns``: the namespace internet (publics, homes behind NAT, rate-limited links).
 - ``protocol_samples``: well-formed messages to mutate in the wire tests.
+- ``reaper``: ends the processes a test module left running, and names them.
 - ``shards_swarm``: a checkpoint overlay of node processes with a publishing trainer.
 - ``trainer_runs``: quick timings, the toy task set and record readers for live trainer runs.
 - ``toploc_golden``: the reference toploc package's proofs for fixed inputs (tests/golden/).
