@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.validate import build, judge  # noqa: E402
 from intellect_node.crypto.identity import Identity  # noqa: E402
-from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.calibration import PairFigures, calibrated_pair  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.validator.calibrate import measure_engines  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402

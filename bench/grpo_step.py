@@ -62,9 +62,9 @@ from transformers.utils import logging as hf_logging
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.node.app.config import DEFAULT_HOME  # noqa: E402
-from intellect_node.node.demo.tinymodel import ensure_tiny_model, tiny_model_dir  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir  # noqa: E402
 from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402

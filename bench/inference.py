@@ -37,10 +37,10 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.proofs import build_completion_proofs  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 

@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions, run_demo, summarize  # noqa: E402
-from intellect_node.node.demo.tinymodel import ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402

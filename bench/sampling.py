@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, derive_seed  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.protocol.sampling import Replay, margins, sample  # noqa: E402
 
 

@@ -73,9 +73,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions  # noqa: E402
-from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
 from intellect_node.node.roles.validator.commitments import STORED, CommitmentBook  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402

@@ -34,7 +34,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from intellect_node.node.demo.tinymodel.build import TinyRecipe  # noqa: E402 (after the path)
+from intellect_node.node.models.tiny.build import TinyRecipe  # noqa: E402 (after the path)
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner  # noqa: E402
 from intellect_node.node.roles.trainer.sharded import ShardedLearner  # noqa: E402

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.crypto.toploc import Thresholds, verify_proofs  # noqa: E402
-from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.engine.base import Engine, PrefillResult  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402

@@ -389,7 +389,7 @@ def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> 
         err.print(f"[red]configuration error:[/red] --tasks: {exc}")
         raise typer.Exit(2) from None
     if model == "tiny":
-        from intellect_node.node.demo.tinymodel import ensure_tiny_model, tiny_model_dir
+        from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir
 
         err.print("preparing the tiny model (built once, two to three minutes on 2 cores)...")
         model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))

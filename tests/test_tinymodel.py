@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from intellect_node.node.demo.tinymodel import ensure_tiny_model
-from intellect_node.node.demo.tinymodel.build import RECIPE_FILE, _training_batch
 from intellect_node.node.engine.base import encode_prompt
 from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.models.tiny import ensure_tiny_model
+from intellect_node.node.models.tiny.build import RECIPE_FILE, _training_batch
 from intellect_node.node.tasks.schema import filter_by_solve_rate, with_length_target
 from intellect_node.node.tasks.solve_rate import measure_solve_rates
 from intellect_node.node.tasks.toy import generate_toy_tasks

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from intellect_node.cli.main import app
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.demo.tinymodel import ensure_tiny_model
 from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.models.tiny import ensure_tiny_model
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec

@@ -9,7 +9,6 @@
 - ``local_swarm``: starting and stopping real node processes on 127.0.0.1.
 - ``dashboard``: the live terminal view.
 - ``plot``: reward.png from metrics.jsonl.
-- ``tinymodel``: the project's tiny CPU model, built on first use.
 - ``churn``: fresh identities that connect to one node from a chosen 127.0.0.x, advertise and
   leave (the connection tests and bench/connections.py).
 """

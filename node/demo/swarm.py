@@ -31,7 +31,7 @@ from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm, death_report
 from intellect_node.node.demo.plot import write_reward_plot
-from intellect_node.node.demo.tinymodel import tiny_model_dir
+from intellect_node.node.models.tiny import tiny_model_dir
 
 POLL_S = 1.0
 DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
@@ -190,7 +190,7 @@ def _mean(values: list[float]) -> float | None:
 
 def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the demo swarm to completion; returns the summary (also written to out/summary.json)."""
-    from intellect_node.node.demo.tinymodel import ensure_tiny_model
+    from intellect_node.node.models.tiny import ensure_tiny_model
 
     root = options.out or Path(tempfile.mkdtemp(prefix="intellect-demo-"))
     root.mkdir(parents=True, exist_ok=True)

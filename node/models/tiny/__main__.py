@@ -1,4 +1,4 @@
-"""``python -m intellect_node.node.demo.tinymodel PATH [--steps N] [--threads T]``: build (or reuse) the tiny model
+"""``python -m intellect_node.node.models.tiny PATH [--steps N] [--threads T]``: build (or reuse) the tiny model
 at PATH and print its greedy accuracy per toy task kind on 200 held-out tasks."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from intellect_node.node.demo.tinymodel.build import TinyRecipe, ensure_tiny_model, greedy_accuracy
 from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.models.tiny.build import TinyRecipe, ensure_tiny_model, greedy_accuracy
 from intellect_node.node.tasks.toy import generate_toy_tasks
 
 EVAL_SEED = 424242

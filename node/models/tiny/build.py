@@ -19,7 +19,7 @@ The recipe:
 - training: supervised, loss on the answer and EOS only, AdamW with warm-up and cosine decay,
   three addition batches for one reversal batch, 850 steps of 32: greedy accuracy ends low on
   purpose so that GRPO has room to raise it (version 2, measured by ``python -m
-  intellect_node.node.demo.tinymodel``: addition 0.200, reversal 0.290 on about 200 held-out tasks
+  intellect_node.node.models.tiny``: addition 0.200, reversal 0.290 on about 200 held-out tasks
   each, and 0.12-0.165 on the demo trainer's 200 reversal prompts; version 1 gave 0.135 / 0.095,
   and 900 steps of it 0.48 / 0.48: the models sit on the steep part of the curve, so another
   machine's float rounding may land a few points away).
