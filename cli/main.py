@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from functools import partial
@@ -19,10 +18,10 @@ from intellect_node.cli.doctor import doctor
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
 from intellect_node.cli.verify import verify as verify_command
-from intellect_node.node.app.config import InferenceOptions, NodeConfig, load_config
+from intellect_node.node.app.config import NodeConfig, load_config
+from intellect_node.node.app.join import JoinFlags, role_options
 from intellect_node.node.app.roles import RoleOptions
-from intellect_node.node.config.base import ConfigError, build, whole_number
-from intellect_node.node.shards.config import ShardConfig, load_shard_config
+from intellect_node.node.config.base import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -227,48 +226,15 @@ def join(
                                         master_addr=master_addr, master_port=master_port))
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
-    if async_level is not None:  # run-wide: the workers and validators of this node obey it too
-        cfg.run = dataclasses.replace(cfg.run, async_level=async_level)
-    model = _role_setting(cfg, role, "model", model, None)
-    tasks = _role_setting(cfg, role, "tasks", tasks, "toy:seed=0,count=1000")
-    engine = _role_setting(cfg, role, "engine", engine, "auto")
-    verify_fraction = _role_setting(cfg, ["validator"], "verify_fraction", verify_fraction, None)
+    flags = JoinFlags(
+        roles=tuple(role), trainer=trainer, publish_dir=publish_dir, model=model, tasks=tasks, engine=engine,
+        trust_validator=tuple(trust_validator or ()), verify_fraction=verify_fraction,
+        groups_per_step=groups_per_step, steps=steps, batch_groups=batch_groups, async_level=async_level, lr=lr,
+        trainer_config=trainer_config, data=data, workload=workload, reads=tuple(reads or ()), tokenizer=tokenizer)
     try:
-        shards = load_shard_config(cfg.home, {"trainer": trainer, "publish_dir": publish_dir},
-                                   file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
+        roles = role_options(cfg, flags, say=lambda line: err.print(line, soft_wrap=True, markup=False))
     except ConfigError as exc:
         _config_error(exc)
-    inference = None
-    if "inference" in role:
-        if model is None:
-            err.print("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
-        else:
-            per_step = _whole("[inference] groups_per_step",
-                              _role_setting(cfg, ["inference"], "groups_per_step", groups_per_step, 0))
-            inference = dataclasses.replace(_inference_options(cfg, model, tasks, engine), groups_per_step=per_step)
-    training = None
-    if "trainer" in role and model is not None:
-        training = _trainer_options(cfg, shards, model, tasks, trainer_config, tuple(trust_validator or ()),
-                                    {"max_steps": steps, "batch_groups": batch_groups, "async_level": async_level,
-                                     "lr": lr, "verify_fraction": verify_fraction})
-        shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
-    elif "trainer" in role:
-        err.print("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
-    validator = None
-    if "validator" in role and model is not None and training is None:  # same --model/--tasks/--engine as inference
-        from intellect_node.node.roles.validator.service import ValidatorOptions
-
-        checked = _inference_options(cfg, model, tasks, engine)
-        validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
-                                     verify_fraction=1.0 if verify_fraction is None else verify_fraction,
-                                     trusted=tuple(trust_validator or ()))
-    if "diloco" not in role and (workload is not None or reads or tokenizer is not None):
-        _usage("--workload, --reads and --tokenizer are for --role diloco")
-    if "diloco" in role and _is_metagene(cfg, workload, reads, tokenizer, data):
-        data = _metagene_data(cfg, reads, tokenizer)
-        model = model or cfg.sections.get("diloco", {}).get("model") or "tiny"
-    diloco = _diloco_settings(cfg, model, data) if "diloco" in role else None
-    roles = RoleOptions(shards, inference, validator, training, tuple(trust_validator or ()), diloco)
     if sharded:  # rank 0 serves this node with these options, loaded once, here
         from intellect_node.node.app.run import serve
         from intellect_node.node.roles.trainer.launch import launch_trainer
@@ -276,40 +242,6 @@ def join(
         raise typer.Exit(launch_trainer(nproc, partial(serve, cfg, roles), nnodes=nnodes, node_rank=node_rank,
                                         master_addr=master_addr, master_port=master_port))
     _run(cfg, roles)
-
-
-def _diloco_settings(cfg: NodeConfig, model: str | None, data: str | None) -> Any:
-    """``[diloco]`` with --model (a preset name) and --data on top, and the allowlist of its signed
-    run spec; errors name the key (or the spec file)."""
-    from intellect_node.node.diloco.run_spec import with_run_spec
-    from intellect_node.node.diloco.settings import DilocoSettings
-
-    section = dict(cfg.sections.get("diloco", {}))
-    section.update({k: v for k, v in (("model", model), ("data", data)) if v is not None})
-    try:
-        settings = build(DilocoSettings, section, str(cfg.config_file), "[diloco]")
-        config_dir = cfg.config_file.parent
-        settings = with_run_spec(settings, cfg.run_id, config_dir)  # a spec that fails its checks stops the node here
-        if settings.data.startswith("metagene:"):
-            settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
-        return settings
-    except ValueError as exc:
-        _config_error(exc)
-
-
-def _is_metagene(cfg: NodeConfig, workload: str | None, reads: list[str] | None, tokenizer: Path | None,
-                 data: str | None) -> bool:
-    """Whether this diloco node runs the metagene workload (--workload metagene, or a ``[metagene]``
-    section naming reads); contradicting flags are errors that say which."""
-    if workload not in (None, "metagene"):
-        _usage(f"unknown workload {workload!r}: the diloco role's workload is 'metagene' (or none: --data decides)")
-    named = "reads" in cfg.sections.get("metagene", {})
-    if workload is None and (reads or tokenizer is not None):
-        _usage("--reads and --tokenizer go with --workload metagene")
-    metagene = workload == "metagene" or named
-    if metagene and (data is not None or "data" in cfg.sections.get("diloco", {})):
-        _usage("--workload metagene builds its own data from the reads: drop --data ([diloco] data)")
-    return metagene
 
 
 def _config_error(exc: Exception) -> NoReturn:
@@ -321,84 +253,6 @@ def _config_error(exc: Exception) -> NoReturn:
 def _usage(message: str) -> NoReturn:
     err.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(2)
-
-
-def _metagene_data(cfg: NodeConfig, reads: list[str] | None, tokenizer: Path | None) -> str:
-    """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
-    from intellect_node.node.metagene.job import MetageneJob
-    from intellect_node.node.metagene.prepare import prepare_store
-
-    source = str(cfg.config_file)
-    try:
-        job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), reads, tokenizer, source)
-        store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
-                              job.read_options(), job.vocab, job.tokenizer_reads,
-                              log=lambda line: err.print(line, soft_wrap=True, markup=False))
-        spec = job.data_spec(store.path)
-    except (ValueError, OSError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
-    err.print(f"metagene store {'reused' if store.reused else 'built'}: {store.path} ({store.reads:,} reads, "
-              f"{store.tokens:,} tokens, digest {store.digest.hex()[:16]})", soft_wrap=True, markup=False)
-    return spec
-
-
-def _whole(key: str, value: Any) -> int:
-    """A whole number >= 0 from a flag or a config file, or exit 2 naming the key."""
-    try:
-        return whole_number(key, value, 0)
-    except ConfigError as exc:
-        _config_error(exc)
-
-
-def _role_setting(cfg: NodeConfig, roles: list[str], name: str, flag: Any, default: Any) -> Any:
-    """A flag, else the first of this node's role sections (``[inference]``, ``[validator]``) that
-    sets ``name``, else the default: one place decides, so the roles of one node agree."""
-    if flag is not None:
-        return flag
-    for role in ("inference", "validator"):
-        if role in roles and name in cfg.sections.get(role, {}):
-            return cfg.sections[role][name]
-    return default
-
-
-def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, config_file: Path | None,
-                     trusted: tuple[str, ...], flags: dict[str, Any]) -> Any:
-    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, load_trainer_options
-
-    checked = _inference_options(cfg, model, tasks, "torch")
-    if config_file is not None:
-        err.print(f"[yellow]deprecated:[/yellow] {DEPRECATED_FILE}", soft_wrap=True)
-    try:
-        return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
-                                    publish_dir=shards.publish_dir or cfg.layout.publish,
-                                    config_file=config_file, flags=flags, trusted=trusted,
-                                    section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
-                                    source=str(cfg.config_file))
-    except ConfigError as exc:
-        _config_error(exc)
-
-
-def _inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str) -> InferenceOptions:
-    """Check the inference flags before the node starts, so mistakes fail fast and clearly."""
-    from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
-
-    try:
-        load_task_spec(tasks)
-    except (TaskSpecError, ValueError) as exc:
-        err.print(f"[red]configuration error:[/red] --tasks: {exc}")
-        raise typer.Exit(2) from None
-    if model == "tiny":
-        from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir
-
-        err.print("preparing the tiny model (built once, two to three minutes on 2 cores)...")
-        model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
-    else:
-        model_dir = Path(model).expanduser()
-        if not (model_dir / "config.json").exists():
-            err.print(f"[red]configuration error:[/red] --model {model_dir} is not an HF-layout model directory")
-            raise typer.Exit(2)
-    return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
 
 
 def _format_hardware(hw: dict[str, Any]) -> str:

@@ -12,7 +12,10 @@ concern, each read by one loader that names the key and the file on any mistake:
     [diloco]      # the DiLoCo role
     [metagene]    # the genomic workload
 
-The environment uses a field's name upper-cased with the prefix, lists comma-separated.
+The environment names a key ``INTELLECT_NODE_<KEY>`` for ``[node]`` and ``INTELLECT_NODE_<SECTION>_<KEY>``
+for every other section (``INTELLECT_NODE_RUN_ASYNC_LEVEL``, ``INTELLECT_NODE_DILOCO_H``); lists are
+comma-separated. ``[trainer]``'s sub-tables (optim, loss, rewards) are set in the file only. Each
+role's options are assembled from these by node/app/join.py.
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     run_table = dict(sections.get("run", {}))
     if "run_id" in run_table:  # run-wide, so [run]; [node] run_id (older files) still wins over it
         node_table = {"run_id": run_table.pop("run_id")} | node_table
-    run = build(RunConfig, run_table, str(path), "[run]")
+    run = build(RunConfig, {}, str(path), "[run]", **layered(RunConfig, "run", run_table, str(path), {}, environ))
     values = layered(NodeConfig, "node", node_table, str(path), given, environ, NODE_KEYS)
     config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run, "loaded_from": path}))
     if config.advert_refresh_s >= config.advert_lifetime_s:

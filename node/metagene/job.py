@@ -20,11 +20,13 @@ the wrong kind are errors naming the file and the key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.config.base import ConfigError, build, check_bounds, values_of
+from intellect_node.node.config.base import ConfigError, build, check_bounds
+from intellect_node.node.config.loader import layered
 from intellect_node.node.metagene.build import ReadOptions
 from intellect_node.node.metagene.filtering import FilterConfig
 from intellect_node.node.metagene.tokenizer import VOCAB_SIZE
@@ -51,14 +53,12 @@ class MetageneJob:
             "on_bad": self.on_bad in ("error", "skip"), "seq_len": 2 <= self.seq_len <= 4096})
 
     @classmethod
-    def from_section(cls, section: dict[str, Any], reads: list[str] | None, tokenizer: Path | None,
-                     source: str) -> MetageneJob:
-        """The job from a TOML ``[metagene]`` table with the flags on top; errors name ``source``."""
-        values = values_of(cls, section, source, "[metagene]")
-        if reads:
-            values["reads"] = tuple(reads)
-        if tokenizer is not None:
-            values["tokenizer"] = str(tokenizer)
+    def from_section(cls, section: Mapping[str, Any], reads: list[str] | None, tokenizer: Path | None,
+                     source: str, environ: Mapping[str, str] | None = None) -> MetageneJob:
+        """The job from a TOML ``[metagene]`` table, the environment (``INTELLECT_NODE_METAGENE_*``)
+        and the flags on top; errors name ``source``."""
+        flags = {"reads": tuple(reads) if reads else None, "tokenizer": None if tokenizer is None else str(tokenizer)}
+        values = layered(cls, "metagene", section, source, flags, environ)
         if not values.get("reads"):
             raise ConfigError("the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads "
                               f"in {source}")

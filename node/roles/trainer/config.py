@@ -1,5 +1,6 @@
 """The ``[trainer]`` section: defaults < the config file's ``[trainer]`` < an old ``--trainer-config``
-file (deprecated: the same keys, without the ``trainer.`` prefix) < command-line flags.
+file (deprecated: the same keys, without the ``trainer.`` prefix) < environment
+(``INTELLECT_NODE_TRAINER_BATCH_GROUPS``, ...: the top-level keys) < command-line flags.
 
 ``async_level`` is run-wide: it comes from ``[run]`` unless the trainer's section names it. The
 section holds the knobs a user tunes rarely; the flags the ones a demo or a quick run sets::
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.node.config.base import build
-from intellect_node.node.config.loader import read_toml
+from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.roles.trainer.service import TrainerOptions
 
 SECTIONS = ("optim", "loss", "rewards")
@@ -35,12 +36,15 @@ DEPRECATED_FILE = ("--trainer-config is deprecated: move the file's keys into co
 def load_trainer_options(*, model_dir: Path, task_spec: str, publish_dir: Path, config_file: Path | None,
                          flags: Mapping[str, Any], trusted: tuple[str, ...] = (),
                          section: Mapping[str, Any] | None = None,
-                         run_async_level: int | None = None, source: str = "config file") -> TrainerOptions:
+                         run_async_level: int | None = None, source: str = "config file",
+                         environ: Mapping[str, str] | None = None) -> TrainerOptions:
     """``flags``: top-level keys and ``lr`` (None = not given); ``section``: ``[trainer]`` of ``source``;
-    ``config_file``: an old ``--trainer-config`` file, still read."""
+    ``config_file``: an old ``--trainer-config`` file, still read; the environment
+    (``INTELLECT_NODE_TRAINER_<KEY>``, top-level keys) over both."""
     table = _merged({} if run_async_level is None else {"async_level": run_async_level}, section or {})
     if config_file is not None:
         table, source = _merged(table, read_toml(config_file, explicit=True)), str(config_file)
+    table |= layered(TrainerOptions, "trainer", {}, source, {}, environ, TOP_LEVEL)
     given = {k: v for k, v in flags.items() if k in TOP_LEVEL and v is not None}
     if flags.get("lr") is not None:
         given["optim"] = {"lr": flags["lr"]}

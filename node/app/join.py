@@ -1,0 +1,206 @@
+"""What ``intellect-node join`` asks for, turned into each role's options: one place decides.
+
+The CLI parses the flags into ``JoinFlags`` and prints; this module reads the config's sections
+(each with its environment layer, ``INTELLECT_NODE_<SECTION>_<KEY>``) and the flags on top, checks
+every value before a node starts, and raises ``ConfigError`` naming the flag or the key and file.
+One node's roles agree: ``model``, ``tasks`` and ``engine`` come from a flag, else the first of
+``[inference]``, ``[validator]`` that sets them (for the roles this node takes), else a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from intellect_node.node.app.config import ROLE_SECTION_KEYS, InferenceOptions, NodeConfig, RoleSection
+from intellect_node.node.app.roles import RoleOptions
+from intellect_node.node.config.base import ConfigError, build, whole_number
+from intellect_node.node.config.loader import layered
+from intellect_node.node.shards.config import ShardConfig, load_shard_config
+
+DEFAULT_TASKS = "toy:seed=0,count=1000"
+SHARED_SECTIONS = ("inference", "validator")  # the role sections whose model/tasks/engine one node shares
+Say = Callable[[str], None]  # how the caller shows progress and notices (the CLI: stderr)
+
+
+@dataclass(frozen=True)
+class JoinFlags:
+    """The flags ``join`` was given; None (or empty): not given, the config decides."""
+
+    roles: tuple[str, ...]
+    trainer: str | None = None
+    publish_dir: Path | None = None
+    model: str | None = None
+    tasks: str | None = None
+    engine: str | None = None
+    trust_validator: tuple[str, ...] = ()
+    verify_fraction: float | None = None
+    groups_per_step: int | None = None
+    steps: int | None = None
+    batch_groups: int | None = None
+    async_level: int | None = None
+    lr: float | None = None
+    trainer_config: Path | None = None
+    data: str | None = None
+    workload: str | None = None
+    reads: tuple[str, ...] = ()
+    tokenizer: Path | None = None
+
+
+def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
+                 environ: Mapping[str, str] | None = None) -> RoleOptions:
+    """Every role's options for this node. ``--async-level`` is run-wide: it is written into
+    ``cfg.run``, which the workers and validators of this node read too."""
+    environ = os.environ if environ is None else environ
+    roles = flags.roles
+    if "diloco" not in roles and (flags.workload is not None or flags.reads or flags.tokenizer is not None):
+        raise ConfigError("--workload, --reads and --tokenizer are for --role diloco")
+    if flags.async_level is not None:
+        cfg.run = dataclasses.replace(cfg.run, async_level=flags.async_level)
+    shared = _SharedRoleValues(cfg, roles, environ)
+    model = shared.value("model", flags.model, None)
+    tasks = shared.value("tasks", flags.tasks, DEFAULT_TASKS)
+    engine = shared.value("engine", flags.engine, "auto")
+    verify_fraction = shared.value("verify_fraction", flags.verify_fraction, None, only=("validator",))
+    shards = load_shard_config(cfg.home, {"trainer": flags.trainer, "publish_dir": flags.publish_dir}, environ,
+                               file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
+    inference = None
+    if "inference" in roles:
+        if model is None:
+            say("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
+        else:
+            per_step = whole_number("[inference] groups_per_step",
+                                    shared.value("groups_per_step", flags.groups_per_step, 0, only=("inference",)), 0)
+            inference = dataclasses.replace(inference_options(cfg, model, tasks, engine, say), groups_per_step=per_step)
+    training = None
+    if "trainer" in roles and model is not None:
+        training = _trainer_options(cfg, shards, model, tasks, flags, verify_fraction, environ, say)
+        shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
+    elif "trainer" in roles:
+        say("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
+    validator = None
+    if "validator" in roles and model is not None and training is None:  # a trainer validates itself
+        from intellect_node.node.roles.validator.service import ValidatorOptions
+
+        checked = inference_options(cfg, model, tasks, engine, say)
+        validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
+                                     verify_fraction=1.0 if verify_fraction is None else verify_fraction,
+                                     trusted=flags.trust_validator)
+    diloco = _diloco_settings(cfg, flags, model, environ, say) if "diloco" in roles else None
+    return RoleOptions(shards, inference, validator, training, flags.trust_validator, diloco)
+
+
+class _SharedRoleValues:
+    """``[inference]`` and ``[validator]`` with their environment layers, for the roles this node takes."""
+
+    def __init__(self, cfg: NodeConfig, roles: tuple[str, ...], environ: Mapping[str, str]) -> None:
+        self.sections = {role: layered(RoleSection, role, cfg.sections.get(role, {}), str(cfg.config_file), {},
+                                       environ, ROLE_SECTION_KEYS[role])
+                         for role in SHARED_SECTIONS if role in roles}
+
+    def value(self, name: str, flag: Any, default: Any, only: tuple[str, ...] = SHARED_SECTIONS) -> Any:
+        """The flag, else the first of this node's sections (of ``only``) setting ``name``, else ``default``."""
+        if flag is not None:
+            return flag
+        for role, values in self.sections.items():
+            if role in only and values.get(name) is not None:
+                return values[name]
+        return default
+
+
+def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say: Say) -> InferenceOptions:
+    """The model directory and task spec checked before the node starts, so mistakes fail fast;
+    ``tiny`` builds the project's tiny model in the home on first use."""
+    from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
+
+    try:
+        load_task_spec(tasks)
+    except (TaskSpecError, ValueError) as exc:
+        raise ConfigError(f"--tasks: {exc}") from None
+    if model == "tiny":
+        from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir
+
+        say("preparing the tiny model (built once, two to three minutes on 2 cores)...")
+        model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
+    else:
+        model_dir = Path(model).expanduser()
+        if not (model_dir / "config.json").exists():
+            raise ConfigError(f"--model {model_dir} is not an HF-layout model directory")
+    return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
+
+
+def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: JoinFlags,
+                     verify_fraction: float | None, environ: Mapping[str, str], say: Say) -> Any:
+    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, load_trainer_options
+
+    checked = inference_options(cfg, model, tasks, "torch", say)
+    if flags.trainer_config is not None:
+        say(f"deprecated: {DEPRECATED_FILE}")
+    given = {"max_steps": flags.steps, "batch_groups": flags.batch_groups, "async_level": flags.async_level,
+             "lr": flags.lr, "verify_fraction": verify_fraction}
+    return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
+                                publish_dir=shards.publish_dir or cfg.layout.publish,
+                                config_file=flags.trainer_config, flags=given, trusted=flags.trust_validator,
+                                section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
+                                source=str(cfg.config_file), environ=environ)
+
+
+def _diloco_settings(cfg: NodeConfig, flags: JoinFlags, model: str | None, environ: Mapping[str, str],
+                     say: Say) -> Any:
+    """``[diloco]`` (environment, then --model as a preset name and --data on top) and the allowlist
+    of its signed run spec; the metagene workload builds its data from the reads first."""
+    from intellect_node.node.diloco.run_spec import with_run_spec
+    from intellect_node.node.diloco.settings import DilocoSettings
+
+    source = str(cfg.config_file)
+    table = dict(cfg.sections.get("diloco", {}))
+    data = flags.data
+    if _is_metagene(cfg, flags, table):
+        data = _metagene_data(cfg, flags, environ, say)
+        model = model or table.get("model") or "tiny"
+    values = layered(DilocoSettings, "diloco", table, source, {"model": model, "data": data}, environ)
+    settings = build(DilocoSettings, {}, source, "[diloco]", **values)
+    try:
+        settings = with_run_spec(settings, cfg.run_id, cfg.config_file.parent)  # a spec failing its checks stops here
+        if settings.data.startswith("metagene:"):
+            settings.open_data()  # a missing or unfit store is a configuration error, before the node starts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return settings
+
+
+def _is_metagene(cfg: NodeConfig, flags: JoinFlags, diloco_table: Mapping[str, Any]) -> bool:
+    """Whether this diloco node runs the metagene workload (--workload metagene, or a ``[metagene]``
+    section naming reads); contradicting flags are errors that say which."""
+    if flags.workload not in (None, "metagene"):
+        raise ConfigError(f"unknown workload {flags.workload!r}: the diloco role's workload is 'metagene' "
+                          "(or none: --data decides)")
+    if flags.workload is None and (flags.reads or flags.tokenizer is not None):
+        raise ConfigError("--reads and --tokenizer go with --workload metagene")
+    metagene = flags.workload == "metagene" or "reads" in cfg.sections.get("metagene", {})
+    if metagene and (flags.data is not None or "data" in diloco_table):
+        raise ConfigError("--workload metagene builds its own data from the reads: drop --data ([diloco] data)")
+    return metagene
+
+
+def _metagene_data(cfg: NodeConfig, flags: JoinFlags, environ: Mapping[str, str], say: Say) -> str:
+    """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
+    from intellect_node.node.metagene.job import MetageneJob
+    from intellect_node.node.metagene.prepare import prepare_store
+
+    source = str(cfg.config_file)
+    job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), list(flags.reads) or None,
+                                   flags.tokenizer, source, environ)
+    try:
+        store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
+                              job.read_options(), job.vocab, job.tokenizer_reads, log=say)
+        spec = job.data_spec(store.path)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+    say(f"metagene store {'reused' if store.reused else 'built'}: {store.path} ({store.reads:,} reads, "
+        f"{store.tokens:,} tokens, digest {store.digest.hex()[:16]})")
+    return spec

@@ -1,0 +1,119 @@
+"""``join``'s flags and the config's sections become each role's options in one place
+(node/app/join.py): every section has its environment layer, flags win, and mistakes are
+``ConfigError``s naming the key before anything is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from intellect_node.node.app.config import load_config
+from intellect_node.node.app.join import JoinFlags, role_options
+from intellect_node.node.config.base import ConfigError
+from intellect_node.node.metagene.job import MetageneJob
+
+TASKS = "toy:seed=0,count=4"
+
+
+def options(home: Path, toml: str, environ: dict[str, str], **flags):
+    """The role options of a node in ``home`` with ``toml`` as its config file."""
+    (home / "config.toml").write_text(toml)
+    said: list[str] = []
+    config = load_config({"home": str(home)}, environ={})
+    return config, role_options(config, JoinFlags(**flags), said.append, environ), said
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """Enough of an HF-layout directory for the checks made before a node starts."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def test_role_sections_layer_file_then_environment_then_flags(tmp_path: Path, model_dir: Path) -> None:
+    toml = f'[inference]\nmodel = "{model_dir}"\ntasks = "{TASKS}"\nengine = "auto"\ngroups_per_step = 2\n'
+    _, roles, _ = options(tmp_path, toml, {"INTELLECT_NODE_INFERENCE_ENGINE": "torch"}, roles=("inference",))
+    inference = roles.inference
+    assert (inference.model_dir, inference.engine, inference.groups_per_step) == (model_dir, "torch", 2)
+    _, roles, _ = options(tmp_path, toml, {"INTELLECT_NODE_INFERENCE_ENGINE": "torch"}, roles=("inference",),
+                          engine="vllm", groups_per_step=0)
+    assert (roles.inference.engine, roles.inference.groups_per_step) == ("vllm", 0)
+
+
+def test_a_validator_reads_its_own_section_and_shares_the_model(tmp_path: Path, model_dir: Path) -> None:
+    toml = f'[validator]\nmodel = "{model_dir}"\ntasks = "{TASKS}"\n'
+    _, roles, _ = options(tmp_path, toml, {"INTELLECT_NODE_VALIDATOR_VERIFY_FRACTION": "0.25"},
+                          roles=("validator",))
+    assert roles.validator.model_dir == model_dir and roles.validator.verify_fraction == 0.25
+    assert roles.inference is None and roles.trainer is None
+
+
+def test_trainer_section_environment_sits_between_file_and_flags(tmp_path: Path, model_dir: Path) -> None:
+    toml = "[trainer]\nbatch_groups = 4\n[trainer.optim]\nlr = 1e-3\n"
+    env = {"INTELLECT_NODE_TRAINER_BATCH_GROUPS": "3"}
+    _, roles, _ = options(tmp_path, toml, env, roles=("trainer",), model=str(model_dir), tasks=TASKS)
+    assert roles.trainer.batch_groups == 3 and roles.trainer.optim.lr == 1e-3
+    _, roles, _ = options(tmp_path, toml, env, roles=("trainer",), model=str(model_dir), tasks=TASKS, batch_groups=5)
+    assert roles.trainer.batch_groups == 5
+    with pytest.raises(ConfigError, match="batch_groups from environment"):
+        options(tmp_path, toml, {"INTELLECT_NODE_TRAINER_BATCH_GROUPS": "many"}, roles=("trainer",),
+                model=str(model_dir), tasks=TASKS)
+
+
+def test_diloco_section_reads_the_environment(tmp_path: Path) -> None:
+    _, roles, _ = options(tmp_path, "[diloco]\nH = 20\n", {"INTELLECT_NODE_DILOCO_H": "7"}, roles=("diloco",))
+    assert roles.diloco.H == 7
+    with pytest.raises(ConfigError, match=r"\[diloco\] H"):
+        options(tmp_path, "", {"INTELLECT_NODE_DILOCO_H": "0"}, roles=("diloco",))
+
+
+def test_metagene_section_reads_the_environment_under_the_flags(tmp_path: Path) -> None:
+    section = {"reads": ["/data/a.fastq"], "min_length": 50}
+    env = {"INTELLECT_NODE_METAGENE_MIN_LENGTH": "10", "INTELLECT_NODE_METAGENE_READS": "/data/b.fastq,/data/c.fastq"}
+    job = MetageneJob.from_section(section, None, None, "cfg.toml", env)
+    assert job.min_length == 10 and job.reads == ("/data/b.fastq", "/data/c.fastq")
+    job = MetageneJob.from_section(section, ["/data/d.fastq"], Path("/tok"), "cfg.toml", env)
+    assert job.reads == ("/data/d.fastq",) and job.tokenizer == "/tok"
+    with pytest.raises(ConfigError, match="needs reads"):
+        MetageneJob.from_section({}, None, None, "cfg.toml", {})
+
+
+@pytest.mark.parametrize("flags,match", [
+    ({"roles": ("inference",), "model": "tiny", "tasks": "nonsense:x"}, "--tasks"),
+    ({"roles": ("inference",), "model": "/no/such/model", "tasks": TASKS}, "not an HF-layout model directory"),
+    ({"roles": ("inference",), "model": "tiny", "groups_per_step": -1}, r"\[inference\] groups_per_step"),
+    ({"roles": ("inference",), "workload": "metagene"}, "are for --role diloco"),
+    ({"roles": ("diloco",), "workload": "rl"}, "unknown workload 'rl'"),
+    ({"roles": ("diloco",), "reads": ("/a.fastq",)}, "go with --workload metagene"),
+    ({"roles": ("diloco",), "workload": "metagene", "data": "generated:sequences=8"}, "drop --data"),
+    ({"roles": ("diloco",), "workload": "metagene"}, "needs reads"),
+])
+def test_mistakes_are_named_before_anything_is_built(tmp_path: Path, flags: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        options(tmp_path, "", {}, **flags)
+    assert not (tmp_path / "models").exists()  # the tiny model was never started
+
+
+def test_async_level_flag_is_run_wide(tmp_path: Path, model_dir: Path) -> None:
+    config, roles, said = options(tmp_path, "[run]\nasync_level = 2\n", {}, roles=("inference", "trainer"),
+                                  model=str(model_dir), tasks=TASKS, async_level=0)
+    assert config.run.async_level == 0 and roles.trainer.async_level == 0 and roles.inference is not None
+    assert roles.validator is None  # a trainer validates itself
+    assert said == []
+
+
+def test_roles_without_a_model_relay_and_say_so(tmp_path: Path) -> None:
+    _, roles, said = options(tmp_path, "", {}, roles=("inference", "trainer"))
+    assert roles.inference is None and roles.trainer is None and roles.shards is not None
+    assert any("generates no rollouts" in line for line in said) and any("trains nothing" in line for line in said)
+
+
+def test_run_section_reads_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "config.toml").write_text("[run]\nasync_level = 2\nmax_tokens = 32\n")
+    config = load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RUN_ASYNC_LEVEL": "0"})
+    assert (config.run.async_level, config.run.max_tokens) == (0, 32)
+    with pytest.raises(ConfigError, match="group_size from environment"):
+        load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RUN_GROUP_SIZE": "eight"})
