@@ -101,7 +101,6 @@ def test_async_level_flag_is_run_wide(tmp_path: Path, model_dir: Path) -> None:
     config, roles, said = options(tmp_path, "[run]\nasync_level = 2\n", {}, roles=("inference", "trainer"),
                                   model=str(model_dir), tasks=TASKS, async_level=0)
     assert config.run.async_level == 0 and roles.trainer.async_level == 0 and roles.inference is not None
-    assert roles.validator is None  # a trainer validates itself
     assert said == []
 
 

@@ -47,3 +47,23 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     assert (worker.settings.max_tokens, worker.settings.group_size, worker.settings.temperature) == (128, 4, 0.5)
     spec = validator.run_context.spec
     assert (spec.max_tokens, spec.group_size, spec.temperature) == (128, 4, 0.5)
+
+
+def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> None:
+    """Trainer and validator roles on one node: the trainer's own verification judges the inbox,
+    so no second validator service judges (and charges) every batch twice."""
+    from intellect_node.node.roles.trainer.service import TrainerOptions
+    from intellect_node.node.roles.validator.service import ValidatorOptions
+
+    node = make_node(tmp_path, "trainer", "assembly-run")
+    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["trainer", "validator"])
+    shards = load_shard_config(config.home, {"publish_dir": tmp_path / "publish"}, environ={})
+    tasks = "toy:seed=0,count=4"
+    options = RoleOptions(shards=shards, trainer=TrainerOptions(model_dir=tmp_path, task_spec=tasks,
+                                                                publish_dir=tmp_path / "publish"),
+                          validator=ValidatorOptions(model_dir=tmp_path, task_spec=tasks))
+    services = assemble(node, config, options)
+    names = [s.name for s in services]
+    assert names.count("trainer") == 1 and "validator" not in names
+    receiver = next(s for s in services if s.name == "rollouts")
+    assert receiver.on_stored == next(s for s in services if s.name == "trainer").validator.notify

@@ -83,7 +83,7 @@ def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
     elif "trainer" in roles:
         say("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
     validator = None
-    if "validator" in roles and model is not None and training is None:  # a trainer validates itself
+    if "validator" in roles and model is not None:  # with a trainer here, node/app/roles.py keeps one verifier
         from intellect_node.node.roles.validator.service import ValidatorOptions
 
         checked = inference_options(cfg, model, tasks, engine, say)
