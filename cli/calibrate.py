@@ -18,23 +18,6 @@ import typer
 from rich.console import Console
 
 err = Console(stderr=True)
-PRECISIONS = ("float32", "bfloat16", "float16")
-
-
-def _engine(spec: str, model: Path, device: str | None) -> object:
-    """``torch``, ``torch:bfloat16``, ``vllm:bfloat16`` -> an engine on ``model``."""
-    import torch
-
-    from intellect_node.node.engine import select_engine
-
-    name, _, precision = spec.partition(":")
-    precision = precision or "float32"
-    if name not in ("torch", "vllm") or precision not in PRECISIONS:
-        raise ValueError(f"engine {spec!r}: want torch or vllm, optionally :{'|'.join(PRECISIONS)}")
-    engine_class = select_engine(name)
-    if name == "vllm":  # one GPU, its own device choice; precision by name
-        return engine_class.from_checkpoint(model, dtype=precision)
-    return engine_class.from_checkpoint(model, device=device, dtype=getattr(torch, precision))
 
 
 def calibrate(
@@ -54,6 +37,7 @@ def calibrate(
     """Measure an engine pair on honest work and print the tolerances for the run spec."""
     from transformers import AutoTokenizer
 
+    from intellect_node.node.engine import build_engine
     from intellect_node.node.engine.calibration import calibrated_pair
     from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.calibrate import measure_engines
@@ -61,7 +45,8 @@ def calibrate(
 
     try:
         task_list = load_task_spec(tasks)
-        worker_engine, validator_engine = _engine(worker, model, device), _engine(validator, model, device)
+        worker_engine, validator_engine = build_engine(worker, model, device=device), build_engine(
+            validator, model, device=device)
         tokenizer = AutoTokenizer.from_pretrained(model)
     except (TaskSpecError, ValueError, RuntimeError, OSError) as exc:
         err.print(f"[red]refused:[/red] {type(exc).__name__}: {exc}")
@@ -69,7 +54,7 @@ def calibrate(
     settings = RolloutSettings(max_tokens=max_tokens)
     err.print(f"measuring {groups} honest groups: {worker} generates, {validator} judges ...")
     figures = measure_engines(worker_engine, validator_engine, tokenizer, task_list, settings, groups)
-    pair = calibrated_pair(worker.partition(":")[0], validator.partition(":")[0], figures)
+    pair = calibrated_pair(worker_engine.name, validator_engine.name, figures)
     if as_json:
         print(json.dumps({"figures": dataclasses.asdict(figures), "engine_pair": dataclasses.asdict(pair)}, indent=2))
         return

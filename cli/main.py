@@ -153,7 +153,9 @@ def join(
         "--tasks",
         help="toy:seed=S,count=N[,kinds=add+reverse], math:seed=S,count=N, "
              "humaneval[:count=N] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="Inference engine: auto, torch or vllm [auto]")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Inference engine: auto, torch or vllm, optionally with :float32|bfloat16|float16 "
+                         "(torch:bfloat16); the run's [[run.engines]] pairs must cover it [auto]")] = None,
     trust_validator: Annotated[list[str] | None, typer.Option(
         "--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
     verify_fraction: Annotated[float | None, typer.Option(

@@ -110,3 +110,29 @@ def test_a_bad_groups_per_step_is_named_before_any_model_is_built(tmp_path, valu
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "[inference] groups_per_step" in done.stderr, done.stderr
     assert not (tmp_path / "models").exists()  # refused before the tiny model's two minutes
+
+
+PAIR = ('worker = "torch"\nvalidator = "torch"\ntoploc_max_exp_mismatches = 8\ntoploc_max_mant_err_mean = 10.0\n'
+        'toploc_max_mant_err_median = 8.0\nlogprob_atol = 0.05\nsampling_slack = 0.5\nmargin_noise = 0.01\n')
+
+
+def test_run_engines_are_the_calibrated_pairs_of_the_file(tmp_path):
+    from intellect_node.protocol.run_spec import TORCH_TORCH
+
+    assert load_config({"home": str(tmp_path)}, environ={}).run.engines == (TORCH_TORCH,)
+    (tmp_path / "config.toml").write_text(f"[[run.engines]]\n{PAIR}")
+    (pair,) = load_config({"home": str(tmp_path)}, environ={}).run.engines
+    assert (pair.worker, pair.sampling_slack, pair.margin_noise) == ("torch", 0.5, 0.01)
+
+
+@pytest.mark.parametrize("tables,match", [
+    (f"[[run.engines]]\n{PAIR.replace('sampling_slack = 0.5', 'sampling_slack = 5.0')}", "sampling_slack"),
+    (f"[[run.engines]]\n{PAIR.replace('margin_noise = 0.01', '')}", "missing field 'margin_noise'"),
+    (f"[[run.engines]]\n{PAIR.replace('torch', 'trt', 1)}", "worker"),
+    (f"[[run.engines]]\n{PAIR}[[run.engines]]\n{PAIR}", "one per"),
+    ("[run]\nengines = 3\n", r"\[\[run.engines\]\] tables"),
+])
+def test_bad_engine_pairs_name_the_field(tmp_path, tables, match):
+    (tmp_path / "config.toml").write_text(tables)
+    with pytest.raises(ConfigError, match=match):
+        load_config({"home": str(tmp_path)}, environ={})

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from intellect_node.crypto.toploc import build_proofs, verify_proofs
-from intellect_node.node.engine import EngineUnavailable, select_engine
+from intellect_node.node.engine import EngineChoice, EngineUnavailable, build_engine, select_engine
 from intellect_node.node.engine.base import Completion, SamplingParams, encode_prompt
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
@@ -311,3 +311,24 @@ def test_select_engine() -> None:
         select_engine("vllm")
     with pytest.raises(ValueError):
         select_engine("tensorrt")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("torch", EngineChoice("torch")), ("torch:bfloat16", EngineChoice("torch", "bfloat16")),
+    ("auto", EngineChoice("auto")), ("vllm:float16", EngineChoice("vllm", "float16")),
+])
+def test_engine_choices_parse(text: str, expected: EngineChoice) -> None:
+    assert EngineChoice.parse(text) == expected
+
+
+@pytest.mark.parametrize("text,match", [("tensorrt", "unknown engine"), ("torch:fp8", "unknown precision"),
+                                        ("torch:", "unknown precision"), ("", "unknown engine")])
+def test_bad_engine_choices_name_the_part_that_is_wrong(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineChoice.parse(text)
+
+
+def test_build_engine_loads_the_chosen_precision(model_dir: Path) -> None:
+    assert build_engine("torch", model_dir, device="cpu").dtype == torch.float32
+    bf16 = build_engine("torch:bfloat16", model_dir, device="cpu")
+    assert bf16.dtype == torch.bfloat16 and bf16.name == "torch"  # batches name the engine, not its precision

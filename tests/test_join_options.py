@@ -84,6 +84,7 @@ def test_metagene_section_reads_the_environment_under_the_flags(tmp_path: Path) 
 @pytest.mark.parametrize("flags,match", [
     ({"roles": ("inference",), "model": "tiny", "tasks": "nonsense:x"}, "--tasks"),
     ({"roles": ("inference",), "model": "/no/such/model", "tasks": TASKS}, "not an HF-layout model directory"),
+    ({"roles": ("inference",), "model": "tiny", "engine": "torch:fp8"}, "--engine: .*unknown precision"),
     ({"roles": ("inference",), "model": "tiny", "groups_per_step": -1}, r"\[inference\] groups_per_step"),
     ({"roles": ("inference",), "workload": "metagene"}, "are for --role diloco"),
     ({"roles": ("diloco",), "workload": "rl"}, "unknown workload 'rl'"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -47,16 +48,21 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     assert (worker.settings.max_tokens, worker.settings.group_size, worker.settings.temperature) == (128, 4, 0.5)
     spec = validator.run_context.spec
     assert (spec.max_tokens, spec.group_size, spec.temperature) == (128, 4, 0.5)
+    assert spec.engines == config.run.engines
 
 
 def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> None:
     """Trainer and validator roles on one node: the trainer's own verification judges the inbox,
     so no second validator service judges (and charges) every batch twice."""
+    from intellect_node.node.app.config import RunConfig
     from intellect_node.node.roles.trainer.service import TrainerOptions
     from intellect_node.node.roles.validator.service import ValidatorOptions
+    from intellect_node.protocol.run_spec import TORCH_TORCH
 
     node = make_node(tmp_path, "trainer", "assembly-run")
-    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["trainer", "validator"])
+    wide = dataclasses.replace(TORCH_TORCH, sampling_slack=0.5, margin_noise=0.02)  # a calibrated bf16 pair
+    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["trainer", "validator"],
+                        run=RunConfig(engines=(wide,)))
     shards = load_shard_config(config.home, {"publish_dir": tmp_path / "publish"}, environ={})
     tasks = "toy:seed=0,count=4"
     options = RoleOptions(shards=shards, trainer=TrainerOptions(model_dir=tmp_path, task_spec=tasks,
@@ -65,5 +71,7 @@ def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> No
     services = assemble(node, config, options)
     names = [s.name for s in services]
     assert names.count("trainer") == 1 and "validator" not in names
+    trainer = next(s for s in services if s.name == "trainer")
     receiver = next(s for s in services if s.name == "rollouts")
-    assert receiver.on_stored == next(s for s in services if s.name == "trainer").validator.notify
+    assert receiver.on_stored == trainer.validator.notify
+    assert trainer.validator.run_context.spec.engines == config.run.engines == (wide,)

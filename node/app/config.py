@@ -30,6 +30,8 @@ from intellect_node.node.config.base import ConfigError, build, field_types, val
 from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
+from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
 
 DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
@@ -53,6 +55,9 @@ class RunConfig:
     group_size: int = 8  # completions per prompt: one GRPO group
     # sampling temperature; INTELLECT-2's 1.0 suits large models, a 135M model at 1.0 writes noise
     temperature: float = 1.0
+    # which engine may generate for which to judge, with the tolerances measured for that pair
+    # (``[[run.engines]]`` tables, as ``intellect-node calibrate`` prints them; specs/sampling.md 4)
+    engines: tuple[EnginePair, ...] = (TORCH_TORCH,)
 
     def __post_init__(self) -> None:
         whole_number("[run] async_level", self.async_level, 0)
@@ -61,6 +66,9 @@ class RunConfig:
         temperature = self.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature > 0:
             raise ConfigError(f"[run] temperature: {temperature!r} is not a number > 0")
+        pairs = [(pair.worker, pair.validator) for pair in self.engines]
+        if not pairs or len(set(pairs)) != len(pairs):
+            raise ConfigError(f"[run] engines: want at least one pair and one per (worker, validator), got {pairs}")
 
 
 @dataclass
@@ -148,12 +156,31 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     run_table = dict(sections.get("run", {}))
     if "run_id" in run_table:  # run-wide, so [run]; [node] run_id (older files) still wins over it
         node_table = {"run_id": run_table.pop("run_id")} | node_table
-    run = build(RunConfig, {}, str(path), "[run]", **layered(RunConfig, "run", run_table, str(path), {}, environ))
+    engines = _engine_pairs(run_table.pop("engines", None), path)
+    run_keys = set(field_types(RunConfig)) - {"engines"}  # tables: the file only
+    run_values = layered(RunConfig, "run", run_table, str(path), {}, environ, run_keys)
+    run = build(RunConfig, {}, str(path), "[run]", **run_values, **({} if engines is None else {"engines": engines}))
     values = layered(NodeConfig, "node", node_table, str(path), given, environ, NODE_KEYS)
     config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run, "loaded_from": path}))
     if config.advert_refresh_s >= config.advert_lifetime_s:
         raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
     return config
+
+
+def _engine_pairs(tables: Any, path: Path) -> tuple[EnginePair, ...] | None:
+    """``[[run.engines]]``: each table checked as the run spec's wire checks it (every field, its
+    bounds), so a pair the spec would refuse is a configuration error naming the table."""
+    if tables is None:
+        return None
+    if not isinstance(tables, list):
+        raise ConfigError(f"{path} [run] engines: expected [[run.engines]] tables, got {tables!r}")
+    pairs = []
+    for index, table in enumerate(tables):
+        try:
+            pairs.append(EnginePair.from_wire(table, f"[[run.engines]] #{index + 1}"))
+        except Rejected as exc:
+            raise ConfigError(f"{path} {exc}") from None
+    return tuple(pairs)
 
 
 def _split_sections(data: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -20,6 +20,7 @@ from intellect_node.node.app.config import ROLE_SECTION_KEYS, InferenceOptions, 
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, build, whole_number
 from intellect_node.node.config.loader import layered
+from intellect_node.node.engine import EngineChoice
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
 
 DEFAULT_TASKS = "toy:seed=0,count=1000"
@@ -121,6 +122,10 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
         load_task_spec(tasks)
     except (TaskSpecError, ValueError) as exc:
         raise ConfigError(f"--tasks: {exc}") from None
+    try:
+        EngineChoice.parse(engine)
+    except ValueError as exc:
+        raise ConfigError(f"--engine: {exc}") from None
     if model == "tiny":
         from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from intellect_node.node.rollouts.exchange import RolloutReceiver
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.swarm.runtime import Node, Service
+    from intellect_node.node.tasks.schema import Task
+    from intellect_node.protocol.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,15 @@ class Assembly:
         run = self.config.run
         return RolloutSettings(group_size=run.group_size, max_tokens=run.max_tokens, temperature=float(run.temperature))
 
+    def run_spec(self, tasks: list[Task], async_window: int) -> RunSpec:
+        """The spec this node judges by: the run's rollout shape and calibrated engine pairs ([run]).
+        Built by each judge until the overlay distributes the authority's signed spec."""
+        from intellect_node.protocol.run_spec import build_run_spec
+
+        return build_run_spec(run_id=self.config.run_id, authority=self.node.peer_id, tasks=tasks,
+                              settings=self.rollout_settings(), async_window=async_window,
+                              engines=self.config.run.engines)
+
     def require_overlay(self, role: str) -> ShardService:
         if self.overlay is None:
             raise ValueError(f"the {role} role needs the shard overlay for its checkpoints")
@@ -71,8 +82,10 @@ def _trainer(a: Assembly) -> None:
     from intellect_node.node.roles.trainer.service import TrainerService
     from intellect_node.node.tasks.spec import load_task_spec
 
-    service = TrainerService(a.node, a.require_overlay("trainer"), a.options.trainer,
-                             load_task_spec(a.options.trainer.task_spec), rollout=a.rollout_settings())
+    options = a.options.trainer
+    tasks = load_task_spec(options.task_spec)
+    service = TrainerService(a.node, a.require_overlay("trainer"), options, tasks, rollout=a.rollout_settings(),
+                             run_spec=a.run_spec(tasks, options.async_level))
     a.verifier = service.validator
     a.services.append(service)
 
@@ -87,9 +100,10 @@ def _validator(a: Assembly) -> None:
     from intellect_node.node.roles.validator.service import ValidatorService
     from intellect_node.node.tasks.spec import load_task_spec
 
-    service = ValidatorService(a.node, a.require_overlay("validator"), a.options.validator,
-                               load_task_spec(a.options.validator.task_spec), async_window=a.config.run.async_level,
-                               settings=a.rollout_settings())
+    tasks = load_task_spec(a.options.validator.task_spec)
+    service = ValidatorService(a.node, a.require_overlay("validator"), a.options.validator, tasks,
+                               async_window=a.config.run.async_level, settings=a.rollout_settings(),
+                               run_spec=a.run_spec(tasks, a.config.run.async_level))
     a.verifier = service
     a.services.append(service)
 

@@ -12,17 +12,24 @@ HF-layout Llama and Qwen2.
 - ``intellect_node.node.engine.chunked_head``: log-probabilities of chosen tokens with the LM head run
   over a few rows at a time (the full vocabulary's logits never held at once).
 
-``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class; nothing heavy is
-imported until then, so ``import node.engine`` stays cheap.
+``select_engine`` maps the ``--engine auto|torch|vllm`` choice to a class, and ``build_engine`` builds
+one from a choice with its precision (``torch:bfloat16``); nothing heavy is imported until then, so
+``import node.engine`` stays cheap. The precision is this node's business: batches name the engine
+only, and the run spec's calibrated pairs cover every precision they were measured on.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from intellect_node.node.engine.base import Engine
 
 ENGINE_NAMES = ("auto", "torch", "vllm")
+PRECISIONS = ("float32", "bfloat16", "float16")
+DEFAULT_PRECISION = {"torch": "float32", "vllm": "bfloat16"}  # each engine's own default
 
 
 class EngineUnavailable(RuntimeError):
@@ -54,3 +61,36 @@ def select_engine(name: str) -> type[Engine]:
     from intellect_node.node.engine.torch_engine import TorchEngine
 
     return TorchEngine
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """``name[:precision]`` as a user writes it (``--engine torch:bfloat16``); precision None: the
+    engine's default (torch float32, vLLM bfloat16)."""
+
+    name: str
+    precision: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> EngineChoice:
+        """``auto``, ``torch``, ``vllm:bfloat16`` ...; ValueError naming what is wrong."""
+        name, colon, precision = text.partition(":")
+        if name not in ENGINE_NAMES:
+            raise ValueError(f"engine {text!r}: unknown engine {name!r}; choose one of {ENGINE_NAMES}")
+        if colon and precision not in PRECISIONS:
+            raise ValueError(f"engine {text!r}: unknown precision {precision!r}; choose one of {PRECISIONS}")
+        return cls(name, precision or None)
+
+
+def build_engine(choice: str, model_dir: str | Path, *, device: str | None = None, **options: Any) -> Engine:
+    """The engine ``choice`` names, loaded from ``model_dir`` in its precision. ``device`` is the
+    torch engine's (None: the GPU when there is one); vLLM takes its one GPU itself. ``options``
+    go to the engine's ``from_checkpoint`` (``max_batch_rows`` ...)."""
+    parsed = EngineChoice.parse(choice)
+    engine_class = select_engine(parsed.name)
+    precision = parsed.precision or DEFAULT_PRECISION[engine_class.name]
+    if engine_class.name == "vllm":
+        return engine_class.from_checkpoint(model_dir, dtype=precision, **options)
+    import torch
+
+    return engine_class.from_checkpoint(model_dir, device=device, dtype=getattr(torch, precision), **options)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from intellect_node.node.engine import select_engine
+from intellect_node.node.engine import build_engine
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.shards.loader import load_tensors
 
@@ -50,7 +50,7 @@ class PolicyFollower:
 
         if not (self.model_dir / "config.json").exists():
             raise PolicySetupError(f"{self.model_dir} is not an HF-layout model directory (no config.json)")
-        return (select_engine(self.engine_name).from_checkpoint(self.model_dir),
+        return (build_engine(self.engine_name, self.model_dir),
                 AutoTokenizer.from_pretrained(self.model_dir))
 
     async def use(self, checkpoint: Checkpoint) -> bool:

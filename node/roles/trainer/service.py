@@ -63,6 +63,7 @@ from intellect_node.protocol.rollouts import (
     RolloutBatch,
     unpack_tokens,
 )
+from intellect_node.protocol.run_spec import RunSpec
 from intellect_node.protocol.verdicts import UNINFORMATIVE
 
 if TYPE_CHECKING:
@@ -123,9 +124,10 @@ class TrainerCounters:
 
 class TrainerService:
     def __init__(self, node: NodeContext, shards: ShardService, options: TrainerOptions, tasks: list[Task], *,
-                 rollout: RolloutSettings | None = None) -> None:
+                 rollout: RolloutSettings | None = None, run_spec: RunSpec | None = None) -> None:
         """``rollout``: the run's rollout shape ([run] max_tokens, group_size), which its own
-        verification judges batches by."""
+        verification judges batches by; ``run_spec``: the spec it judges by (with the run's
+        calibrated engine pairs), else one built from ``rollout`` with the torch/torch pair."""
         if shards.config.publish_dir is None:
             raise ValueError("the trainer publishes through the shard overlay: it needs a publish directory")
         self.node = node
@@ -143,7 +145,7 @@ class TrainerService:
             node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
                                            engine=options.engine, verify_fraction=options.verify_fraction,
                                            trusted=options.trusted, skip_uninformative=bool(options.trusted)),
-            tasks, async_window=options.async_level, settings=rollout, on_judged=self._on_judged)
+            tasks, async_window=options.async_level, settings=rollout, run_spec=run_spec, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
         self.learner: GRPOLearner | LeadLearner | None = None

@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from intellect_node.node.engine import select_engine
+from intellect_node.node.engine import build_engine
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
@@ -59,7 +59,7 @@ def judge_stored_batch(signed: codec.Signed[RolloutBatch], *, checkpoint_dir: Pa
     else:
         known = {batch.manifest_hash: batch.policy_step}
     run = RunContext(spec, tasks)
-    engine = select_engine(engine_name).from_checkpoint(checkpoint_dir)
+    engine = build_engine(engine_name, checkpoint_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint_dir)
