@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, noise_of_flips
+from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, noise_of_flips, tail_quantile
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.roles.validator.calibrate import measure_engines
@@ -40,6 +41,30 @@ def test_the_noise_level_matches_the_flips_it_is_given() -> None:
     expected = float(torch.special.ndtr(torch.from_numpy(-gaps / sigma)).sum())
     assert expected == pytest.approx(50, rel=1e-3)
     assert noise_of_flips(gaps, 0) == 0.0 and noise_of_flips(gaps, 100) > sigma
+
+
+def test_a_tail_fit_extrapolates_beyond_the_largest_sample() -> None:
+    """Exponential errors: the 1e-8 quantile is ln(1e8) = 18.4, far beyond the largest of 20,000
+    (about 10.5); the fit rests on the 50 largest, so two samples of the same law agree."""
+    rng = np.random.default_rng(1)
+    first, second = rng.exponential(1.0, 20_000), rng.exponential(1.0, 20_000)
+    fitted = tail_quantile(first, 1e-8)
+    assert fitted == pytest.approx(math.log(1e8), rel=0.2) and fitted > first.max() * 1.4
+    assert abs(fitted - tail_quantile(second, 1e-8)) < 0.25 * fitted
+    assert tail_quantile(first, 0.5) == pytest.approx(math.log(2), rel=0.05)  # inside the data: empirical
+    assert tail_quantile(np.zeros(0)) == 0.0 and tail_quantile(np.array([0.3])) == 0.3
+
+
+def test_tail_fits_widen_a_pair_past_safety_times_the_maximum() -> None:
+    figures = PairFigures(positions=20_000, flips=80, noise=0.05, worst_margin=-0.4, max_logprob_error=0.5,
+                          max_exp_mismatches=10, max_mant_err_mean=3.0, max_mant_err_median=2.0,
+                          depth_tail=1.7, logprob_tail=2.2, exp_mismatches_tail=50.2, mant_err_mean_tail=9.0,
+                          mant_err_median_tail=1.0)
+    pair = calibrated_pair("torch", "torch", figures)
+    assert (pair.sampling_slack, pair.logprob_atol) == (pytest.approx(1.7), pytest.approx(2.2))
+    assert (pair.toploc_max_exp_mismatches, pair.toploc_max_mant_err_mean) == (51, pytest.approx(9.0))
+    assert pair.toploc_max_mant_err_median == pytest.approx(4.0)  # safety times the maximum is the larger
+    assert calibrated_pair("torch", "torch", dataclasses.replace(figures, depth_tail=7.0)).sampling_slack == MAX_SLACK
 
 
 def test_a_pair_is_never_tighter_than_the_exact_one_and_widens_with_its_figures() -> None:

@@ -10,10 +10,18 @@ the other's prefill with replays, and derives (specs/sampling.md section 4):
 - ``margin_noise``: the noise level at which the flip test's expectation equals the flips seen
   (``noise_of_flips``: the honest flip rate, matched on the positions' own gaps), times
   ``NOISE_SAFETY``;
-- ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, and at least
-  ``SLACK_SIGMAS`` noise levels (capped at the wire's bound): beyond it a token is refused alone;
+- ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, at least ``SLACK_SIGMAS``
+  noise levels, and at least the depth an honest token exceeds with chance ``UNIT_FALSE_REJECT``
+  by the tail fit below (capped at the wire's bound): beyond it a token is refused alone;
 - ``logprob_atol`` and the TOPLOC thresholds: their largest honest figures times
-  ``LOGPROB_SAFETY`` / ``TOPLOC_SAFETY``, never below the torch/torch pair's.
+  ``LOGPROB_SAFETY`` / ``TOPLOC_SAFETY``, at least their tail fits' values, never below the
+  torch/torch pair's.
+
+Why tail fits: the errors between precisions are heavy-tailed (bench/RESULTS.md, "Cross-engine
+tolerances": a slack from the deepest flip of 512 groups missed flips among the next 1,000), so the
+maximum of a calibration set does not bound a run's worth of honest tokens. ``tail_quantile``
+extrapolates peaks over a threshold with an exponential tail (the mean excess of the largest
+``TAIL_POINTS`` figures), which rests on many points instead of the one largest.
 
 A pair is only as good as its calibration set: the figures name how many positions they rest on.
 """
@@ -39,6 +47,10 @@ SLACK_SAFETY = 2.0
 SLACK_SIGMAS = 8.0
 LOGPROB_SAFETY = 3.0
 TOPLOC_SAFETY = 2.0
+TAIL_POINTS = 50  # the largest figures a tail fit rests on
+# the chance that one honest token (or TOPLOC chunk) exceeds a tolerance taken from a tail fit:
+# a group of 8 completions of 64 tokens then crosses one with a chance near 5e-6
+UNIT_FALSE_REJECT = 1e-8
 # Loose enough that every honest chunk is measured (a chunk over a limit still reports its figures).
 MEASURING = Thresholds(max_exp_mismatches=10**6, max_mant_err_mean=1e9, max_mant_err_median=1e9)
 
@@ -55,23 +67,29 @@ class PairFigures:
     max_exp_mismatches: int
     max_mant_err_mean: float
     max_mant_err_median: float
+    # tail fits (``tail_quantile``) of the same figures at UNIT_FALSE_REJECT; 0: nothing to fit
+    depth_tail: float = 0.0  # flip depth (score units, positive)
+    logprob_tail: float = 0.0
+    exp_mismatches_tail: float = 0.0
+    mant_err_mean_tail: float = 0.0
+    mant_err_median_tail: float = 0.0
 
     def summary(self) -> str:
         """One line of the figures, for people (``intellect-node calibrate``, bench/cross_engine.py)."""
         return (f"{self.positions} positions, {self.flips} flips (noise {self.noise:.3g}), deepest flip "
                 f"{self.worst_margin:.3g}, logprob error {self.max_logprob_error:.3g}, TOPLOC "
-                f"{self.max_exp_mismatches}/{self.max_mant_err_mean:.3g}/{self.max_mant_err_median:.3g}")
+                f"{self.max_exp_mismatches}/{self.max_mant_err_mean:.3g}/{self.max_mant_err_median:.3g}; tail fits: "
+                f"depth {self.depth_tail:.3g}, logprob {self.logprob_tail:.3g}, TOPLOC "
+                f"{self.exp_mismatches_tail:.3g}/{self.mant_err_mean_tail:.3g}/{self.mant_err_median_tail:.3g}")
 
     @staticmethod
     def worst_of(figures: Sequence[PairFigures]) -> PairFigures:
         """One set of figures that every one of ``figures`` stays within (a pair covering several
         precisions: the run spec names engines, not precisions)."""
+        largest = {field.name: max(getattr(f, field.name) for f in figures) for field in dataclasses.fields(PairFigures)
+                   if field.name not in ("positions", "flips", "worst_margin")}
         return PairFigures(positions=sum(f.positions for f in figures), flips=sum(f.flips for f in figures),
-                           noise=max(f.noise for f in figures), worst_margin=min(f.worst_margin for f in figures),
-                           max_logprob_error=max(f.max_logprob_error for f in figures),
-                           max_exp_mismatches=max(f.max_exp_mismatches for f in figures),
-                           max_mant_err_mean=max(f.max_mant_err_mean for f in figures),
-                           max_mant_err_median=max(f.max_mant_err_median for f in figures))
+                           worst_margin=min(f.worst_margin for f in figures), **largest)
 
 
 def noise_of_flips(gaps: np.ndarray, flips: int) -> float:
@@ -93,6 +111,24 @@ def noise_of_flips(gaps: np.ndarray, flips: int) -> float:
     return high
 
 
+def tail_quantile(samples: np.ndarray, exceed: float = UNIT_FALSE_REJECT, points: int = TAIL_POINTS) -> float:
+    """The value one sample exceeds with chance ``exceed``: within the data, its empirical quantile;
+    beyond it, peaks over the threshold of the ``points`` largest with an exponential tail
+    (threshold + mean excess * ln(tail fraction / exceed)). 0 for no samples."""
+    if samples.size == 0:
+        return 0.0
+    ordered = np.sort(samples.astype(np.float64))
+    n = ordered.size
+    if exceed * n >= 1:
+        return float(ordered[min(n - 1, math.ceil((1 - exceed) * n))])
+    points = min(points, n - 1)
+    if points < 1:
+        return float(ordered[-1])
+    threshold = ordered[n - points - 1]
+    mean_excess = float((ordered[n - points:] - threshold).mean())
+    return float(threshold + mean_excess * math.log((points / n) / exceed))
+
+
 def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillResult]) -> PairFigures:
     """Figures of honest ``claims`` (as a worker delivered them) against the judging engine's
     prefill of the same completions, with replays, in the same order."""
@@ -101,28 +137,39 @@ def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillRes
     margins = np.concatenate([r.sampling_margins for r in judged]) if judged else np.zeros(0)
     gaps = np.concatenate([r.sampling_gaps for r in judged]) if judged else np.zeros(0)
     flips = int(np.count_nonzero(margins < 0))
-    logprob_error, chunks = 0.0, []
+    errors, chunks = [], []
     for claim, result in zip(claims, judged):
         if len(result.logprobs):
-            error = np.abs(unpack_logprobs(claim.logprobs) - result.logprobs.float().numpy())
-            logprob_error = max(logprob_error, float(error.max()))
+            errors.append(np.abs(unpack_logprobs(claim.logprobs) - result.logprobs.float().numpy()))
         chunks.extend(verify_proofs(result.hidden_states, list(claim.proofs), thresholds=MEASURING))
+    logprob_errors = np.concatenate(errors) if errors else np.zeros(0)
+    exp_mismatches = np.array([c.exp_mismatches for c in chunks], dtype=np.float64)
+    mant_means = np.array([c.mant_err_mean for c in chunks], dtype=np.float64)
+    mant_medians = np.array([c.mant_err_median for c in chunks], dtype=np.float64)
     return PairFigures(positions=int(margins.size), flips=flips, noise=noise_of_flips(gaps, flips),
                        worst_margin=float(min(0.0, margins.min())) if margins.size else 0.0,
-                       max_logprob_error=logprob_error,
-                       max_exp_mismatches=max((c.exp_mismatches for c in chunks), default=0),
-                       max_mant_err_mean=max((c.mant_err_mean for c in chunks), default=0.0),
-                       max_mant_err_median=max((c.mant_err_median for c in chunks), default=0.0))
+                       max_logprob_error=float(logprob_errors.max(initial=0.0)),
+                       max_exp_mismatches=int(exp_mismatches.max(initial=0)),
+                       max_mant_err_mean=float(mant_means.max(initial=0.0)),
+                       max_mant_err_median=float(mant_medians.max(initial=0.0)),
+                       depth_tail=tail_quantile(np.maximum(0.0, -margins)) if flips else 0.0,
+                       logprob_tail=tail_quantile(logprob_errors), exp_mismatches_tail=tail_quantile(exp_mismatches),
+                       mant_err_mean_tail=tail_quantile(mant_means), mant_err_median_tail=tail_quantile(mant_medians))
 
 
 def calibrated_pair(worker: str, validator: str, figures: PairFigures, base: EnginePair = TORCH_TORCH) -> EnginePair:
     """The ``EnginePair`` for these figures; never tighter than ``base`` (the exact pair's)."""
     noise = max(base.margin_noise, NOISE_SAFETY * figures.noise)
-    slack = min(MAX_SLACK, max(base.sampling_slack, SLACK_SAFETY * -figures.worst_margin, SLACK_SIGMAS * noise))
+    slack = min(MAX_SLACK, max(base.sampling_slack, SLACK_SAFETY * -figures.worst_margin, figures.depth_tail,
+                               SLACK_SIGMAS * noise))
     return dataclasses.replace(
         base, worker=worker, validator=validator, margin_noise=noise, sampling_slack=slack,
-        logprob_atol=min(10.0, max(base.logprob_atol, LOGPROB_SAFETY * figures.max_logprob_error)),
+        logprob_atol=min(10.0, max(base.logprob_atol, LOGPROB_SAFETY * figures.max_logprob_error,
+                                   figures.logprob_tail)),
         toploc_max_exp_mismatches=min(4096, max(base.toploc_max_exp_mismatches,
-                                                math.ceil(TOPLOC_SAFETY * figures.max_exp_mismatches))),
-        toploc_max_mant_err_mean=max(base.toploc_max_mant_err_mean, TOPLOC_SAFETY * figures.max_mant_err_mean),
-        toploc_max_mant_err_median=max(base.toploc_max_mant_err_median, TOPLOC_SAFETY * figures.max_mant_err_median))
+                                                math.ceil(TOPLOC_SAFETY * figures.max_exp_mismatches),
+                                                math.ceil(figures.exp_mismatches_tail))),
+        toploc_max_mant_err_mean=max(base.toploc_max_mant_err_mean, TOPLOC_SAFETY * figures.max_mant_err_mean,
+                                     figures.mant_err_mean_tail),
+        toploc_max_mant_err_median=max(base.toploc_max_mant_err_median, TOPLOC_SAFETY * figures.max_mant_err_median,
+                                       figures.mant_err_median_tail))
