@@ -9,19 +9,12 @@ from libp2p.peer.id import ID
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.churn import can_connect, fresh_peer, peer_info, serving
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
-from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy, address_keys
+from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy
 from intellect_node.node.swarm.host import build_host
 
 # py-libp2p's inbound slots are max_connections - min_connections: 10 here instead of 250, so
 # the upstream defect shows after a dozen connections instead of hundreds.
 TEN_SLOTS = ConnectionConfig(max_connections=40, min_connections=30, low_watermark=30, high_watermark=40)
-
-
-def test_address_keys_count_each_loopback_address_as_a_host():
-    assert address_keys("127.0.0.2") == ("127.0.0.2/32", "127.0.0.0/24")
-    assert address_keys("127.0.0.3")[0] != address_keys("127.0.0.2")[0]
-    assert address_keys("2001:db8::1") == ("2001:db8::/64", "2001:db8::/48")
-    assert address_keys("unknown") == ("unknown", "unknown")
 
 
 @pytest.mark.parametrize("guarded", [True, False], ids=["ours", "plain-0.8.1"])

@@ -91,6 +91,12 @@ class NodeConfig:
     relay_reservation_ttl_s: float = 600.0
     relay_circuit_duration_s: float = 120.0
     relay_circuit_bytes: int = 16 * 1024 * 1024
+    # Inbound admission (specs/connections.md); SwarmSettings checks the bounds.
+    max_inbound: int = 200
+    unproven_per_ip: int = 32
+    unproven_per_24: int = 64
+    unproven_per_16: int = 128
+    evict_unproven: bool = True
     # The file's other sections, checked for unknown names; each concern's loader reads its own.
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     loaded_from: Path | None = None  # --config, or None: <home>/config.toml

@@ -1,8 +1,11 @@
 """Churn against one node, as a public bootstrap node lives it: fresh identities that dial from a
-chosen 127.0.0.x source address (py-libp2p's dialer cannot bind one), publish an advert and leave.
-The connection tests and bench/connections.py drive it."""
+chosen 127.x.y.z source address (py-libp2p's dialer cannot bind one), publish an advert and leave,
+or (``flood``) hold idle connections from a few address ranges and remake each one the node
+closes or refuses. The connection and admission tests, bench/connections.py and bench/admission.py
+drive it."""
 
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -68,6 +71,47 @@ async def can_connect(target: PeerInfo, source_ip: str = "127.0.0.1") -> bool:
             return True
     except Exception:
         return False
+
+
+async def hold(target: PeerInfo, source_ip: str, release: trio.Event) -> bool:
+    """A fresh identity connects from ``source_ip`` and holds the connection idle until ``release``
+    is set or the node closes it; whether it got in."""
+    try:
+        async with fresh_peer(target, source_ip) as host:
+            conns = host.get_network().get_connections(target.peer_id)
+            if not conns:
+                return False
+            closed = getattr(conns[0].muxed_conn, "event_closed", None)
+            async with trio.open_nursery() as nursery:
+                async def until(event: trio.Event) -> None:
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(until, release)
+                if isinstance(closed, trio.Event):
+                    nursery.start_soon(until, closed)
+            return True
+    except Exception:  # refused, or the handshake cut short
+        return False
+
+
+async def flood(target: PeerInfo, sources: list[str], connections: int, stop: trio.Event,
+                retry_s: float = 0.2) -> Counter[str]:
+    """``connections`` attackers spread over ``sources``, each holding one idle connection from its
+    address and remaking it (a fresh identity) ``retry_s`` after the node closes or refuses it,
+    until ``stop``. Counts "admitted" and "refused" attempts."""
+    counts: Counter[str] = Counter()
+
+    async def attacker(source_ip: str) -> None:
+        while not stop.is_set():
+            counts["admitted" if await hold(target, source_ip, stop) else "refused"] += 1
+            with trio.move_on_after(retry_s):
+                await stop.wait()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(connections):
+            nursery.start_soon(attacker, sources[i % len(sources)])
+    return counts
 
 
 CHURN_HARDWARE = Hardware(accelerator="cpu", accelerator_name="churn", accelerator_count=0, accelerator_memory_bytes=0,

@@ -6,8 +6,12 @@ connections in its life. ``ConnectionManager`` takes over the swarm's inbound pa
 same gate check and upgrade, then waits for *that connection* to close and frees its slot. Around
 that it adds what a node open to the internet needs:
 
-- admission caps on unproven peers per IP and per /24 (IPv6: /64 and /48), and on inbound
-  connections in total, so one host or subnet cannot take every slot;
+- admission caps on unproven peers per IP, per /24 and per /16 (IPv6: per address, /64 and /48),
+  and on inbound connections in total, so one host or address range cannot take every slot;
+- eviction when the inbound table is full (go-libp2p's resource manager refuses, its connection
+  manager trims later; a node that only refuses stays full while an attacker reconnects): a
+  newcomer from an under-represented range takes the slot of the oldest idle unproven connection
+  of the most represented range (``pick_victim``);
 - a deadline on the inbound handshake (security and muxer), so a half-open connection cannot
   sit on a slot;
 - go-libp2p connmgr-style trimming: above ``high_water`` connections, close unprotected ones
@@ -37,6 +41,8 @@ from multiaddr import Multiaddr
 
 log = logging.getLogger(__name__)
 MAX_PROVEN = 10_000  # peers remembered as proven, most recently proven kept
+EVICT_CLOSE_S = 1.0  # an evicted slot's task gives closing its connection this long
+CAP_REASONS = ("per_ip", "per_24", "per_16")  # refusal reasons, one per level of ``address_keys``
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,9 @@ class ConnectionPolicy:
     high_water: int = 160
     low_water: int = 120
     unproven_per_ip: int = 32
-    unproven_per_subnet: int = 128
+    unproven_per_24: int = 64  # IPv6: per /64
+    unproven_per_16: int = 128  # IPv6: per /48
+    evict: bool = True  # False: refuse ``inbound_full`` as py-libp2p and this node did before
     handshake_deadline_s: float = 5.0
     grace_s: float = 20.0
     trim_every_s: float = 5.0
@@ -57,33 +65,43 @@ class ConnectionPolicy:
     def __post_init__(self) -> None:
         if not 0 <= self.low_water <= self.high_water:
             raise ValueError(f"need 0 <= low_water ({self.low_water}) <= high_water ({self.high_water})")
-        if min(self.max_inbound, self.unproven_per_ip, self.unproven_per_subnet) < 1:
-            raise ValueError("max_inbound and the per-IP and per-subnet caps must be at least 1")
+        if min(self.max_inbound, self.unproven_per_ip, self.unproven_per_24, self.unproven_per_16) < 1:
+            raise ValueError("max_inbound and the per-IP, per-/24 and per-/16 caps must be at least 1")
+        if not self.unproven_per_ip <= self.unproven_per_24 <= self.unproven_per_16:
+            raise ValueError(f"need unproven_per_ip ({self.unproven_per_ip}) <= unproven_per_24 "
+                             f"({self.unproven_per_24}) <= unproven_per_16 ({self.unproven_per_16})")
 
 
-def address_keys(ip: str) -> tuple[str, str]:
-    """(host key, subnet key) of a remote address: /32 and /24 for IPv4, /64 and /48 for IPv6.
+Ranges = tuple[str, str, str]  # (host, narrow range, wide range) of one remote address
 
-    Each 127.0.0.x is its own host, so loopback tests can stand in for distinct machines.
-    An unparsable address gets its own text as both keys: it still counts, it never raises.
+
+def address_keys(ip: str) -> Ranges:
+    """The ranges a remote address counts against: /32, /24 and /16 for IPv4; /128, /64 and /48
+    for IPv6 (a /64 is one site's, a /48 one organisation's usual allocation).
+
+    Each 127.x.y.z is its own host, so loopback tests stand in for machines: 127.1.1.z and
+    127.2.2.z are different /24s and /16s. An unparsable address gets its own text as every key:
+    it still counts, it never raises.
     """
     try:
         addr = ipaddress.ip_address(ip)
     except ValueError:
-        return ip, ip
-    host_bits, subnet_bits = (32, 24) if addr.version == 4 else (64, 48)
-    return (str(ipaddress.ip_network(f"{ip}/{host_bits}", strict=False)),
-            str(ipaddress.ip_network(f"{ip}/{subnet_bits}", strict=False)))
+        return ip, ip, ip
+    bits = (32, 24, 16) if addr.version == 4 else (128, 64, 48)
+    host, narrow, wide = (str(ipaddress.ip_network(f"{ip}/{b}", strict=False)) for b in bits)
+    return host, narrow, wide
 
 
 @dataclass(eq=False)
 class _Slot:
-    """One inbound connection from accept to close; ``peer_id`` is known once the handshake ends."""
+    """One inbound connection from accept to close; ``peer_id`` and ``muxed`` are known once the
+    handshake ends. Eviction cancels ``scope``, and the slot's own task closes the connection."""
 
-    host_key: str
-    subnet_key: str
+    ranges: Ranges
     peer_id: str | None = None
+    muxed: IMuxedConn | None = None
     opened: float = field(default_factory=time.monotonic)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # cancelled: evicted
 
 
 class ConnectionManager:
@@ -97,6 +115,7 @@ class ConnectionManager:
         self._proven: dict[str, None] = {}  # insertion-ordered; the oldest go past MAX_PROVEN
         self.accepted = 0
         self.trimmed = 0
+        self.evicted = 0
         self.refused: Counter[str] = Counter()
         self._trim_wanted = trio.Event()
         # The listener's handler looks this attribute up per connection, so an instance attribute
@@ -139,41 +158,100 @@ class ConnectionManager:
 
     # ---- the inbound path ------------------------------------------------------------------
 
-    def _admission(self, host_key: str, subnet_key: str) -> str | None:
-        """The reason to refuse a new inbound connection from this address, or None."""
+    def _unproven(self) -> list[_Slot]:
+        return [slot for slot in self._slots if not self._is_proven(slot.peer_id)]
+
+    def _admission(self, ranges: Ranges) -> str | None:
+        """The reason to refuse a new inbound connection from these ranges, or None. The caps come
+        first: a newcomer over its range's cap gains nothing from an eviction."""
+        unproven = self._unproven()
+        caps = (self.policy.unproven_per_ip, self.policy.unproven_per_24, self.policy.unproven_per_16)
+        for level, (reason, cap) in enumerate(zip(CAP_REASONS, caps, strict=True)):
+            if sum(slot.ranges[level] == ranges[level] for slot in unproven) >= cap:
+                return reason
         if len(self._slots) >= self.policy.max_inbound:
             return "inbound_full"
-        unproven = [slot for slot in self._slots if not self._is_proven(slot.peer_id)]
-        if sum(slot.host_key == host_key for slot in unproven) >= self.policy.unproven_per_ip:
-            return "per_ip"
-        if sum(slot.subnet_key == subnet_key for slot in unproven) >= self.policy.unproven_per_subnet:
-            return "per_subnet"
         return None
 
+    def pick_victim(self, ranges: Ranges) -> _Slot | None:
+        """The connection a newcomer from ``ranges`` may take the slot of, or None.
+
+        Candidates: unproven, unprotected inbound slots, established or still in their handshake
+        (a flood of stalled handshakes must not hold the table either). The victim is from the
+        most represented range (most unproven slots per /16, then per /24, then per host), idle
+        (or handshaking) before busy, oldest first: a reconnecting flood keeps its connections young, and an old
+        idle unproven one has had its chance to prove itself. The newcomer must be
+        under-represented where its ranges and the victim's part: its range holds at least two
+        fewer unproven slots than the victim's, so after the swap it is still no larger, and two
+        ranges never evict each other back and forth.
+        """
+        unproven = self._unproven()
+        counts = [Counter(slot.ranges[level] for slot in unproven) for level in range(3)]
+
+        def representation(slot: _Slot) -> tuple[int, int, int]:
+            return counts[2][slot.ranges[2]], counts[1][slot.ranges[1]], counts[0][slot.ranges[0]]
+
+        if not unproven:
+            return None
+        victim = max(unproven, key=lambda slot: (representation(slot), not self._busy(slot), -slot.opened))
+        for level in (2, 1, 0):  # the widest range where newcomer and victim differ decides
+            if ranges[level] != victim.ranges[level]:
+                return victim if counts[level][ranges[level]] + 1 < counts[level][victim.ranges[level]] else None
+        return None  # the same host: it competes with itself
+
+    def _conn(self, slot: _Slot) -> INetConn | None:
+        """The swarm's connection of an established slot (None once the swarm dropped it)."""
+        if slot.muxed is None:
+            return None
+        return next((conn for conn in self._swarm.get_connections(slot.muxed.peer_id)
+                     if conn.muxed_conn is slot.muxed), None)
+
+    def _busy(self, slot: _Slot) -> bool:
+        conn = self._conn(slot)
+        return conn is not None and bool(conn.get_streams())
+
     async def _handle_inbound(self, stream: ReadWriteCloser, listen_addr: Multiaddr) -> None:
-        """Admit, upgrade under a deadline, then hold the slot exactly as long as the connection."""
+        """Admit (evicting when full), upgrade under a deadline, then hold the slot exactly as long
+        as the connection."""
         if isinstance(stream, IMuxedConn):  # QUIC and the like, which this node does not listen on
             await type(self._swarm)._handle_inbound_connection(self._swarm, stream, listen_addr)
             return
-        remote = _remote_ip(stream)
-        reason = self._admission(*address_keys(remote))
-        if reason is not None:
+        ranges = address_keys(_remote_ip(stream))
+        reason = self._admission(ranges)
+        victim = self.pick_victim(ranges) if reason == "inbound_full" and self.policy.evict else None
+        if reason is not None and victim is None:
             self.refused[reason] += 1
             await _close_quietly(stream)
             return
-        slot = _Slot(*address_keys(remote))
+        if victim is not None:  # its slot is free from now on; its own task closes its connection
+            self._slots.discard(victim)
+            victim.scope.cancel()
+            self.evicted += 1
+        slot = _Slot(ranges)
         self._slots.add(slot)
         try:
-            muxed = await self._upgrade(stream, listen_addr)
-            if muxed is None:
-                return
-            slot.peer_id = muxed.peer_id.to_base58()
-            self.accepted += 1
-            if len(self._swarm.get_connections()) > self.policy.high_water:
-                self._trim_wanted.set()
-            await _closed(muxed)
+            with slot.scope:
+                muxed = await self._upgrade(stream, listen_addr)
+                if muxed is None:
+                    return
+                slot.peer_id, slot.muxed = muxed.peer_id.to_base58(), muxed
+                self.accepted += 1
+                if len(self._swarm.get_connections()) > self.policy.high_water:
+                    self._trim_wanted.set()
+                await _closed(muxed)
+            if slot.scope.cancelled_caught:
+                await self._close_evicted(slot, stream)
         finally:
             self._slots.discard(slot)
+
+    async def _close_evicted(self, slot: _Slot, stream: ReadWriteCloser) -> None:
+        """Close an evicted slot's connection: the swarm's (so it is unregistered and notified)
+        when established, the socket when it was still in its handshake."""
+        with trio.move_on_after(EVICT_CLOSE_S):
+            try:
+                await (self._conn(slot) or slot.muxed or stream).close()
+            except Exception as exc:  # the peer already dropped it
+                log.debug("closing evicted %s failed: %s", slot.peer_id or "handshake", exc)
 
     async def _upgrade(self, stream: ReadWriteCloser, listen_addr: Multiaddr) -> IMuxedConn | None:
         """The upstream gate and upgrade (which registers the connection), or None, counted."""
@@ -236,13 +314,14 @@ class ConnectionManager:
 
     def status(self) -> dict[str, object]:
         conns = self._swarm.get_connections()
-        inbound = sum(getattr(conn, "direction", "") == "inbound" for conn in conns)
+        inbound = sum(slot.muxed is not None for slot in self._slots)  # py-libp2p leaves direction unset
         return {
             "inbound": inbound,
             "outbound": len(conns) - inbound,
             "handshaking": sum(slot.peer_id is None for slot in self._slots),
             "accepted": self.accepted,
             "trimmed": self.trimmed,
+            "evicted": self.evicted,
             "refused": dict(self.refused),
             "protected": len(self._protected),
         }

@@ -92,7 +92,7 @@ class Node:
         self.guard = StreamGuard(self.scores)
         self.guard.install(self.host)  # before any handler is set, so it wraps every one
         self.supervisor = Supervisor()
-        self.connections = ConnectionManager(self.host)
+        self.connections = ConnectionManager(self.host, config.connection_policy)
         self.pubsub, self.router = build_pubsub(self.host, guard=self.guard)
         self.pubsub.blacklisted_peers.update(_peer_ids(self.scores.banned))  # bans from before a restart
         self.dht = KadDHT(self.host, DHTMode.SERVER)

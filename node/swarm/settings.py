@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.node.home.layout import HomeLayout
+from intellect_node.node.swarm.connections import ConnectionPolicy
 
 # The port libp2p nodes customarily use. A node that was left on it moves to a free port when
 # another node holds it (node/swarm/host.py claim_listen_addrs); a port the user chose never moves.
 DEFAULT_LISTEN: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/4001",)
+MAX_INBOUND = 250  # below py-libp2p's max_connections (300), so dials this node chooses have room
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,13 @@ class SwarmSettings:
     relay_reservation_ttl_s: float = 600.0
     relay_circuit_duration_s: float = 120.0
     relay_circuit_bytes: int = 16 * 1024 * 1024
+    # Inbound admission (specs/connections.md): slots, caps on unproven peers per address range,
+    # and eviction of an idle unproven connection of the most represented range when full.
+    max_inbound: int = 200
+    unproven_per_ip: int = 32
+    unproven_per_24: int = 64  # IPv6: per /64
+    unproven_per_16: int = 128  # IPv6: per /48
+    evict_unproven: bool = True
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(SwarmSettings)
@@ -52,6 +61,20 @@ class SwarmSettings:
                 raise ValueError(f"{name}: {getattr(self, name)!r} must be above 0")
         if self.relay_max_reservations < 0:
             raise ValueError(f"relay_max_reservations: {self.relay_max_reservations!r} must be 0 or more")
+        # py-libp2p refuses to register a connection past its max_connections (300, both
+        # directions): inbound slots above MAX_INBOUND would be admitted and then dropped.
+        if not 1 <= self.max_inbound <= MAX_INBOUND:
+            raise ValueError(f"max_inbound: {self.max_inbound!r} must be from 1 to {MAX_INBOUND}")
+        if not 1 <= self.unproven_per_ip <= self.unproven_per_24 <= self.unproven_per_16:
+            raise ValueError(f"need 1 <= unproven_per_ip ({self.unproven_per_ip}) <= unproven_per_24 "
+                             f"({self.unproven_per_24}) <= unproven_per_16 ({self.unproven_per_16})")
+
+    @property
+    def connection_policy(self) -> ConnectionPolicy:
+        """The connection manager's admission limits from these settings (trimming keeps its defaults)."""
+        return ConnectionPolicy(max_inbound=self.max_inbound, unproven_per_ip=self.unproven_per_ip,
+                                unproven_per_24=self.unproven_per_24, unproven_per_16=self.unproven_per_16,
+                                evict=self.evict_unproven)
 
     @property
     def layout(self) -> HomeLayout:
