@@ -93,7 +93,7 @@ from intellect_node.protocol.verdicts import PROVEN_CHEATS  # noqa: E402
 
 TARGET = 1.0
 RUN = "bench-task-choice"
-NEWEST = 2  # policy steps 0, 1, 2: the async window (2) of the newest
+NEWEST = 3  # policy steps 1, 2, 3: the async window (2) of the newest (step 0 is unpaid warm-up)
 WINDOW = 2
 MANIFESTS = {step: bytes([step + 1]) * 32 for step in range(NEWEST - WINDOW, NEWEST + 1)}  # the beacons
 SETTINGS = RolloutSettings(group_size=8, groups_per_batch=4, max_tokens=16)  # reversal answers: <= 6 digits and EOS

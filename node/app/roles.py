@@ -160,6 +160,7 @@ def assemble(node: Node, config: NodeConfig, options: RoleOptions) -> list[Servi
             build(a)
     if a.receiver is not None and a.verifier is not None:
         a.receiver.on_stored = a.verifier.notify
+        a.receiver.on_commitment = a.verifier.offer_commitment
     elif options.trusted_validators:  # no verifier here: ban the workers these validators prove to cheat
         from intellect_node.node.roles.validator.verdict_trust import (
             listen_for_verdicts,

@@ -61,6 +61,11 @@ class HomeLayout:
         return self.root / "bans.jsonl"
 
     @property
+    def commitments(self) -> Path:
+        """The work commitments a judge stored, one JSON line each, for steps not yet settled."""
+        return self.root / "commitments.jsonl"
+
+    @property
     def quarantine(self) -> Path:
         """Batches whose judging failed (kept for ``intellect-node verify``, newest few only)."""
         return self.root / "quarantine"

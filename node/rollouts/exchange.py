@@ -1,7 +1,9 @@
 """Delivering rollout batches over streams (``/ina/rollouts/1.0.0``, specs/rollouts.md).
 
 ``RolloutReceiver`` is the service validators and trainers run: it checks each incoming batch as a
-wire message, stores it durably in a ``RolloutInbox`` and only then acknowledges. ``deliver`` is
+wire message, stores it durably in a ``RolloutInbox`` and only then acknowledges. The same stream
+carries a worker's ``work_commitment`` (the envelope's type says which), handed to the judge's
+``on_commitment`` (its commitment book), whose answer goes back as the reply. ``deliver`` is
 the worker's side: it retries until the receiver answers, which is safe because storage is keyed by
 the envelope's hash (a retry of a stored batch is answered ``duplicate``).
 """
@@ -23,6 +25,7 @@ from intellect_node.node.rollouts.inbox import InboxFull, RolloutInbox
 from intellect_node.node.swarm.context import NodeContext
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
+from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.framing import (
     MAX_DELIVERY_REPLY,
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 RECEIVER_ROLES = frozenset({"trainer", "validator"})
 READ_TIMEOUT_S = 60.0
 MAX_CONCURRENT_BATCHES = 4
+# the book's answers; too_many_groups is charged (no honest worker sends it), the others cost nothing
+COMMITMENT_ANSWERS = frozenset({"stored", "late", "duplicate", "busy", "too_many_groups"})
+CommitmentHandler = Callable[[codec.Signed[WorkCommitment]], str]
 
 
 class DeliveryFailed(Exception):
@@ -48,14 +54,18 @@ class DeliveryRejected(DeliveryFailed):
 
 
 class RolloutReceiver:
-    """Accepts rollout batches into an inbox; ``on_stored(digest, signed)`` hears of each new one."""
+    """Accepts rollout batches into an inbox; ``on_stored(digest, signed)`` hears of each new one,
+    ``on_commitment(signed)`` answers each work commitment (None: this node judges nothing)."""
 
     def __init__(self, inbox: RolloutInbox,
-                 on_stored: Callable[[str, codec.Signed[RolloutBatch]], None] | None = None) -> None:
+                 on_stored: Callable[[str, codec.Signed[RolloutBatch]], None] | None = None,
+                 on_commitment: CommitmentHandler | None = None) -> None:
         self.inbox = inbox
         self.on_stored = on_stored
+        self.on_commitment = on_commitment
         self.name = "rollouts"
         self.received: Counter[str] = Counter()  # batches by outcome: stored, duplicate, busy, rejected
+        self.commitments: Counter[str] = Counter()  # commitments by answer: stored, late, duplicate, ...
         self.announced = 0  # batches workers announced on gossip, delivered here or elsewhere
         self._slots = trio.Semaphore(MAX_CONCURRENT_BATCHES)
 
@@ -66,7 +76,7 @@ class RolloutReceiver:
         await trio.sleep_forever()
 
     def status(self) -> dict[str, Any]:
-        return {"received": dict(self.received), "announced": self.announced}
+        return {"received": dict(self.received), "commitments": dict(self.commitments), "announced": self.announced}
 
     def on_announcement(self, signed: codec.Signed[RolloutAnnouncement], raw: bytes) -> bool:
         """Count a batch a worker announced (the node has checked that it is of this run)."""
@@ -81,14 +91,20 @@ class RolloutReceiver:
         # The slot is taken after the read: idle or slow senders (bounded per peer and IP by
         # node/swarm/guard.py) must not hold the node's few decode-and-store slots.
         async with contextlib.AsyncExitStack() as held:
+            tally = self.received
             try:
                 envelope = await read_frame(stream, RolloutBatch.MAX_SIZE, READ_TIMEOUT_S)
                 await held.enter_async_context(self._slots)
-                status, reason = await self._accept(envelope, peer_id)
+                signed: codec.Signed[Any] = codec.decode(envelope, (RolloutBatch, WorkCommitment))
+                if isinstance(signed.message, WorkCommitment):
+                    tally = self.commitments
+                    status, reason = self._commit(signed, peer_id)
+                else:
+                    status, reason = await self._accept(envelope, signed, peer_id)
             except Rejected as exc:
-                self.node.scores.reject(peer_id, exc.reason, f"rollout batch: {exc}")
+                self.node.scores.reject(peer_id, exc.reason, f"rollout delivery: {exc}")
                 status, reason = "rejected", exc.reason
-            self.received[status] += 1
+            tally[status] += 1
             try:
                 await write_frame(stream, encode_delivery_reply(status, reason))
             except Exception as exc:  # the worker hung up; it will retry and get "duplicate"
@@ -96,8 +112,23 @@ class RolloutReceiver:
             finally:
                 await close_quietly(stream)
 
-    async def _accept(self, envelope: bytes, peer_id: str) -> tuple[str, str]:
-        signed = codec.decode(envelope, RolloutBatch)
+    def _commit(self, signed: codec.Signed[WorkCommitment], peer_id: str) -> tuple[str, str]:
+        """A worker's work commitment, answered by the judge's book (signature, lifetime and
+        signer already checked by the decode)."""
+        commitment = signed.message
+        if commitment.run_id != self.node.config.run_id:
+            raise InvalidValue(f"commitment for run {commitment.run_id!r}")
+        if self.on_commitment is None:
+            raise InvalidValue("this node judges no rollouts: it keeps no commitments")
+        if self.node.scores.is_banned(signed.signer_peer_id):
+            return "rejected", "banned_worker"
+        answer = self.on_commitment(signed)
+        assert answer in COMMITMENT_ANSWERS, answer
+        if answer == "too_many_groups":
+            self.node.scores.reject(peer_id, "invalid_value", f"commitment of {commitment.groups} groups over the cap")
+        return answer, ""
+
+    async def _accept(self, envelope: bytes, signed: codec.Signed[RolloutBatch], peer_id: str) -> tuple[str, str]:
         if signed.message.run_id != self.node.config.run_id:
             raise InvalidValue(f"batch for run {signed.message.run_id!r}")
         if self.node.scores.is_banned(signed.signer_peer_id):  # relayed by another peer: not its fault
@@ -118,7 +149,8 @@ class RolloutReceiver:
 
 async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts: int = 5,
                   first_backoff_s: float = 0.5) -> str:
-    """Send one batch envelope to ``peer_id``; returns "stored" or "duplicate".
+    """Send one batch or work commitment envelope to ``peer_id``; returns the receiver's answer:
+    "stored" or "duplicate" (a commitment also "late" or "too_many_groups").
 
     Retries transport failures and "busy" answers (the receiver's inbox share is full) with
     exponential backoff (``DeliveryFailed`` when they run out); a "rejected" answer is final

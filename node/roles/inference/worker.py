@@ -8,6 +8,11 @@ advertised by the run's trainer minus the async window: it waits for the overlay
 
 Counters are persisted per step, so a restart continues where it stopped instead of reusing
 counters (which validators treat as replays).
+
+Commitments (specs/rollouts.md, "Committed assignments"): as soon as the worker holds checkpoint
+``s`` it commits for ``s + 1`` to every judge it delivers to, before anyone knows that step's
+tasks, and it generates on a step >= 1 only the counters some judge stored a commitment for.
+Step 0 is warm-up (no commitment can precede it) and is paced by ``groups_per_step`` alone.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +42,9 @@ from intellect_node.node.rollouts.exchange import (
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
+from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
+from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
@@ -47,6 +55,8 @@ log = logging.getLogger(__name__)
 BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
+COMMITMENT_LIFETIME_S = 3600.0
+WARM_UP_STEP = 0  # checkpoint 0 exists before anyone can commit: generated on without a commitment
 PACE_WAIT_S = 10.0  # a worker past its groups_per_step waits this long for a newer policy, then generates one batch
 
 
@@ -61,12 +71,13 @@ class WorkerStats:
     generation_s: float = 0.0
     paced: int = 0  # waits for a newer policy after groups_per_step on one step
     delivered: dict[str, int] = field(default_factory=lambda: {"stored": 0, "duplicate": 0, "rejected": 0, "failed": 0})
+    commitments: Counter[str] = field(default_factory=Counter)  # judges' answers: stored, late, ...
 
     def status(self) -> dict[str, Any]:
         """Is this worker producing: batches, tokens/s of generation, delivery outcomes."""
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
         return {"batches": self.batches, "tokens": self.tokens, "tokens_per_s": round(rate, 1),
-                "paced_waits": self.paced, "delivered": dict(self.delivered)}
+                "paced_waits": self.paced, "delivered": dict(self.delivered), "commitments": dict(self.commitments)}
 
     def line(self, step: int) -> str:
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
@@ -97,6 +108,8 @@ class InferenceWorker:
         self.name = "inference"
         self._steps: dict[int, StepTally] = {}  # the policy steps inside the async window
         self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
+        self._committed: dict[int, int] = {}  # step -> groups a judge stored our commitment for
+        self._commit_tried: set[int] = set()  # steps a commitment was sent for (once each)
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -144,12 +157,59 @@ class InferenceWorker:
             if checkpoint is None:
                 await trio.sleep(IDLE_POLL_S)
                 continue
-            if self._share_done(checkpoint.step):
+            await self._commit_ahead(checkpoint.step)
+            remaining = self._uncommitted_left(checkpoint.step)
+            if remaining == 0 or self._share_done(checkpoint.step):
                 await self._pace(checkpoint.step)
                 continue
             if await self.policy.use(checkpoint):
                 log.info("generating on step %d", checkpoint.step)
-            await self._one_batch(engine, self.policy.tokenizer, checkpoint)
+            await self._one_batch(engine, self.policy.tokenizer, checkpoint, min(self.settings.groups_per_batch,
+                                                                                 remaining))
+
+    # ---- commitments -------------------------------------------------------------------------
+
+    def _uncommitted_left(self, step: int) -> int:
+        """Counters of ``step`` still covered by a stored commitment (warm-up: a batch, always)."""
+        if step == WARM_UP_STEP:
+            return self.settings.groups_per_batch
+        tally = self._steps.get(step) or StepTally()
+        return max(0, self._committed.get(step, 0) - tally.next_counter)
+
+    def _commitment_size(self, held: int) -> int:
+        """The groups to commit for the step after ``held``: what this worker made on the step
+        before (doubled when it used up that step's commitment: it was the limit, not the rate),
+        at least ``groups_per_step`` and one batch, in whole batches, at most the run's cap."""
+        per_batch = self.settings.groups_per_batch
+        made = (self._steps.get(held - 1) or StepTally()).next_counter
+        if made and made >= self._committed.get(held - 1, 0) and held - 1 != WARM_UP_STEP:
+            made *= 2
+        groups = max(made, self.groups_per_step, per_batch)
+        return min(-(-groups // per_batch) * per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
+
+    async def _commit_ahead(self, held: int) -> None:
+        """Commit for the step after the newest one this node knows, once per step, to every judge
+        this worker delivers to. ``late`` from every judge (the checkpoint overtook the
+        commitment): commit for the step after that instead."""
+        step = max(held, self.policy.newest_known_step(self.node)) + 1
+        groups = self._commitment_size(held)
+        for target in (step, step + 1):
+            if target in self._commit_tried:
+                return
+            self._commit_tried = {s for s in self._commit_tried if s >= held - self.async_window} | {target}
+            commitment = WorkCommitment(run_id=self.node.config.run_id, worker=self.node.peer_id, step=target,
+                                        groups=groups)
+            answers = await self._send_everywhere(codec.encode(commitment, self.node.identity,
+                                                               lifetime_s=COMMITMENT_LIFETIME_S))
+            self.stats.commitments.update(answers)
+            if {"stored", "duplicate"} & set(answers):  # duplicate: the reply to an earlier try was lost
+                self._committed = {s: g for s, g in self._committed.items() if s >= held - self.async_window}
+                self._committed[target] = groups
+                log.info("committed %d groups for step %d (%s)", groups, target, dict(Counter(answers)))
+                return
+            if "late" not in answers:
+                log.warning("no judge stored the commitment for step %d: %s", target, dict(Counter(answers)))
+                return
 
     def _share_done(self, step: int) -> bool:
         """This worker generated ``groups_per_step`` informative groups on ``step`` (and the pace
@@ -180,16 +240,17 @@ class InferenceWorker:
             return None  # too stale to be trained on: wait for the overlay to bring a newer one
         return checkpoint
 
-    async def _one_batch(self, engine: Engine, tokenizer: Any, checkpoint: Checkpoint) -> None:
+    async def _one_batch(self, engine: Engine, tokenizer: Any, checkpoint: Checkpoint, groups: int) -> None:
         step = checkpoint.step
         tally = self._steps.get(step) or StepTally()
         first = tally.next_counter
+        settings = replace(self.settings, groups_per_batch=groups)
         built = await trio.to_thread.run_sync(lambda: build_batch(
             engine, tokenizer, self.tasks, run_id=self.node.config.run_id, worker=self.node.peer_id, step=step,
-            manifest_hash=hashlib.sha256(checkpoint.envelope).digest(), first_counter=first, settings=self.settings))
+            manifest_hash=hashlib.sha256(checkpoint.envelope).digest(), first_counter=first, settings=settings))
         informative = sum(not teaches_nothing([c.reward for c in g.completions]) for g in built.batch.groups)
         self._steps = {k: v for k, v in self._steps.items() if k >= step - self.async_window}
-        self._steps[step] = StepTally(first + self.settings.groups_per_batch, tally.informative + informative)
+        self._steps[step] = StepTally(first + groups, tally.informative + informative)
         self._save_counters()
         self._paced_step = None
         self.stats.batches += 1
@@ -215,11 +276,17 @@ class InferenceWorker:
                 if m.advert.peer_id != self.node.peer_id and RECEIVER_ROLES & set(m.advert.roles)]
 
     async def _deliver_everywhere(self, envelope: bytes) -> None:
-        """Deliver to every receiver at once; with none known yet, wait for one (backpressure)."""
+        for status in await self._send_everywhere(envelope):
+            self.stats.delivered[status] += 1
+
+    async def _send_everywhere(self, envelope: bytes) -> list[str]:
+        """Send a batch or commitment to every receiver at once, with none known yet wait for one
+        (backpressure); each receiver's answer, or "rejected" / "failed"."""
         receivers = self._receivers()
         while not receivers:
             await trio.sleep(IDLE_POLL_S)
             receivers = self._receivers()
+        answers: list[str] = []
 
         async def one(peer_id: str) -> None:
             try:
@@ -229,11 +296,12 @@ class InferenceWorker:
                 log.warning("%s", exc)
             except DeliveryFailed as exc:
                 status = "failed"
-                log.warning("batch not delivered to %s: %s", peer_id, exc)
-            self.stats.delivered[status] += 1
+                log.warning("not delivered to %s: %s", peer_id, exc)
+            answers.append(status)
 
         started = time.monotonic()
         async with trio.open_nursery() as nursery:
             for peer_id in receivers:
                 nursery.start_soon(one, peer_id)
-        log.debug("delivered to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
+        log.debug("sent to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
+        return answers

@@ -23,6 +23,9 @@ from intellect_node.protocol.commitments import WorkCommitment
 
 log = logging.getLogger(__name__)
 AHEAD = 2  # steps past the newest known one a commitment may name (a judge a step behind the worker)
+# Checkpoint 0 exists before anyone can commit: its groups are judged without a commitment and
+# count in no worker's accepted reward (specs/rollouts.md, "Step 0 is warm-up")
+WARM_UP_STEP = 0
 MAX_COMMITMENTS = 65536  # live (worker, step) entries in all; past it: busy
 STORED, LATE, DUPLICATE, BUSY, TOO_MANY = "stored", "late", "duplicate", "busy", "too_many_groups"
 
@@ -72,6 +75,10 @@ class CommitmentBook:
     def groups(self, worker: str, step: int) -> int:
         """Groups (worker, step) committed to; 0: none stored, every group is uncommitted."""
         return self.groups_of.get((worker, step), 0)
+
+    def covers(self, worker: str, step: int, counter: int) -> bool:
+        """Whether ``counter`` of (worker, step) may be judged: under a stored commitment, or warm-up."""
+        return step == WARM_UP_STEP or counter < self.groups(worker, step)
 
     def settle(self, before_step: int, delivered: dict[tuple[str, int], int]) -> list[Undelivered]:
         """Close the steps below ``before_step``: ``delivered[(worker, step)]`` is the next counter

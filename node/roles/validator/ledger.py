@@ -62,7 +62,7 @@ class JudgeState:
 
     def counter_problem(self, worker: str, step: int, counter: int, cap: int) -> str | None:
         """Why ``counter`` cannot be credited now, or None when it is the next one (then credited)."""
-        if self.commitments is not None and counter >= self.commitments.groups(worker, step):
+        if self.commitments is not None and not self.commitments.covers(worker, step, counter):
             return "uncommitted"  # before anything is credited: no stored commitment covers it
         expected = self.expected(worker, step)
         if counter < expected:

@@ -26,6 +26,7 @@ import trio
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.policy import PolicyFollower
+from intellect_node.node.roles.validator.commitments import CommitmentBook, Undelivered
 from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
@@ -42,6 +43,7 @@ from intellect_node.node.rollouts.inbox import shared_inbox
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
+from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
 from intellect_node.protocol.run_spec import RunSpec, build_run_spec
@@ -163,7 +165,10 @@ class ValidatorService:
         self.dropped: Counter[str] = Counter()  # batches dropped unjudged: banned worker, expired
         self.failed_batches = 0  # judging raised: the batch is quarantined, its worker charged
         self.secret = load_or_create_secret(node.config.layout.validator_secret)
-        self.seen = JudgeState()
+        # work commitments (specs/rollouts.md, "Committed assignments"): the receiver offers them here
+        self.book = CommitmentBook(node.config.layout.commitments, max_groups=spec.max_groups_per_step)
+        self.seen = JudgeState(commitments=self.book)
+        self.undelivered_groups = 0  # committed counters settled as reward 0 (never delivered)
         self.on_judged = on_judged
         self.name = "validator"
         self.rows = 0
@@ -185,11 +190,34 @@ class ValidatorService:
                 "uninformative_groups": self.uninformative_groups,
                 "adopted_batches": self.adopted_batches, "waiting_for_verdicts": len(self._waiting_since),
                 "deferred": len(self._waiting), "dropped_batches": dict(self.dropped),
-                "failed_batches": self.failed_batches}
+                "failed_batches": self.failed_batches, "commitments": len(self.book.groups_of),
+                "undelivered_groups": self.undelivered_groups}
 
     def notify(self, digest: str, signed: codec.Signed[RolloutBatch]) -> None:
         """RolloutReceiver's ``on_stored``: a new batch is in the inbox."""
         self._wake.set()
+
+    def offer_commitment(self, signed: codec.Signed[WorkCommitment]) -> str:
+        """RolloutReceiver's ``on_commitment``: the book's answer, judged against the newest
+        checkpoint this node knows now (held, or advertised by a trainer)."""
+        return self.book.offer(signed.message, self.policy.newest_known_step(self.node))
+
+    def _settle(self) -> None:
+        """Close the steps that left the async window: each committed counter never delivered is
+        recorded as a group of reward 0 (the records survive a restart, the book forgets them)."""
+        self.seen.forget_before(self.policy.newest_known_step(self.node) - self.run_context.spec.async_window)
+        settled, self.seen.settled = self.seen.settled, []
+        for item in settled:
+            self._write_undelivered(item)
+
+    def _write_undelivered(self, item: Undelivered) -> None:
+        self.undelivered_groups += len(item.counters)
+        log.info("worker %s left %d committed groups of step %d undelivered: settled as reward 0",
+                 item.worker, len(item.counters), item.step)
+        name = hashlib.sha256(f"{item.worker}/{item.step}".encode()).hexdigest()
+        record = {"worker": item.worker, "step": item.step, "counters": [], "verdict": None, "accepted": [],
+                  "contents": [], "cheats": [], "undelivered": list(item.counters), "reward": 0.0}
+        write_durably(self.verdict_dir / f"undelivered-{name}.json", json.dumps(record).encode())
 
     def _load_records(self) -> list[tuple[str, str]]:
         """Rebuild the counters and the content index from this node's records, so a restart judges
@@ -221,6 +249,7 @@ class ValidatorService:
             self._wake = trio.Event()
             for digest in self.inbox.pending():
                 await self._judge_guarded(digest)
+            self._settle()
             with trio.move_on_after(RESCAN_S):
                 await self._wake.wait()
 
