@@ -279,7 +279,8 @@ def _print_status(data: dict[str, Any]) -> None:
     if "connections" in data:
         c = data["connections"]
         refused = ", ".join(f"{k}={v}" for k, v in sorted(c["refused"].items())) or "none"
-        err.print(f"connections: {c['inbound']} in, {c['outbound']} out, {c['trimmed']} trimmed, refused: {refused}")
+        err.print(f"connections: {c['inbound']} in, {c['outbound']} out, {c['trimmed']} trimmed, "
+                  f"{c.get('evicted', 0)} evicted, refused: {refused}")
     if data.get("rejections"):
         err.print("rejected inputs: " + ", ".join(f"{k}={v}" for k, v in sorted(data["rejections"].items())))
     for name, figures in data.get("services", {}).items():
