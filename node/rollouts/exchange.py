@@ -118,8 +118,8 @@ class RolloutReceiver:
         commitment = signed.message
         if commitment.run_id != self.node.config.run_id:
             raise InvalidValue(f"commitment for run {commitment.run_id!r}")
-        if self.on_commitment is None:
-            raise InvalidValue("this node judges no rollouts: it keeps no commitments")
+        if self.on_commitment is None:  # no fault of the worker's: it commits to every receiver
+            return "not_judging", "this node judges no rollouts: it keeps no commitments"
         if self.node.scores.is_banned(signed.signer_peer_id):
             return "rejected", "banned_worker"
         answer = self.on_commitment(signed)
@@ -150,7 +150,7 @@ class RolloutReceiver:
 async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts: int = 5,
                   first_backoff_s: float = 0.5) -> str:
     """Send one batch or work commitment envelope to ``peer_id``; returns the receiver's answer:
-    "stored" or "duplicate" (a commitment also "late" or "too_many_groups").
+    "stored" or "duplicate" (a commitment also "late", "too_many_groups" or "not_judging").
 
     Retries transport failures and "busy" answers (the receiver's inbox share is full) with
     exponential backoff (``DeliveryFailed`` when they run out); a "rejected" answer is final

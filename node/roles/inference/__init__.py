@@ -2,6 +2,8 @@
 
 - ``worker``: ``InferenceWorker``, the node service: newest verified checkpoint, assigned tasks,
   generation off the trio loop, signed batches delivered to the run's receivers.
+- ``commitments``: ``CommitmentPlan``, what the worker committed to per step and which counters
+  that covers (no I/O).
 - ``builder``: assigned tasks -> a ``RolloutBatch`` (sampling, hidden states, proofs, rewards);
   compute only, no network.
 """

@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from intellect_node.crypto.toploc import DEFAULT_TOPK
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.commitments import CommitmentPlan
 from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
 from intellect_node.node.rollouts.exchange import (
     RECEIVER_ROLES,
@@ -44,7 +44,6 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
-from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
 
 if TYPE_CHECKING:
     from intellect_node.node.shards.service import ShardService
@@ -56,7 +55,6 @@ BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
 COMMITMENT_LIFETIME_S = 3600.0
-WARM_UP_STEP = 0  # checkpoint 0 exists before anyone can commit: generated on without a commitment
 PACE_WAIT_S = 10.0  # a worker past its groups_per_step waits this long for a newer policy, then generates one batch
 
 
@@ -71,13 +69,12 @@ class WorkerStats:
     generation_s: float = 0.0
     paced: int = 0  # waits for a newer policy after groups_per_step on one step
     delivered: dict[str, int] = field(default_factory=lambda: {"stored": 0, "duplicate": 0, "rejected": 0, "failed": 0})
-    commitments: Counter[str] = field(default_factory=Counter)  # judges' answers: stored, late, ...
 
     def status(self) -> dict[str, Any]:
         """Is this worker producing: batches, tokens/s of generation, delivery outcomes."""
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
         return {"batches": self.batches, "tokens": self.tokens, "tokens_per_s": round(rate, 1),
-                "paced_waits": self.paced, "delivered": dict(self.delivered), "commitments": dict(self.commitments)}
+                "paced_waits": self.paced, "delivered": dict(self.delivered)}
 
     def line(self, step: int) -> str:
         rate = self.tokens / self.generation_s if self.generation_s else 0.0
@@ -108,8 +105,7 @@ class InferenceWorker:
         self.name = "inference"
         self._steps: dict[int, StepTally] = {}  # the policy steps inside the async window
         self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
-        self._committed: dict[int, int] = {}  # step -> groups a judge stored our commitment for
-        self._commit_tried: set[int] = set()  # steps a commitment was sent for (once each)
+        self.commitments = CommitmentPlan(self.settings.groups_per_batch, groups_per_step, async_window)
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -141,7 +137,7 @@ class InferenceWorker:
         write_durably(self._state_path, json.dumps(counters).encode())
 
     def status(self) -> dict[str, Any]:
-        return self.stats.status()
+        return {**self.stats.status(), "commitments": dict(self.commitments.answers)}
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -158,57 +154,34 @@ class InferenceWorker:
                 await trio.sleep(IDLE_POLL_S)
                 continue
             await self._commit_ahead(checkpoint.step)
-            remaining = self._uncommitted_left(checkpoint.step)
-            if remaining == 0 or self._share_done(checkpoint.step):
+            tally = self._steps.get(checkpoint.step) or StepTally()
+            covered = self.commitments.covered(checkpoint.step, tally.next_counter)
+            if covered == 0 or self._share_done(checkpoint.step):
                 await self._pace(checkpoint.step)
                 continue
             if await self.policy.use(checkpoint):
                 log.info("generating on step %d", checkpoint.step)
-            await self._one_batch(engine, self.policy.tokenizer, checkpoint, min(self.settings.groups_per_batch,
-                                                                                 remaining))
-
-    # ---- commitments -------------------------------------------------------------------------
-
-    def _uncommitted_left(self, step: int) -> int:
-        """Counters of ``step`` still covered by a stored commitment (warm-up: a batch, always)."""
-        if step == WARM_UP_STEP:
-            return self.settings.groups_per_batch
-        tally = self._steps.get(step) or StepTally()
-        return max(0, self._committed.get(step, 0) - tally.next_counter)
-
-    def _commitment_size(self, held: int) -> int:
-        """The groups to commit for the step after ``held``: what this worker made on the step
-        before (doubled when it used up that step's commitment: it was the limit, not the rate),
-        at least ``groups_per_step`` and one batch, in whole batches, at most the run's cap."""
-        per_batch = self.settings.groups_per_batch
-        made = (self._steps.get(held - 1) or StepTally()).next_counter
-        if made and made >= self._committed.get(held - 1, 0) and held - 1 != WARM_UP_STEP:
-            made *= 2
-        groups = max(made, self.groups_per_step, per_batch)
-        return min(-(-groups // per_batch) * per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
+            groups = self.settings.groups_per_batch if covered is None else min(self.settings.groups_per_batch, covered)
+            await self._one_batch(engine, self.policy.tokenizer, checkpoint, groups)
 
     async def _commit_ahead(self, held: int) -> None:
-        """Commit for the step after the newest one this node knows, once per step, to every judge
-        this worker delivers to. ``late`` from every judge (the checkpoint overtook the
-        commitment): commit for the step after that instead."""
+        """Commit for the step after the newest one this node knows to every judge this worker
+        delivers to that was not sent it yet (one that joined later gets it too). ``late`` from
+        every judge (the checkpoint overtook the commitment): commit for the step after instead."""
         step = max(held, self.policy.newest_known_step(self.node)) + 1
-        groups = self._commitment_size(held)
+        self.commitments.forget_before(held - self.async_window)
+        made_before = (self._steps.get(held - 1) or StepTally()).next_counter
         for target in (step, step + 1):
-            if target in self._commit_tried:
-                return
-            self._commit_tried = {s for s in self._commit_tried if s >= held - self.async_window} | {target}
-            commitment = WorkCommitment(run_id=self.node.config.run_id, worker=self.node.peer_id, step=target,
-                                        groups=groups)
-            answers = await self._send_everywhere(codec.encode(commitment, self.node.identity,
-                                                               lifetime_s=COMMITMENT_LIFETIME_S))
-            self.stats.commitments.update(answers)
-            if {"stored", "duplicate"} & set(answers):  # duplicate: the reply to an earlier try was lost
-                self._committed = {s: g for s, g in self._committed.items() if s >= held - self.async_window}
-                self._committed[target] = groups
-                log.info("committed %d groups for step %d (%s)", groups, target, dict(Counter(answers)))
-                return
-            if "late" not in answers:
-                log.warning("no judge stored the commitment for step %d: %s", target, dict(Counter(answers)))
+            judges = self.commitments.to_send(target, self._receivers(), self.commitments.size(held, made_before))
+            if judges:
+                commitment = WorkCommitment(run_id=self.node.config.run_id, worker=self.node.peer_id, step=target,
+                                            groups=self.commitments.steps[target].groups)
+                envelope = codec.encode(commitment, self.node.identity, lifetime_s=COMMITMENT_LIFETIME_S)
+                for judge, answer in zip(judges, await self._send_everywhere(envelope, judges)):
+                    self.commitments.answered(target, judge, answer)
+                log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
+                         self.commitments.steps[target].answers)
+            if not self.commitments.steps[target].all_late():
                 return
 
     def _share_done(self, step: int) -> bool:
@@ -279,29 +252,28 @@ class InferenceWorker:
         for status in await self._send_everywhere(envelope):
             self.stats.delivered[status] += 1
 
-    async def _send_everywhere(self, envelope: bytes) -> list[str]:
-        """Send a batch or commitment to every receiver at once, with none known yet wait for one
-        (backpressure); each receiver's answer, or "rejected" / "failed"."""
-        receivers = self._receivers()
+    async def _send_everywhere(self, envelope: bytes, receivers: list[str] | None = None) -> list[str]:
+        """Send a batch or commitment to ``receivers`` (default: every receiver known; with none
+        yet, wait for one: backpressure) at once; each one's answer in order, or "rejected" /
+        "failed"."""
         while not receivers:
-            await trio.sleep(IDLE_POLL_S)
             receivers = self._receivers()
-        answers: list[str] = []
+            if not receivers:
+                await trio.sleep(IDLE_POLL_S)
+        answers = ["failed"] * len(receivers)
 
-        async def one(peer_id: str) -> None:
+        async def one(index: int, peer_id: str) -> None:
             try:
-                status = await deliver(self.node, peer_id, envelope)
+                answers[index] = await deliver(self.node, peer_id, envelope)
             except DeliveryRejected as exc:
-                status = "rejected"
+                answers[index] = "rejected"
                 log.warning("%s", exc)
             except DeliveryFailed as exc:
-                status = "failed"
                 log.warning("not delivered to %s: %s", peer_id, exc)
-            answers.append(status)
 
         started = time.monotonic()
         async with trio.open_nursery() as nursery:
-            for peer_id in receivers:
-                nursery.start_soon(one, peer_id)
+            for index, peer_id in enumerate(receivers):
+                nursery.start_soon(one, index, peer_id)
         log.debug("sent to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
         return answers

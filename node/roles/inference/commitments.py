@@ -1,0 +1,85 @@
+"""What an honest worker has committed to (specs/rollouts.md, "Committed assignments").
+
+As soon as it holds checkpoint ``s`` the worker commits for ``s + 1`` to every judge it delivers
+to, before anyone knows that step's tasks, and generates on a step >= 1 only the counters some
+judge stored a commitment for. ``CommitmentPlan`` is the bookkeeping of that, without I/O: which
+judges were sent the commitment of a step (a judge that appears later is sent it too, while the
+step's checkpoint is still unknown), how many groups it names, and how many counters it covers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
+
+# Checkpoint 0 exists before anyone can commit: generated on without a commitment (warm-up)
+WARM_UP_STEP = 0
+# answers that leave a commitment standing at the judge (duplicate: the reply to an earlier try was lost)
+HELD = frozenset({"stored", "duplicate"})
+
+
+@dataclass
+class StepCommitment:
+    """One step's commitment: its size (fixed once sent: a judge keeps the first) and who answered what."""
+
+    groups: int
+    answers: dict[str, str] = field(default_factory=dict)  # judge peer id -> its answer
+
+    def covered(self) -> int | None:
+        """Counters covered: ``groups`` once a judge holds it, 0 while none does, None (no bound)
+        when every judge answered ``not_judging`` (nobody there judges with commitments)."""
+        values = set(self.answers.values())
+        if values & HELD:
+            return self.groups
+        if values and values == {"not_judging"}:
+            return None
+        return 0
+
+    def all_late(self) -> bool:
+        """Every judge already knew the step's checkpoint: the commitment was overtaken."""
+        return bool(self.answers) and set(self.answers.values()) == {"late"}
+
+
+class CommitmentPlan:
+    """The worker's commitments for the steps of its async window."""
+
+    def __init__(self, groups_per_batch: int, groups_per_step: int, async_window: int) -> None:
+        self.per_batch, self.groups_per_step, self.window = groups_per_batch, groups_per_step, async_window
+        self.steps: dict[int, StepCommitment] = {}
+        self.answers: Counter[str] = Counter()  # every judge's answers, for status
+
+    def size(self, held: int, made_before: int) -> int:
+        """Groups to commit for the step after ``held``: ``made_before`` (what this worker made on
+        the step before; doubled when that step's commitment was used up, since then it was the
+        limit, not the rate), at least ``groups_per_step`` and one batch, in whole batches, at most
+        the run's cap."""
+        previous = self.steps.get(held - 1)
+        if previous is not None and made_before >= previous.groups:
+            made_before *= 2
+        groups = max(made_before, self.groups_per_step, self.per_batch)
+        return min(-(-groups // self.per_batch) * self.per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
+
+    def to_send(self, step: int, judges: list[str], groups: int) -> list[str]:
+        """The judges not yet sent the commitment of ``step`` (created with ``groups`` if new)."""
+        entry = self.steps.setdefault(step, StepCommitment(groups))
+        return [judge for judge in judges if judge not in entry.answers]
+
+    def answered(self, step: int, judge: str, answer: str) -> None:
+        # a failed or refused delivery is not kept: that judge is tried again on the next round
+        if answer in HELD | {"late", "not_judging", "too_many_groups"}:
+            self.steps[step].answers[judge] = answer
+        self.answers[answer] += 1
+
+    def covered(self, step: int, next_counter: int) -> int | None:
+        """Counters of ``step`` this worker may still generate (None: no bound, warm-up or no judge
+        keeps commitments)."""
+        if step == WARM_UP_STEP:
+            return None
+        entry = self.steps.get(step)
+        total = entry.covered() if entry is not None else 0
+        return None if total is None else max(0, total - next_counter)
+
+    def forget_before(self, step: int) -> None:
+        self.steps = {s: e for s, e in self.steps.items() if s >= step}
