@@ -189,7 +189,7 @@ class Averager:
 
     def _settings(self, s: DilocoSettings) -> ChildSettings:
         return ChildSettings(f"diloco_bench_{s.compression}", s.levels, host=self.place.host, max_peers=WORKERS,
-                             min_peers=WORKERS, matchmaking_s=s.matchmaking_s)
+                             min_peers=WORKERS, matchmaking_s=s.matchmaking_s, sparse_k=s.sparse_k)
 
     def _start(self, runs: list[DilocoSettings]) -> list[AveragerClient]:
         """Children for ``runs``, started at once: concurrent starts overlap what is not CPU (the

@@ -195,11 +195,14 @@ def test_schema_names_the_bad_field() -> None:
     with pytest.raises(frames.FrameError, match="host"):
         init = {"type": "init", "prefix": "p", "shapes": [[2]], "layout": b"L" * 32, "levels": 127, "initial_peers": [],
                 "host": "::1", "port": 0, "max_peers": 4, "min_peers": 2, "matchmaking_s": 1.0, "identity_path": "",
-                "allowlist": []}
+                "allowlist": [], "sparse_k": 0}
         frames.validate(init, frames.INIT)
     assert frames.validate(init | {"host": "127.0.0.1", "levels": 2047}, frames.INIT)["levels"] == 2047  # fp16
     with pytest.raises(frames.FrameError, match="levels"):
         frames.validate(init | {"host": "127.0.0.1", "levels": 2048}, frames.INIT)
+    assert frames.validate(init | {"host": "127.0.0.1", "levels": 2, "sparse_k": 64}, frames.INIT)["sparse_k"] == 64
+    with pytest.raises(frames.FrameError, match="sparse_k"):
+        frames.validate(init | {"host": "127.0.0.1", "sparse_k": 63}, frames.INIT)
 
 
 def test_membership_binds_node_identity_to_hivemind_peer() -> None:

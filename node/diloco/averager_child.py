@@ -58,7 +58,8 @@ class Child:
         if kind == "status":
             frames.validate(message, {})
             return {"type": "status", "peer_id": self.peer_id(), "maddrs": self.maddrs(), "rounds": self.rounds,
-                    "libp2p_loaded": "libp2p" in sys.modules}
+                    "libp2p_loaded": "libp2p" in sys.modules,
+                    "refused_parts": self.averager.refused_parts.value if self.averager is not None else 0}
         if kind == "shutdown":
             frames.validate(message, {})
             self.stop.set()
@@ -86,7 +87,8 @@ class Child:
             raise frames.FrameError("min_peers is over max_peers")
         self.dht = hivemind.DHT(initial_peers=m["initial_peers"], host_maddrs=[f"/ip4/{m['host']}/tcp/{m['port']}"],
                                 identity_path=m["identity_path"] or None, start=True)
-        self.averager = ExactAverager(layout, m["layout"], m["levels"], frozenset(m["allowlist"]), dht=self.dht,
+        self.averager = ExactAverager(layout, m["layout"], m["levels"], frozenset(m["allowlist"]), m["sparse_k"],
+                                      dht=self.dht,
                                       start=True, prefix=m["prefix"],
                                       target_group_size=m["max_peers"], min_group_size=m["min_peers"],
                                       min_matchmaking_time=m["matchmaking_s"], request_timeout=3.0,

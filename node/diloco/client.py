@@ -53,6 +53,7 @@ class ChildSettings:
     identity_path: str = ""  # a key file keeps the hivemind peer id across restarts; "" draws a new one
     allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone (specs/diloco.md section 8)
     data_digest: bytes = b""  # the data's content digest (PeerData.digest): members with another are refused
+    sparse_k: int = 0  # values kept per chunk in a sparse run (grid.SPARSE); 0: dense
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,8 @@ class AveragerClient:
         reply = self._ask({"type": "init", "prefix": self.settings.prefix,
                            "shapes": [list(s) for s in self.layout.shapes],
                            "layout": self.agreement,
-                           "levels": self.settings.levels, "initial_peers": list(self.settings.initial_peers),
+                           "levels": self.settings.levels, "sparse_k": self.settings.sparse_k,
+                           "initial_peers": list(self.settings.initial_peers),
                            "host": self.settings.host, "port": self.settings.port, "max_peers": self.settings.max_peers,
                            "min_peers": self.settings.min_peers, "matchmaking_s": self.settings.matchmaking_s,
                            "identity_path": self.settings.identity_path, "allowlist": list(self.settings.allowlist)},

@@ -17,6 +17,10 @@ specs/diloco.md sections 2 and 4:
   for the int8 and int4 grids, exactly, instead of fp32 both ways; the bytes sent are counted.
 - A leader refuses the join of a peer whose run digest (model layout and data, ``Layout.run_digest``)
   differs from its own, and a member that finds one in its group fails the attempt.
+- Every part a member sends this reducer is checked before it is summed (``BoundedReducer``):
+  weight 1, integers within the grid's levels, at most ``k`` nonzero values per chunk in a sparse
+  run. A part that is not is refused, counted, its sender banned from the attempt (which then
+  fails, and everyone matches again) and never grouped with again by this child (specs/diloco.md 8).
 - With an allowlist (``membership``), a leader refuses the join of a peer whose payload is not
   signed by a listed node for its hivemind peer id, and a member that finds such a peer in its
   group fails the attempt and never asks that peer to lead it again (``AllowlistMatchmaking``).
@@ -39,6 +43,7 @@ from hivemind.averaging import matchmaking as hivemind_matchmaking
 from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.key_manager import GroupKeyManager
+from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, TensorPartReducer
 from hivemind.compression import serialization as hivemind_serialization
 from hivemind.compression.base import CompressionBase, CompressionInfo
 from hivemind.proto import averaging_pb2, runtime_pb2
@@ -49,7 +54,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from intellect_node.node.diloco import grid
 from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, post
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
-from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import disagreement, refusal
 from intellect_node.node.diloco.packing import pack, unpack
 
@@ -73,6 +78,36 @@ AGREEMENT = b""  # this member's run digest (Layout.run_digest): a member with a
 REFUSED: set[str] = set()  # hivemind peer ids refused in this process's life
 GROUP_SIZE = 0  # the group of the all-reduce in progress (the packed deltas are scaled by it)
 SENT: Any = None  # a shared counter of the packed bytes this member's averager sent
+SPARSE_K = 0  # values per chunk a member may send in a sparse run; 0: a dense run
+COMPRESSION_RATIO = 0.25  # GridWire's estimate: hivemind then cuts parts of 2^19 elements
+# hivemind cuts the flat vector into parts of DEFAULT_PART_SIZE_BYTES / (4 * ratio) elements and hands
+# whole parts to reducers, so every part starts on a chunk boundary: the k-per-chunk checks rely on it
+assert int(DEFAULT_PART_SIZE_BYTES / (4 * COMPRESSION_RATIO)) % CHUNK == 0
+
+
+class PoisonedPart(AllreduceException):
+    """A member's part is not an honest grid contribution (refused before it is summed)."""
+
+
+class BoundedReducer(TensorPartReducer):
+    """hivemind's reducer, refusing a part no honest member sends (``grid.contribution_error``):
+    the bound that keeps one member's say in the average at most ``levels · 2^E / n`` per element."""
+
+    def __init__(self, part_shapes: Any, senders: list[Any], levels: int, refused: Any) -> None:
+        super().__init__(part_shapes, len(senders))
+        self.senders, self.levels, self.refused = senders, levels, refused
+
+    async def accumulate_part(self, sender_index: int, part_index: int, tensor_part: torch.Tensor,
+                              weight: float = 1.0) -> torch.Tensor:
+        why = grid.contribution_error(tensor_part, weight, self.levels, SPARSE_K)
+        if why is not None:
+            peer = self.senders[sender_index]
+            REFUSED.add(str(peer))
+            with self.refused.get_lock():
+                self.refused.value += 1
+            logger.warning("refused part %d from member %s: %s", part_index, peer, why)
+            raise PoisonedPart(f"member {peer}: part {part_index}: {why}")
+        return await super().accumulate_part(sender_index, part_index, tensor_part, weight)
 
 
 class GridWire(CompressionBase):
@@ -83,7 +118,7 @@ class GridWire(CompressionBase):
     compression_type = runtime_pb2.CompressionType.BLOCKWISE_8BIT
 
     def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> Any:
-        buffer = pack(tensor, GROUP_SIZE)
+        buffer = pack(tensor, GROUP_SIZE, SPARSE_K)
         if SENT is not None:
             with SENT.get_lock():
                 SENT.value += len(buffer)
@@ -94,10 +129,10 @@ class GridWire(CompressionBase):
         shape = tuple(serialized_tensor.size)
         if len(shape) > 8 or any(d < 0 for d in shape) or math.prod(shape) > 2**31:
             raise ValueError(f"a packed part claims shape {shape[:9]}")
-        return unpack(serialized_tensor.buffer, math.prod(shape), GROUP_SIZE).reshape(shape)
+        return unpack(serialized_tensor.buffer, math.prod(shape), GROUP_SIZE, SPARSE_K).reshape(shape)
 
     def estimate_compression_ratio(self, info: CompressionInfo) -> float:
-        return 0.25
+        return COMPRESSION_RATIO
 
 
 def _decode(raw: bytes) -> dict[str, Any]:
@@ -118,6 +153,9 @@ class AllowlistMatchmaking(hivemind_matchmaking.Matchmaking):
         if reason is not None:
             return reason
         peer = str(context.remote_id)
+        if peer in REFUSED:
+            logger.warning("refused %s: refused before in this process", peer)
+            return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
         try:
             payload = _decode(request.gather)
         except FrameError as exc:
@@ -171,11 +209,12 @@ def read_payloads(group_info: GroupInfo) -> dict[Any, dict[str, Any]]:
 
 class ExactAverager(DecentralizedAverager):
     def __init__(self, layout: Layout, layout_digest: bytes, levels: int, allowlist: frozenset[str],
-                 **kwargs: Any) -> None:
-        global ALLOWLIST, CHUNKS, SENT, AGREEMENT
-        ALLOWLIST, CHUNKS, AGREEMENT = allowlist, layout.chunks, layout_digest
+                 sparse_k: int = 0, **kwargs: Any) -> None:
+        global ALLOWLIST, CHUNKS, SENT, AGREEMENT, SPARSE_K
+        ALLOWLIST, CHUNKS, AGREEMENT, SPARSE_K = allowlist, layout.chunks, layout_digest, sparse_k
         self.sent = SENT = mp.Value("q", 0)
-        self.layout, self.layout_digest, self.levels = layout, layout_digest, levels
+        self.refused_parts = mp.Value("q", 0)  # parts refused by this member as a reducer (BoundedReducer)
+        self.layout, self.layout_digest, self.levels, self.sparse_k = layout, layout_digest, levels, sparse_k
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
         super().__init__([torch.zeros(layout.elements)], allow_state_sharing=False, compression=GridWire(), **kwargs)
 
@@ -217,7 +256,7 @@ class ExactAverager(DecentralizedAverager):
         global GROUP_SIZE
         GROUP_SIZE = len(payloads)
         with self.get_tensors() as tensors:
-            tensors[0].copy_(grid.quantize(self.raw, shared, self.levels))
+            tensors[0].copy_(grid.quantize(self.raw, shared, self.levels, self.sparse_k))
         return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
 
     async def _run_allreduce_inplace_(self, tensors: Any, group_info: GroupInfo, group_id: bytes | None = None,
@@ -226,6 +265,8 @@ class ExactAverager(DecentralizedAverager):
         group_id = group_info.group_id if group_id is None else group_id
         runner = AllReduceRunner(p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
                                  group_id=group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
+        runner.tensor_part_reducer = BoundedReducer(runner.tensor_part_reducer.part_shapes, runner.sender_peer_ids,
+                                                    self.levels, self.refused_parts)
         self._running_groups[group_id].set_result(runner)
         if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
             raise PartialAllReduce("auxiliary peers take no part in DiLoCo rounds")

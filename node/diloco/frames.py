@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from intellect_node.node.diloco.grid import LEVELS
+from intellect_node.node.diloco.grid import LEVELS, SPARSE
 from intellect_node.protocol.bounded_msgpack import MAX_OBJECTS, Limits, unpack
 from intellect_node.protocol.errors import Rejected
 
@@ -177,12 +177,12 @@ def validate(message: dict[str, Any], schema: dict[str, Check]) -> dict[str, Any
 # --- the messages --------------------------------------------------------------------------
 
 INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": blob(32),
-        "levels": choice(*LEVELS.values()),
+        "levels": choice(*sorted(set(LEVELS.values()))), "sparse_k": choice(0, *SPARSE.values()),
         "initial_peers": listing(text(max_len=512), 64), "host": ipv4, "port": integer(0, 65535),
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
         "identity_path": text(max_len=4096), "allowlist": listing(text(max_len=64), 4096)}
 STATUS_REPLY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64),
-                "rounds": integer(0, 2**32), "libp2p_loaded": boolean}
+                "rounds": integer(0, 2**32), "libp2p_loaded": boolean, "refused_parts": integer(0, 2**62)}
 READY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64)}
 FAILED = {"round": integer(0, 2**32 - 1), "error": text(max_len=2000)}
 ERROR = {"error": text(max_len=2000)}

@@ -7,6 +7,13 @@ power-of-two scale ``2^E``, E the group's maximum so nobody clips); integer sums
 in fp32 in any order, and each member recovers the exact sum ``S = round(r * n)`` from whatever
 hivemind returned. The average ``S * 2^E / n`` is then the same function of the same integers
 everywhere. specs/diloco.md section 4 states every step; ``Q`` (the levels) is the compression.
+
+Sparse compressions (``topk<k>``, SparseLoCo-style) use the same grid with ``Q = 2`` and keep only
+the ``k`` largest ``|x|`` of each chunk (codes -2, -1, 1, 2; everything else is zero, carried in the
+error-feedback residual): integer sums over the union of the members' indices are exact just the
+same (section 4a). Why the shared exponent is a clipped median and not the maximum, and why every
+received part is checked (``contribution_error``): a member must not be able to scale the grid, or
+its own values on it, to steer the average (section 8).
 """
 
 from __future__ import annotations
@@ -18,7 +25,11 @@ from intellect_node.node.diloco.layout import CHUNK
 
 # fp16: the largest grid IEEE binary16 holds exactly (every integer up to 2048), so its integers
 # travel in 2 bytes as OpenDiLoCo's fp16 all-reduce does, yet sum exactly (packing.py, tag 5)
-LEVELS = {"int4": 7, "int8": 127, "fp16": 2047, "int16": 32767}
+DENSE = {"int4": 7, "int8": 127, "fp16": 2047, "int16": 32767}
+SPARSE_LEVELS = 2  # 2-bit codes: -2, -1, 1, 2 (a zero is simply not sent)
+SPARSE = {f"topk{k}": k for k in (16, 32, 64, 128, 256)}  # k kept of each chunk of CHUNK elements
+LEVELS = DENSE | dict.fromkeys(SPARSE, SPARSE_LEVELS)
+HEADROOM = 1  # the shared exponent is at most the group's lower median + this (section 8)
 MIN_EXPONENT, MAX_EXPONENT = -126, 127
 EXACT_LIMIT = 2**23  # n * Q must stay below this for round(r * n) to recover S exactly
 
@@ -28,6 +39,12 @@ def levels_for(compression: str) -> int:
         return LEVELS[compression]
     except KeyError:
         raise ValueError(f"unknown compression {compression!r}; choose one of {', '.join(LEVELS)}") from None
+
+
+def sparse_k(compression: str) -> int:
+    """Values kept per chunk for a sparse compression; 0 for a dense one (every value sent)."""
+    levels_for(compression)
+    return SPARSE.get(compression, 0)
 
 
 def max_group(levels: int) -> int:
@@ -60,14 +77,45 @@ def exponents(x: torch.Tensor, levels: int) -> torch.Tensor:
 
 
 def shared_exponents(all_exponents: list[torch.Tensor]) -> torch.Tensor:
-    """The group's grid: the elementwise maximum of every member's exponents."""
-    return torch.stack(all_exponents).amax(dim=0)
+    """The group's grid, per chunk: the members' maximum, but at most their lower median plus
+    ``HEADROOM``, so no minority of members can raise the scale everyone's values are bounded by
+    (a member above it clips, and its error feedback keeps what was clipped)."""
+    stacked = torch.stack(all_exponents).to(torch.int16)
+    lower_median = stacked.sort(dim=0).values[(len(all_exponents) - 1) // 2]
+    return torch.minimum(stacked.amax(dim=0), lower_median + HEADROOM).to(torch.int8)
 
 
-def quantize(x: torch.Tensor, shared: torch.Tensor, levels: int) -> torch.Tensor:
-    """This member's contribution: integers in [-levels, levels] as fp32 (exact)."""
+def _top_k_mask(x: torch.Tensor, k: int) -> torch.Tensor:
+    """True at the ``k`` largest ``|x|`` of each chunk (ties: the lower index, the same on every run)."""
+    magnitude = _chunked(x.abs())
+    order = torch.argsort(magnitude, dim=1, descending=True, stable=True)[:, :k]
+    mask = torch.zeros_like(magnitude, dtype=torch.bool).scatter_(1, order, True)
+    return mask.view(-1)[:x.numel()]
+
+
+def quantize(x: torch.Tensor, shared: torch.Tensor, levels: int, k: int = 0) -> torch.Tensor:
+    """This member's contribution: integers in [-levels, levels] as fp32 (exact); with ``k``, only
+    the ``k`` largest ``|x|`` of each chunk are kept (the rest is zero and stays in the residual)."""
     scaled = x.to(torch.float64) / _expand(shared, x.numel())
-    return torch.round(scaled).clamp(-levels, levels).to(torch.float32)
+    q = torch.round(scaled).clamp(-levels, levels).to(torch.float32)
+    return q * _top_k_mask(x, k) if k else q
+
+
+def contribution_error(part: torch.Tensor, weight: float, levels: int, k: int) -> str | None:
+    """Why a member's part (as a reducer receives it) is not an honest grid contribution, or None.
+    Parts start on chunk boundaries (section 4a), so each ``CHUNK`` of the part is one grid chunk."""
+    if weight != 1.0:
+        return f"weight {weight!r}, every member weighs 1"
+    if not bool(torch.isfinite(part).all()) or not bool((part == part.round()).all()):
+        return "values that are not grid integers"
+    peak = float(part.abs().max()) if part.numel() else 0.0
+    if peak > levels:
+        return f"a value of magnitude {peak:g}, over the grid's {levels}"
+    if k:
+        most = int((_chunked(part) != 0).sum(dim=1).max()) if part.numel() else 0
+        if most > k:
+            return f"{most} nonzero values in one chunk, over k = {k}"
+    return None
 
 
 def recover_sums(returned: torch.Tensor, group_size: int) -> torch.Tensor:

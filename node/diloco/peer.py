@@ -192,14 +192,14 @@ class DilocoPeer:
                 raise Stopped(f"stopped in round {r} while averaging") from None
             log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, exc)
             shared = grid.exponents(x, s.levels)
-            return Outcome(x, shared, grid.quantize(x, shared, s.levels).to(torch.int32), 1, str(exc)[:500], None, 0,
-                           time.perf_counter() - started)
+            own = grid.quantize(x, shared, s.levels, s.sparse_k).to(torch.int32)
+            return Outcome(x, shared, own, 1, str(exc)[:500], None, 0, time.perf_counter() - started)
 
     def _apply(self, outcome: Outcome) -> bytes:
         """The outer step with the group's average, the residual and the checkpoint; the state hash."""
         s = self.settings
         if s.error_feedback:
-            self.residual = grid.residual(outcome.x, grid.quantize(outcome.x, outcome.exponents, s.levels),
+            self.residual = grid.residual(outcome.x, grid.quantize(outcome.x, outcome.exponents, s.levels, s.sparse_k),
                                           outcome.exponents)
         outer_step(self.state, grid.average(outcome.sums, outcome.exponents, outcome.group), s.outer_lr,
                    s.outer_momentum)

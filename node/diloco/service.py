@@ -80,7 +80,8 @@ class DilocoService:
         client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
                                 ChildSettings(hivemind_prefix(self.run_id), s.levels, initial_peers, s.host, s.port,
                                               s.max_peers, s.min_peers, s.matchmaking_s,
-                                              str(self.home / "hivemind.key"), s.allowlist, data.digest),
+                                              str(self.home / "hivemind.key"), s.allowlist, data.digest,
+                                              s.sparse_k),
                                 self.home / "averager.log")
         client.ensure_running()
         return DilocoPeer(model, s, client, data, identity, self.home / "state.safetensors")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from intellect_node.node.config.base import ConfigError, check_bounds
 from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, parse_data
-from intellect_node.node.diloco.grid import levels_for
+from intellect_node.node.diloco.grid import levels_for, sparse_k
 from intellect_node.node.metagene.presets import PRESETS, Preset
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 
@@ -26,7 +26,7 @@ class DilocoSettings:
     betas: tuple[float, float] = (0.9, 0.95)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    compression: str = "int8"
+    compression: str = "int8"  # dense int4/int8/fp16/int16, or sparse topk<k> (2-bit codes, k per chunk)
     error_feedback: bool = True
     overlap: bool = False  # one-round-delayed outer step; off: better per token, on for slow links (specs/diloco.md 1)
     round_timeout_s: float = 60.0
@@ -47,6 +47,9 @@ class DilocoSettings:
 
     def __post_init__(self) -> None:
         levels_for(self.compression)
+        if sparse_k(self.compression) and not self.error_feedback:
+            raise ConfigError(f"[diloco] compression = {self.compression!r} sends a few values per chunk: it needs "
+                              "error_feedback = true, or what is not sent is lost")
         if isinstance(parse_data(self.data), MetageneSpec) and self.model not in PRESETS:
             raise ConfigError(f"[diloco] model = {self.model!r}: metagene data needs a preset whose vocabulary fits "
                               f"its tokenizer (1024): one of {', '.join(PRESETS)}")
@@ -77,3 +80,8 @@ class DilocoSettings:
     @property
     def levels(self) -> int:
         return levels_for(self.compression)
+
+    @property
+    def sparse_k(self) -> int:
+        """Values each member sends per chunk; 0 for a dense compression."""
+        return sparse_k(self.compression)

@@ -37,7 +37,7 @@ def settings(**overrides: Any) -> DilocoSettings:
 
 def child_settings(s: DilocoSettings, initial_peers: tuple[str, ...] = ()) -> ChildSettings:
     return ChildSettings("diloco_test", s.levels, initial_peers, max_peers=s.max_peers, min_peers=s.min_peers,
-                         matchmaking_s=s.matchmaking_s, allowlist=s.allowlist)
+                         matchmaking_s=s.matchmaking_s, allowlist=s.allowlist, sparse_k=s.sparse_k)
 
 
 def identity(name: str) -> Identity:
