@@ -1,5 +1,5 @@
-"""Work commitments: the signed message, and the judge's book (stored before the beacon, bounded,
-durable, settled as reward 0 when undelivered)."""
+"""Work commitments: the signed message, the judge's book (stored before the beacon, bounded,
+durable, settled as reward 0 when undelivered, step 0 warm-up) and the worker's plan."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.roles.inference.commitments import CommitmentPlan
 from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.commitments import (
     BUSY,
@@ -22,6 +23,7 @@ from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
 
 WORKER = Identity.generate()
 
@@ -75,3 +77,41 @@ def test_survives_a_restart_and_settles_undelivered_counters(tmp_path: Path) -> 
     assert sorted(state.settled, key=lambda u: u.counters) == [
         Undelivered(other.peer_id, 5, (0, 1)), Undelivered(WORKER.peer_id, 5, (2, 3))]
     assert CommitmentBook(path, max_groups=8).groups(WORKER.peer_id, 5) == 0  # settled, also after a restart
+
+
+def test_step_zero_is_warm_up_judged_without_a_commitment(tmp_path: Path) -> None:
+    """Checkpoint 0 exists before anyone can commit: a commitment for it is always late, and its
+    counters are judged without one (specs/rollouts.md, "Step 0 is warm-up")."""
+    book = CommitmentBook(tmp_path / "c.jsonl", max_groups=8)
+    assert book.offer(commitment(step=0), newest_known_step=0) == LATE
+    state = JudgeState(commitments=book)
+    assert state.counter_problem(WORKER.peer_id, 0, 0, cap=100) is None
+    assert state.counter_problem(WORKER.peer_id, 1, 0, cap=100) == "uncommitted"
+    state.forget_before(3)
+    assert state.settled == []  # nothing was committed: nothing settles
+
+
+def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() -> None:
+    plan = CommitmentPlan(groups_per_batch=4, groups_per_step=0, async_window=2)
+    assert plan.covered(0, next_counter=100) is None  # warm-up: no bound
+    assert plan.size(held=0, made_before=0) == 4  # at least one batch
+    assert plan.to_send(1, ["a", "b"], groups=4) == ["a", "b"]
+    assert plan.covered(1, next_counter=0) == 0  # sent, not answered: nothing covered yet
+    plan.answered(1, "a", "failed")
+    plan.answered(1, "b", "late")
+    assert plan.covered(1, next_counter=0) == 0 and plan.to_send(1, ["a", "b", "c"], groups=99) == ["a", "c"]
+    plan.answered(1, "a", "stored")
+    assert plan.covered(1, next_counter=1) == 3 and plan.steps[1].groups == 4  # the size stands once sent
+    assert plan.covered(1, next_counter=4) == 0
+    assert plan.size(held=2, made_before=4) == 8  # used its whole commitment: the limit, not its rate
+    assert plan.size(held=2, made_before=3) == 4  # rounded up to whole batches
+    assert plan.size(held=9, made_before=10**9) == DEFAULT_MAX_GROUPS_PER_STEP
+    plan.to_send(5, ["a"], groups=4)
+    plan.answered(5, "a", "late")
+    assert plan.steps[5].all_late() and not plan.steps[1].all_late()
+    plan.to_send(6, ["t"], groups=4)
+    plan.answered(6, "t", "not_judging")  # nobody there judges with a book: no bound
+    assert plan.covered(6, next_counter=50) is None
+    plan.forget_before(5)
+    assert sorted(plan.steps) == [5, 6]
+    assert CommitmentPlan(groups_per_batch=4, groups_per_step=5, async_window=2).size(0, 0) == 12  # 2 x 5, batches

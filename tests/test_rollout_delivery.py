@@ -8,10 +8,12 @@ from libp2p.custom_types import TProtocol
 
 from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.rollouts.exchange import DeliveryFailed, RolloutReceiver, deliver
+from intellect_node.node.roles.validator.commitments import CommitmentBook
+from intellect_node.node.rollouts.exchange import DeliveryFailed, DeliveryRejected, RolloutReceiver, deliver
 from intellect_node.node.rollouts.inbox import InboxFull, InboxLimits, RolloutInbox
 from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
+from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, ROLLOUTS_PROTOCOL, decode_delivery_reply, frame
 from intellect_node.protocol.rollouts import RolloutBatch
@@ -155,3 +157,32 @@ def test_inbox_bounds_each_worker_and_the_total(tmp_path):
     with pytest.raises(InboxFull):
         reopened.store(_envelope(third, b"again"))
     assert len(reopened.pending()) == 5
+
+
+async def test_work_commitments_are_answered_by_the_judges_book(pair):
+    """The same protocol carries work commitments: the book's answer is the reply; too_many_groups
+    is charged, late and duplicate are not; a receiver that judges nothing answers not_judging."""
+    receiver, worker, identity, inbox, _ = pair
+    (rollouts,) = [s for s in receiver.services if isinstance(s, RolloutReceiver)]
+
+    def commitment(step: int, groups: int = 4, run_id: str = RUN) -> bytes:
+        return codec.encode(WorkCommitment(run_id=run_id, worker=identity.peer_id, step=step, groups=groups),
+                            identity, lifetime_s=600)
+
+    assert await deliver(worker, receiver.peer_id, commitment(1)) == "not_judging"
+    book = CommitmentBook(None, max_groups=8)
+    offered = []
+
+    def offer(signed):
+        offered.append(signed.message)
+        return book.offer(signed.message, newest_known_step=0)
+
+    rollouts.on_commitment = offer
+    answers = [await deliver(worker, receiver.peer_id, commitment(step, groups))
+               for step, groups in ((1, 4), (1, 8), (0, 4), (3, 4), (2, 9))]
+    assert answers == ["stored", "duplicate", "late", "late", "too_many_groups"]
+    assert book.groups(identity.peer_id, 1) == 4 and inbox.pending() == []  # no batch stored
+    assert rollouts.commitments["too_many_groups"] == 1 and receiver.scores.rejections["invalid_value"] == 1
+    with pytest.raises(DeliveryRejected, match="invalid_value"):
+        await deliver(worker, receiver.peer_id, commitment(2, run_id="another-run"))
+    assert len(offered) == 5  # the other run's never reached the book

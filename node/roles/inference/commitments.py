@@ -53,12 +53,14 @@ class CommitmentPlan:
     def size(self, held: int, made_before: int) -> int:
         """Groups to commit for the step after ``held``: ``made_before`` (what this worker made on
         the step before; doubled when that step's commitment was used up, since then it was the
-        limit, not the rate), at least ``groups_per_step`` and one batch, in whole batches, at most
-        the run's cap."""
+        limit, not the rate), at least twice ``groups_per_step`` and one batch, in whole batches, at
+        most the run's cap. Twice: ``groups_per_step`` counts informative groups only, and a step
+        whose committed counters run out before the trainer has its batch would wait for workers
+        that wait for it; an undelivered surplus costs only its reward-0 settlement."""
         previous = self.steps.get(held - 1)
         if previous is not None and made_before >= previous.groups:
             made_before *= 2
-        groups = max(made_before, self.groups_per_step, self.per_batch)
+        groups = max(made_before, 2 * self.groups_per_step, self.per_batch)
         return min(-(-groups // self.per_batch) * self.per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
 
     def to_send(self, step: int, judges: list[str], groups: int) -> list[str]:
