@@ -1,0 +1,264 @@
+"""Sparse compression (top-k of each chunk, 2-bit codes, error feedback) and the bound on one
+member's say in the average (specs/diloco.md sections 4a and 8): the grid and the wire format on
+their own, hivemind's reducer in a process of its own (hivemind and py-libp2p cannot share one),
+then real averager children on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from intellect_node.node.diloco import grid, packing
+from intellect_node.node.diloco.client import Averaged, AveragerClient, ChildSettings
+from intellect_node.node.diloco.layout import CHUNK, Layout
+from intellect_node.node.diloco.settings import DilocoSettings
+from tests.support.diloco_helpers import identity, make_peer, run_rounds_together, settings
+
+K = 16
+
+
+def _sparse_part(counts: list[int], indices: list[int], codes: list[int], pad_code: int = 0) -> bytes:
+    """A tag-6 part written field by field, so a test can break exactly one field."""
+    out = bytes([packing.TAG_SPARSE2]) + np.array(counts, dtype="<u2").tobytes()
+    idx = indices + [0] * (len(indices) % 2)
+    for a, b in zip(idx[0::2], idx[1::2], strict=True):
+        pair = a | b << 12
+        out += bytes([pair & 0xFF, pair >> 8 & 0xFF, pair >> 16])
+    padded = codes + [pad_code] * ((-len(codes)) % 4)
+    return out + bytes(padded[i] | padded[i + 1] << 2 | padded[i + 2] << 4 | padded[i + 3] << 6
+                       for i in range(0, len(padded), 4))
+
+
+def test_sparse_contribution_keeps_k_per_chunk_as_two_bit_codes() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3 * CHUNK + 100)
+    q = grid.quantize(x, grid.exponents(x, grid.SPARSE_LEVELS), grid.SPARSE_LEVELS, K)
+    chunks = torch.nn.functional.pad(q, (0, (-q.numel()) % CHUNK)).view(-1, CHUNK)
+    assert ((chunks != 0).sum(dim=1) <= K).all() and ((chunks != 0).sum(dim=1) >= K // 2).all()
+    assert set(q.unique().tolist()) <= {-2.0, -1.0, 0.0, 1.0, 2.0}
+    kept = q != 0  # the kept values are the chunk's largest: none left out is larger than one kept
+    for c in range(4):
+        part = slice(c * CHUNK, (c + 1) * CHUNK)
+        assert x[part].abs()[kept[part]].min() >= x[part].abs()[~kept[part]].max()
+    assert grid.sparse_k("topk64") == 64 and grid.sparse_k("int8") == 0
+
+
+def test_error_feedback_carries_a_coordinate_never_sent_until_it_is_sent() -> None:
+    g = torch.zeros(CHUNK)
+    g[:K] = 1.0  # K large coordinates fill the chunk's top-k every round ...
+    g[100] = 0.1  # ... so this one is left out, and its residual grows until it is among them
+    residual, sent_total, first_sent = torch.zeros(CHUNK), torch.zeros(CHUNK, dtype=torch.float64), None
+    for t in range(40):
+        x = g + residual
+        shared = grid.exponents(x, grid.SPARSE_LEVELS)
+        q = grid.quantize(x, shared, grid.SPARSE_LEVELS, K)
+        sent = q.double() * 2.0 ** shared.double().repeat_interleave(CHUNK)[:CHUNK]
+        if t == 0:
+            assert q[100] == 0 and residual.abs().max() == 0
+        if q[100] != 0 and first_sent is None:
+            first_sent = t
+            assert residual[100] > 0.5  # what it carried in
+        sent_total += sent
+        residual = grid.residual(x, q, shared)
+    assert first_sent is not None and first_sent < 40
+    # nothing is lost: what was sent plus what is still carried is what was produced
+    torch.testing.assert_close(sent_total + residual.double(), 40 * g.double(), atol=1e-4, rtol=0)
+
+
+def test_sparse_parts_travel_exactly_and_small() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(5 * CHUNK + 7)
+    q = grid.quantize(x, grid.exponents(x, 2), 2, 64)
+    up = packing.pack(q, 0, 64)
+    nonzero = int((q != 0).sum())
+    assert up[0] == packing.TAG_SPARSE2 and torch.equal(packing.unpack(up, q.numel(), 0, 64), q)
+    assert len(up) == 1 + 2 * 6 + 3 * ((nonzero + 1) // 2) + (nonzero + 3) // 4  # 1.75 bytes per value sent
+    assert len(up) < q.numel() / 30  # int4 would take q.numel() / 2
+    # a reducer's reply S/n - q over a union of indices: int8 multiples of 1/n, exact
+    reply = (torch.randint(-8, 9, (q.numel(),)) * (torch.rand(q.numel()) < 0.05)).float() / 3
+    down = packing.pack(reply, 3, 64)
+    assert down[0] == packing.TAG_SPARSE_SCALED8 and torch.equal(packing.unpack(down, q.numel(), 3, 64), reply)
+    dense_reply = torch.randint(-8, 9, (q.numel(),)).float() / 3  # denser than 40%: the dense tag is smaller
+    assert packing.pack(dense_reply, 3, 64)[0] == packing.TAG_SCALED8
+
+
+@pytest.mark.parametrize(("buffer", "numel", "error"), [
+    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1]), CHUNK + 904, None),
+    (_sparse_part([2, 1], [5, 9, 904], [0, 3, 1]), CHUNK + 904, "index out of range: 904"),
+    (_sparse_part([2, 0], [9, 9], [0, 3]), CHUNK + 904, "duplicate or unsorted"),
+    (_sparse_part([2, 0], [9, 5], [0, 3]), CHUNK + 904, "duplicate or unsorted"),
+    (_sparse_part([3, 0], [1, 2, 3], [0, 0, 0]), CHUNK + 904, "k too large: a chunk lists 3 values, over k = 2"),
+    (_sparse_part([1, 0], [1], [0], pad_code=1), CHUNK + 904, "bad code"),
+    # 3 chunks, 2 counts sent: the third count is read from the indices, and found impossible
+    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1]), 2 * CHUNK + 904, "a chunk lists 36869 values, more than its 904"),
+    (_sparse_part([2, 1, 0], [5, 9, 903], [0, 3, 1]), CHUNK + 904, "sparse part of 14 bytes, expected 12 for 2 chunks and 3 values"),
+    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1])[:-1], CHUNK + 904, "expected"),
+    (_sparse_part([905, 0], [], []), 904, "more than its 904"),
+])
+def test_sparse_parts_are_refused_naming_what_is_wrong(buffer: bytes, numel: int, error: str | None) -> None:
+    if error is None:
+        values = packing.unpack(buffer, numel, 0, 2)
+        assert values[5] == -2 and values[9] == 2 and values[CHUNK + 903] == -1 and int((values != 0).sum()) == 3
+        with pytest.raises(ValueError, match="a sparse part \\(tag 6\\) in a dense run"):
+            packing.unpack(buffer, numel, 0, 0)
+        return
+    with pytest.raises(ValueError, match=error):
+        packing.unpack(buffer, numel, 0, 2)
+
+
+def test_shared_exponent_is_bounded_by_the_median_not_the_largest() -> None:
+    honest = torch.tensor([-3, 0, 5], dtype=torch.int8)
+    huge = torch.tensor([127, 127, 127], dtype=torch.int8)
+    assert torch.equal(grid.shared_exponents([honest, honest, huge]), honest + 1)
+    assert torch.equal(grid.shared_exponents([honest, huge]), honest + 1)  # two members: the smaller + 1
+    slightly = honest + 1  # honest peaks within 2x of each other: nobody clips, as with the maximum
+    assert torch.equal(grid.shared_exponents([honest, slightly, honest]), slightly)
+
+
+def test_a_contribution_off_the_grid_is_named() -> None:
+    honest = torch.zeros(2 * CHUNK)
+    honest[:K] = torch.tensor([-2.0, -1.0, 1.0, 2.0]).repeat(K // 4)
+    assert grid.contribution_error(honest, 1.0, 2, K) is None
+    assert "weight 1000.0" in grid.contribution_error(honest, 1000.0, 2, K)
+    assert "over the grid's 2" in grid.contribution_error(honest * 50, 1.0, 2, K)
+    assert "not grid integers" in grid.contribution_error(honest / 3, 1.0, 2, K)
+    dense = torch.ones(2 * CHUNK)
+    assert f"{CHUNK} nonzero values in one chunk, over k = {K}" in grid.contribution_error(dense, 1.0, 2, K)
+    assert grid.contribution_error(dense * 7, 1.0, 7, 0) is None  # a dense int4 part
+
+
+def test_sparse_needs_error_feedback() -> None:
+    assert DilocoSettings(compression="topk64").sparse_k == 64
+    with pytest.raises(Exception, match="error_feedback"):
+        DilocoSettings(compression="topk64", error_feedback=False)
+
+
+REDUCER = textwrap.dedent("""
+    import asyncio, multiprocessing as mp, sys, torch
+    from intellect_node.node.diloco import exact_averager
+    from intellect_node.node.diloco.exact_averager import BoundedReducer, PoisonedPart
+    exact_averager.SPARSE_K = 2
+
+    async def main():
+        refused = mp.Value("q", 0)
+        reducer = BoundedReducer([torch.Size([8])], ["honest", "poisoner"], 2, refused)
+        honest = torch.tensor([2.0, -1, 0, 0, 0, 0, 0, 0])
+        for poison, weight in ((honest * 40, 1.0), (honest, 1000.0), (-torch.ones(8), 1.0)):
+            try:
+                await reducer.accumulate_part(1, 0, poison, weight)
+                print("ACCEPTED")
+            except PoisonedPart as exc:
+                print("REFUSED", exc)
+        print("COUNT", refused.value, sorted(exact_averager.REFUSED))
+        reducer2 = BoundedReducer([torch.Size([8])], ["a", "b"], 2, refused)
+        done = await asyncio.gather(reducer2.accumulate_part(0, 0, honest, 1.0),
+                                    reducer2.accumulate_part(1, 0, -honest, 1.0))
+        print("HONEST", done[0].tolist())
+
+    asyncio.run(main())
+""")
+
+
+def test_hivemind_reducer_refuses_and_counts_parts_no_honest_member_sends() -> None:
+    done = subprocess.run([sys.executable, "-c", REDUCER], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("REFUSED member poisoner: part 0: a value of magnitude 80"), lines
+    assert lines[1].startswith("REFUSED member poisoner: part 0: weight 1000.0"), lines
+    assert lines[2].startswith("REFUSED member poisoner: part 0: 8 nonzero values in one chunk, over k = 2"), lines
+    assert lines[3] == "COUNT 3 ['poisoner']" and lines[4] == "HONEST [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]"
+
+
+# --- real averager children ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sparse_rounds_between_real_peers_are_bit_identical_and_small(tmp_path) -> None:
+    torch.set_num_threads(1)
+    s = settings(compression="topk16", max_peers=2)
+    first = make_peer(tmp_path, "p0", s)
+    peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
+    sent = 0
+    try:
+        for expected_round in (0, 1, 2):
+            records = run_rounds_together(peers)
+            assert all(not isinstance(r, BaseException) for r in records), records
+            assert [r.group_size for r in records] == [2, 2] and all(r.round == expected_round for r in records)
+            assert records[0].state_hash == records[1].state_hash and all(r.hash_agreement for r in records)
+            sent += sum(r.allreduce_bytes for r in records)
+        assert torch.equal(first.state.params, peers[1].state.params)
+        assert torch.equal(first.state.momentum, peers[1].state.momentum)
+        assert all(p.residual.abs().max() > 0 for p in peers)  # what was not sent is carried
+        # int4 moves 1.5 bytes per element and round (half up, one back); 16 of 4096 per chunk, a
+        # few bytes each way per value plus 2 bytes of counts per chunk, is far below
+        elements = first.layout.elements
+        assert 0 < sent < 3 * 1.5 * elements / 20, (sent, elements)
+    finally:
+        for p in peers:
+            p.client.close()
+
+
+def _average_together(clients: list[AveragerClient], values: list[torch.Tensor]) -> list[Averaged]:
+    results: list[Averaged | BaseException] = [RuntimeError("did not finish")] * len(clients)
+
+    def go(i: int) -> None:
+        try:
+            results[i] = clients[i].average(0, values[i], b"\0" * 32, 30.0, identity(f"m{i}"))
+        except BaseException as exc:  # reported to the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert all(isinstance(r, Averaged) for r in results), results
+    return results  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["topk64", "int8"])
+def test_a_poisoning_member_moves_the_average_by_at_most_the_bound(tmp_path: Path, compression: str) -> None:
+    """Three real members; one sends its groupmate's pseudo-gradient sign-flipped and scaled by
+    10^4. Every member gets the same sums, and the poisoner's share of them is within the grid's
+    levels on a grid no coarser than twice the honest members' own."""
+    torch.set_num_threads(1)
+    s = DilocoSettings(compression=compression)
+    layout = Layout(("w",), ((3 * CHUNK + 500,),))
+    clients: list[AveragerClient] = []
+    try:
+        for i in range(3):
+            child = ChildSettings("diloco_poison", s.levels, tuple(clients[0].maddrs) if clients else (),
+                                  max_peers=3, min_peers=3, matchmaking_s=2.0, sparse_k=s.sparse_k)
+            clients.append(AveragerClient(tmp_path / f"m{i}.sock", layout, child, tmp_path / f"m{i}.log"))
+            clients[-1].ensure_running()
+        torch.manual_seed(2)
+        honest = [torch.randn(layout.elements) * 1e-3, torch.randn(layout.elements) * 1e-3]
+        poison = -1e4 * honest[0]
+        results = _average_together(clients, [*honest, poison])
+        assert [r.group_size for r in results] == [3, 3, 3]
+        assert all(torch.equal(results[0].sums, r.sums) and torch.equal(results[0].exponents, r.exponents)
+                   for r in results)
+        shared = results[0].exponents
+        assert (shared.to(torch.int16) <= torch.maximum(*(grid.exponents(h, s.levels) for h in honest)) + 1).all()
+        own = [grid.quantize(h, shared, s.levels, s.sparse_k) for h in honest]
+        poisoner_share = results[0].sums.float() - own[0] - own[1]
+        assert poisoner_share.abs().max() <= s.levels
+        if s.sparse_k:
+            assert int((poisoner_share != 0).sum()) <= s.sparse_k * layout.chunks
+        # so the average moved by at most levels * 2^E / n per element from the honest members' own
+        average = grid.average(results[0].sums, shared, 3).double()
+        honest_only = (own[0] + own[1]).double() * 2.0 ** shared.double().repeat_interleave(CHUNK)[:layout.elements] / 3
+        bound = s.levels * 2.0 ** shared.double().repeat_interleave(CHUNK)[:layout.elements] / 3
+        assert ((average - honest_only).abs() <= bound * (1 + 1e-6)).all()
+        assert float((average - honest_only).abs().max()) < 1e-2  # where plain fp32 averaging moves it by ~30
+    finally:
+        for c in clients:
+            c.close()
