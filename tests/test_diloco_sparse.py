@@ -98,7 +98,8 @@ def test_sparse_parts_travel_exactly_and_small() -> None:
     (_sparse_part([1, 0], [1], [0], pad_code=1), CHUNK + 904, "bad code"),
     # 3 chunks, 2 counts sent: the third count is read from the indices, and found impossible
     (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1]), 2 * CHUNK + 904, "a chunk lists 36869 values, more than its 904"),
-    (_sparse_part([2, 1, 0], [5, 9, 903], [0, 3, 1]), CHUNK + 904, "sparse part of 14 bytes, expected 12 for 2 chunks and 3 values"),
+    (_sparse_part([2, 1, 0], [5, 9, 903], [0, 3, 1]), CHUNK + 904,
+     "sparse part of 14 bytes, expected 12 for 2 chunks and 3 values"),
     (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1])[:-1], CHUNK + 904, "expected"),
     (_sparse_part([905, 0], [], []), 904, "more than its 904"),
 ])
