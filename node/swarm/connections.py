@@ -111,6 +111,8 @@ class ConnectionManager:
         self.policy = policy or ConnectionPolicy()
         self._swarm = host.get_network()
         self._slots: set[_Slot] = set()
+        self._changes = 0  # bumped whenever the census below may be stale
+        self._census_cache: _Census | None = None
         self._protected: dict[str, set[str]] = {}  # peer id -> tags
         self._proven: dict[str, None] = {}  # insertion-ordered; the oldest go past MAX_PROVEN
         self.accepted = 0
@@ -130,6 +132,7 @@ class ConnectionManager:
         Mirrored into py-libp2p's own tag store, so its pruner (above its ``high_watermark``,
         200 by default) spares the same peers."""
         self._protected.setdefault(peer_id, set()).add(tag)
+        self._changes += 1
         with _ignored_bad_id():
             self._swarm.protect(ID.from_base58(peer_id), tag)
 
@@ -139,6 +142,7 @@ class ConnectionManager:
             tags.discard(tag)
             if not tags:
                 del self._protected[peer_id]
+            self._changes += 1
         with _ignored_bad_id():
             self._swarm.unprotect(ID.from_base58(peer_id), tag)
 
@@ -147,6 +151,7 @@ class ConnectionManager:
         counts against the per-IP caps and is trimmed after unproven peers."""
         self._proven.pop(peer_id, None)
         self._proven[peer_id] = None
+        self._changes += 1
         while len(self._proven) > MAX_PROVEN:
             del self._proven[next(iter(self._proven))]
 
@@ -158,16 +163,38 @@ class ConnectionManager:
 
     # ---- the inbound path ------------------------------------------------------------------
 
-    def _unproven(self) -> list[_Slot]:
-        return [slot for slot in self._slots if not self._is_proven(slot.peer_id)]
+    def _census(self) -> _Census:
+        """Unproven slots counted per host, /24 and /16, and the most represented ones. Recounted
+        only after a change: a refused flood changes nothing, so a refusal costs a few lookups
+        (counting 200 slots per refused attempt starved the handshakes at 1,000 attempts a second)."""
+        if self._census_cache is None or self._census_cache.changes != self._changes:
+            unproven = [slot for slot in self._slots if not self._is_proven(slot.peer_id)]
+            counts = tuple(Counter(slot.ranges[level] for slot in unproven) for level in range(3))
+
+            def representation(slot: _Slot) -> tuple[int, int, int]:
+                return counts[2][slot.ranges[2]], counts[1][slot.ranges[1]], counts[0][slot.ranges[0]]
+
+            top = max(map(representation, unproven), default=None)
+            crowd = [slot for slot in unproven if representation(slot) == top]
+            self._census_cache = _Census(self._changes, counts, crowd)
+        return self._census_cache
+
+    def _add(self, slot: _Slot) -> None:
+        self._slots.add(slot)
+        self._changes += 1
+
+    def _drop(self, slot: _Slot) -> None:
+        if slot in self._slots:
+            self._slots.discard(slot)
+            self._changes += 1
 
     def _admission(self, ranges: Ranges) -> str | None:
         """The reason to refuse a new inbound connection from these ranges, or None. The caps come
         first: a newcomer over its range's cap gains nothing from an eviction."""
-        unproven = self._unproven()
+        counts = self._census().counts
         caps = (self.policy.unproven_per_ip, self.policy.unproven_per_24, self.policy.unproven_per_16)
         for level, (reason, cap) in enumerate(zip(CAP_REASONS, caps, strict=True)):
-            if sum(slot.ranges[level] == ranges[level] for slot in unproven) >= cap:
+            if counts[level][ranges[level]] >= cap:
                 return reason
         if len(self._slots) >= self.policy.max_inbound:
             return "inbound_full"
@@ -179,25 +206,21 @@ class ConnectionManager:
         Candidates: unproven, unprotected inbound slots, established or still in their handshake
         (a flood of stalled handshakes must not hold the table either). The victim is from the
         most represented range (most unproven slots per /16, then per /24, then per host), idle
-        (or handshaking) before busy, oldest first: a reconnecting flood keeps its connections young, and an old
-        idle unproven one has had its chance to prove itself. The newcomer must be
+        (or handshaking) before busy, oldest first: a reconnecting flood keeps its connections
+        young, and an old idle unproven one has had its chance to prove itself. The newcomer must be
         under-represented where its ranges and the victim's part: its range holds at least two
         fewer unproven slots than the victim's, so after the swap it is still no larger, and two
         ranges never evict each other back and forth.
         """
-        unproven = self._unproven()
-        counts = [Counter(slot.ranges[level] for slot in unproven) for level in range(3)]
-
-        def representation(slot: _Slot) -> tuple[int, int, int]:
-            return counts[2][slot.ranges[2]], counts[1][slot.ranges[1]], counts[0][slot.ranges[0]]
-
-        if not unproven:
+        census = self._census()
+        fits: dict[Ranges, bool] = {}  # the crowd may tie several ranges; each is judged once
+        for slot in census.crowd:
+            if slot.ranges not in fits:
+                fits[slot.ranges] = _outnumbers(slot.ranges, ranges, census.counts)
+        eligible = [slot for slot in census.crowd if fits[slot.ranges]]
+        if not eligible:
             return None
-        victim = max(unproven, key=lambda slot: (representation(slot), not self._busy(slot), -slot.opened))
-        for level in (2, 1, 0):  # the widest range where newcomer and victim differ decides
-            if ranges[level] != victim.ranges[level]:
-                return victim if counts[level][ranges[level]] + 1 < counts[level][victim.ranges[level]] else None
-        return None  # the same host: it competes with itself
+        return max(eligible, key=lambda slot: (not self._busy(slot), -slot.opened))
 
     def _conn(self, slot: _Slot) -> INetConn | None:
         """The swarm's connection of an established slot (None once the swarm dropped it)."""
@@ -224,17 +247,18 @@ class ConnectionManager:
             await _close_quietly(stream)
             return
         if victim is not None:  # its slot is free from now on; its own task closes its connection
-            self._slots.discard(victim)
+            self._drop(victim)
             victim.scope.cancel()
             self.evicted += 1
         slot = _Slot(ranges)
-        self._slots.add(slot)
+        self._add(slot)
         try:
             with slot.scope:
                 muxed = await self._upgrade(stream, listen_addr)
                 if muxed is None:
                     return
                 slot.peer_id, slot.muxed = muxed.peer_id.to_base58(), muxed
+                self._changes += 1  # a proven peer's slot leaves the census
                 self.accepted += 1
                 if len(self._swarm.get_connections()) > self.policy.high_water:
                     self._trim_wanted.set()
@@ -242,7 +266,7 @@ class ConnectionManager:
             if slot.scope.cancelled_caught:
                 await self._close_evicted(slot, stream)
         finally:
-            self._slots.discard(slot)
+            self._drop(slot)
 
     async def _close_evicted(self, slot: _Slot, stream: ReadWriteCloser) -> None:
         """Close an evicted slot's connection: the swarm's (so it is unregistered and notified)
@@ -325,6 +349,22 @@ class ConnectionManager:
             "refused": dict(self.refused),
             "protected": len(self._protected),
         }
+
+
+def _outnumbers(crowded: Ranges, newcomer: Ranges, counts: tuple[Counter[str], ...]) -> bool:
+    """Whether ``crowded`` holds at least two more unproven slots than ``newcomer`` at the widest
+    level where they differ (/16, else /24, else host); never for the same host."""
+    for level in (2, 1, 0):
+        if newcomer[level] != crowded[level]:
+            return counts[level][newcomer[level]] + 1 < counts[level][crowded[level]]
+    return False
+
+
+@dataclass(frozen=True)
+class _Census:
+    changes: int  # ``ConnectionManager._changes`` when counted
+    counts: tuple[Counter[str], ...]  # unproven slots per host, /24, /16 (``address_keys`` order)
+    crowd: list[_Slot]  # the unproven slots of the most represented ranges
 
 
 def _remote_ip(stream: ReadWriteCloser) -> str:
