@@ -3,7 +3,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 
 - ``layout``: the canonical order of a model's tensors, flat fp32 vectors, chunks, the layout hash.
 - ``grid``: the shared int grid that makes the all-reduce exact (int4, int8, int16 with per-chunk
-  power-of-two scales), sum recovery, the average, error feedback.
+  power-of-two scales; sparse top-k of each chunk in 2-bit codes), sum recovery, the average, error
+  feedback, the median-bounded shared scale and the check of each member's contribution.
 - ``outer``: the global state (outer params, outer momentum, round) and the outer Nesterov step.
 - ``state_hash``: sha256 of the global state, equal on every honest peer after each outer step.
 - ``state_file``: the global state as a shard-overlay checkpoint file (the same bytes on every
@@ -12,7 +13,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   manifest this node signs; a joiner fetches only what a majority of live members vouch for.
 - ``checkpoint``: save and resume at a round boundary (global state, residual, inner AdamW),
   durably, with every field checked on load.
-- ``packing``: how the grid's numbers travel inside hivemind's all-reduce, the exact packed format.
+- ``packing``: how the grid's numbers travel inside hivemind's all-reduce, the exact packed format
+  (dense tags, and the sparse index-and-code tags, each field checked on the way in).
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
@@ -25,8 +27,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``run_spec``: the allowlist from the run owner's signed ``diloco_run_spec`` (``[diloco] run_spec``).
 - ``commit``: the commit step of an all-reduce attempt: applied only when every member says its
   side completed (hivemind's all-reduce can complete on one member and fail on another).
-- ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid
-  and refuses partial all-reduces (runs inside the child only).
+- ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid,
+  refuses partial all-reduces and parts no honest member sends (runs inside the child only).
 - ``averager_child``: the hivemind process (DHT and averager) serving those frames; it never
   imports libp2p (the two cannot share a process).
 - ``client``: the node side: starts the child, restarts it if it died, ends its process group.
