@@ -4,12 +4,14 @@ slot; ours (eviction, per-/24 and per-/16 caps) against the same node with evict
 today's caps (per IP 32, per /24 128, no /16 cap): the node as it was before.
 
 Each side is a node host in its own process (``--serve ours|refuse``, the connection manager and
-its trimming task running) on 127.0.0.1, sharing the machine's 2 cores with the client. The
-client holds CONNECTIONS idle connections (fresh identities) from ADDRESSES source addresses
-spread over 5 /24s in 5 /16s (127.1x.1x.z), each remade RETRY_S after the node closes or refuses
-it (node/demo/churn.py ``flood``). Once the node's table is full (its status shows a refusal) the
-newcomer tries from 127.20k.1.1 every TRY_EVERY_S until identify answers, up to LIMIT_S; TRIALS
-newcomers per side, one after another, each from its own range.
+its trimming task running) on 127.0.0.1; the flood is a second process (``--flood``) and the
+newcomer a third (this one), so the newcomer's handshake is not queued behind the flood's in one
+event loop; all share the machine's 2 cores. The flood holds --connections idle connections
+(fresh identities) from --addresses source addresses spread over --ranges /24s, each in its own
+/16 (127.1x.1x.z), each remade RETRY_S after the node closes or refuses it (node/demo/churn.py
+``flood``). Once the node's table is full (its status shows a refusal) the newcomer tries from
+127.20k.1.1 every TRY_EVERY_S until identify answers, up to --limit seconds; --trials newcomers
+per side, one after another, each from its own range.
 
     python bench/admission.py                   # 1,000 connections from 50 addresses
     python bench/admission.py --quick           # 260 from 12 addresses in 3 /24s (the issue's case)
@@ -99,31 +101,39 @@ async def newcomer(target: PeerInfo, source_ip: str, limit_s: float) -> float:
     return limit_s
 
 
-def measure(side: str, connections: int, addrs: list[str], trials: int, limit_s: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp, server(side, Path(tmp) / "status.json") as target:
+def run_flood(target: str, connections: int, addrs: list[str]) -> None:
+    """The ``--flood`` process: holds and remakes connections until killed."""
+    trio.run(flood, peer_info(target), addrs, connections, trio.Event(), RETRY_S)
+
+
+@contextmanager
+def flooding(target: PeerInfo, connections: int, addresses: int, ranges: int) -> Iterator[None]:
+    addr = f"{target.addrs[0]}/p2p/{target.peer_id}"
+    process = subprocess.Popen([sys.executable, __file__, "--flood", addr, "--connections", str(connections),
+                                "--addresses", str(addresses), "--ranges", str(ranges)])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def measure(side: str, connections: int, addresses: int, ranges: int, trials: int, limit_s: float) -> dict:
+    with (tempfile.TemporaryDirectory() as tmp, server(side, Path(tmp) / "status.json") as target,
+          flooding(target, connections, addresses, ranges)):
         status_file = Path(tmp) / "status.json"
 
         async def main() -> dict:
-            stop = trio.Event()
-            async with trio.open_nursery() as nursery:
-                attempts = {}
-
-                async def run_flood() -> None:
-                    attempts.update(await flood(target, addrs, connections, stop, RETRY_S))
-
-                nursery.start_soon(run_flood)
-                started = time.perf_counter()
-                while not read_status(status_file).get("refused") and time.perf_counter() - started < FILL_LIMIT_S:
-                    await trio.sleep(0.25)
-                fill_s = time.perf_counter() - started
-                full = read_status(status_file)
-                times = []
-                for k in range(trials):
-                    times.append(await newcomer(target, f"127.{200 + k}.1.1", limit_s))
-                    await trio.sleep(1.0)
-                final = read_status(status_file)
-                stop.set()
-            return {"fill_s": fill_s, "full": full, "times": times, "final": final, "attempts": dict(attempts)}
+            started = time.perf_counter()
+            while not read_status(status_file).get("refused") and time.perf_counter() - started < FILL_LIMIT_S:
+                await trio.sleep(0.25)
+            fill_s = time.perf_counter() - started
+            full = read_status(status_file)
+            times = []
+            for k in range(trials):
+                times.append(await newcomer(target, f"127.{200 + k}.1.1", limit_s))
+                await trio.sleep(1.0)
+            return {"fill_s": fill_s, "full": full, "times": times, "final": read_status(status_file)}
 
         return trio.run(main)
 
@@ -138,26 +148,29 @@ def main() -> int:
     parser.add_argument("--limit", type=float, default=30.0, help="seconds a newcomer keeps trying")
     parser.add_argument("--serve", choices=sorted(POLICIES), help=argparse.SUPPRESS)
     parser.add_argument("--status", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--flood", help=argparse.SUPPRESS)
     args = parser.parse_args()
     quiet_libp2p_logs(False)
     if args.serve:
         trio.run(serve, args.serve, args.status)
         return 0
+    if args.flood:
+        run_flood(args.flood, args.connections, sources(args.addresses, args.ranges))
+        return 0
     if args.quick:
         args.connections, args.addresses, args.ranges, args.trials, args.limit = 260, 12, 3, 3, 8.0
-    addrs = sources(args.addresses, args.ranges)
     print(f"# admission bench: {args.connections} connections from {args.addresses} addresses in {args.ranges} "
           f"/24s held and remade ({RETRY_S:g} s after a close or refusal); {args.trials} newcomers per side, "
           f"each retrying every {TRY_EVERY_S:g} s for up to {args.limit:g} s", flush=True)
     medians = {}
     for side in ("refuse", "ours"):
-        r = measure(side, args.connections, addrs, args.trials, args.limit)
+        r = measure(side, args.connections, args.addresses, args.ranges, args.trials, args.limit)
         medians[side] = statistics.median(r["times"])
         full, final = r["full"], r["final"]
         print(f"{side}: full after {r['fill_s']:.1f} s (inbound {full.get('inbound')}, handshaking "
               f"{full.get('handshaking')}); newcomer admitted after {', '.join(f'{t:.2f}' for t in r['times'])} s "
               f"(limit {args.limit:g}); node: evicted {final.get('evicted')}, trimmed {final.get('trimmed')}, "
-              f"refused {final.get('refused')}; flood attempts {r['attempts']}", flush=True)
+              f"refused {final.get('refused')}", flush=True)
     ours, peer = medians["ours"], medians["refuse"]
     ok = ours <= TARGET_S
     verdict = "ok" if ok else "short"
