@@ -99,8 +99,9 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     assert plan.covered(1, next_counter=0) == 0  # sent, not answered: nothing covered yet
     plan.answered(1, "a", "failed")
     plan.answered(1, "b", "late")
-    assert plan.covered(1, next_counter=0) == 0 and plan.to_send(1, ["a", "b", "c"], groups=99) == ["a", "c"]
-    plan.answered(1, "a", "stored")
+    assert plan.covered(1, next_counter=0) == 0 and plan.steps[1].overtaken()
+    assert plan.to_send(1, ["a", "b", "c"], groups=99) == ["c"]  # each judge once: a failing one holds up nothing
+    plan.answered(1, "c", "stored")
     assert plan.covered(1, next_counter=1) == 3 and plan.steps[1].groups == 4  # the size stands once sent
     assert plan.covered(1, next_counter=4) == 0
     assert plan.size(held=2, made_before=4) == 8  # used its whole commitment: the limit, not its rate
@@ -108,7 +109,7 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     assert plan.size(held=9, made_before=10**9) == DEFAULT_MAX_GROUPS_PER_STEP
     plan.to_send(5, ["a"], groups=4)
     plan.answered(5, "a", "late")
-    assert plan.steps[5].all_late() and not plan.steps[1].all_late()
+    assert plan.steps[5].overtaken() and not plan.steps[1].overtaken()
     plan.to_send(6, ["t"], groups=4)
     plan.answered(6, "t", "not_judging")  # nobody there judges with a book: no bound
     assert plan.covered(6, next_counter=50) is None

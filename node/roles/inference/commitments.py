@@ -37,9 +37,10 @@ class StepCommitment:
             return None
         return 0
 
-    def all_late(self) -> bool:
-        """Every judge already knew the step's checkpoint: the commitment was overtaken."""
-        return bool(self.answers) and set(self.answers.values()) == {"late"}
+    def overtaken(self) -> bool:
+        """No judge holds it and some already knew the step's checkpoint (``late``)."""
+        values = set(self.answers.values())
+        return "late" in values and not values & HELD
 
 
 class CommitmentPlan:
@@ -69,9 +70,9 @@ class CommitmentPlan:
         return [judge for judge in judges if judge not in entry.answers]
 
     def answered(self, step: int, judge: str, answer: str) -> None:
-        # a failed or refused delivery is not kept: that judge is tried again on the next round
-        if answer in HELD | {"late", "not_judging", "too_many_groups"}:
-            self.steps[step].answers[judge] = answer
+        """Each judge is sent a step's commitment once, whatever it answered: one that fails or
+        refuses (after ``deliver``'s retries) would otherwise hold up every round of generation."""
+        self.steps[step].answers[judge] = answer
         self.answers[answer] += 1
 
     def covered(self, step: int, next_counter: int) -> int | None:

@@ -166,8 +166,8 @@ class InferenceWorker:
 
     async def _commit_ahead(self, held: int) -> None:
         """Commit for the step after the newest one this node knows to every judge this worker
-        delivers to that was not sent it yet (one that joined later gets it too). ``late`` from
-        every judge (the checkpoint overtook the commitment): commit for the step after instead."""
+        delivers to that was not sent it yet (one that joined later gets it too). ``late`` and no
+        judge holding it (the checkpoint overtook the commitment): commit for the step after too."""
         step = max(held, self.policy.newest_known_step(self.node)) + 1
         self.commitments.forget_before(held - self.async_window)
         made_before = (self._steps.get(held - 1) or StepTally()).next_counter
@@ -181,7 +181,7 @@ class InferenceWorker:
                     self.commitments.answered(target, judge, answer)
                 log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
                          self.commitments.steps[target].answers)
-            if not self.commitments.steps[target].all_late():
+            if not self.commitments.steps[target].overtaken():
                 return
 
     def _share_done(self, step: int) -> bool:
