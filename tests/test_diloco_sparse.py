@@ -5,6 +5,7 @@ then real averager children on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from intellect_node.node.diloco import grid, packing
-from intellect_node.node.diloco.client import Averaged, AveragerClient, ChildSettings
+from intellect_node.node.diloco.client import Averaged, AveragerClient, AveragerError, ChildSettings
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.settings import DilocoSettings
 from tests.support.diloco_helpers import identity, make_peer, run_rounds_together, settings
@@ -260,6 +261,76 @@ def test_a_poisoning_member_moves_the_average_by_at_most_the_bound(tmp_path: Pat
         bound = s.levels * 2.0 ** shared.double().repeat_interleave(CHUNK)[:layout.elements] / 3
         assert ((average - honest_only).abs() <= bound * (1 + 1e-6)).all()
         assert float((average - honest_only).abs().max()) < 1e-2  # where plain fp32 averaging moves it by ~30
+    finally:
+        for c in clients:
+            c.close()
+
+
+POISONER = textwrap.dedent("""
+    import json, sys, torch, hivemind
+    from intellect_node.node.diloco import exact_averager, grid
+    from intellect_node.node.diloco.exact_averager import ExactAverager, round_bits
+    from intellect_node.node.diloco.layout import Layout
+
+    args = json.loads(sys.argv[1])
+    layout = Layout(("w",), ((args["elements"],),))
+    exact_averager.grid.quantize = lambda x, shared, levels, k=0: torch.full_like(x, 1000.0)  # off the grid
+    dht = hivemind.DHT(initial_peers=args["peers"], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    averager = ExactAverager(layout, bytes.fromhex(args["digest"]), 127, frozenset(), 0, dht=dht, start=True,
+                             prefix="diloco_wire", target_group_size=3, min_group_size=3,
+                             min_matchmaking_time=2.0, request_timeout=3.0, next_chunk_timeout=5.0,
+                             allreduce_timeout=30.0)
+    x = torch.ones(layout.elements)
+    averager.raw.copy_(x)
+    averager.set_group_bits(round_bits(0))
+    payload = {"round": 0, "layout": averager.layout_digest, "state_hash": bytes(32),
+               "exponents": grid.exponents(x, 127).numpy().tobytes(), "member": "poisoner", "signature": bytes(64)}
+    try:
+        print("POISONER", averager.step(gather=payload, timeout=15, allow_retries=True))
+    except Exception as exc:
+        print("POISONER failed", type(exc).__name__)
+    averager.shutdown(); dht.shutdown()
+""")
+
+
+@pytest.mark.slow
+def test_a_member_sending_values_off_the_grid_is_refused_counted_and_never_averaged(tmp_path: Path) -> None:
+    """Two honest children and a real hivemind averager whose parts hold 1000 on an int8 grid:
+    its parts are refused by the honest reducers (counted, logged with the reason), the attempt
+    fails, it is not grouped with again, and no honest member applies an average with it."""
+    torch.set_num_threads(1)
+    layout = Layout(("w",), ((2 * CHUNK + 10,),))
+    clients: list[AveragerClient] = []
+    try:
+        for i in range(2):
+            child = ChildSettings("diloco_wire", 127, tuple(clients[0].maddrs) if clients else (),
+                                  max_peers=3, min_peers=3, matchmaking_s=2.0)
+            clients.append(AveragerClient(tmp_path / f"h{i}.sock", layout, child, tmp_path / f"h{i}.log"))
+            clients[-1].ensure_running()
+        args = {"elements": layout.elements, "peers": list(clients[0].maddrs),
+                "digest": clients[0].agreement.hex()}
+        poisoner = subprocess.Popen([sys.executable, "-c", POISONER, json.dumps(args)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        results: list[Averaged | BaseException] = [RuntimeError("did not finish")] * 2
+
+        def go(i: int) -> None:
+            try:
+                results[i] = clients[i].average(0, torch.full((layout.elements,), 1e-3), b"\0" * 32, 15.0,
+                                                identity(f"h{i}"))
+            except BaseException as exc:  # the expected outcome: no group of three without the poisoner
+                results[i] = exc
+
+        threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        out, err = poisoner.communicate(timeout=90)
+        assert all(isinstance(r, AveragerError) for r in results), results  # never averaged with the poisoner
+        refused = sum(c.status()["refused_parts"] for c in clients)
+        logs = "".join((tmp_path / f"h{i}.log").read_text() for i in range(2))
+        assert refused >= 1, (logs[-3000:], out, err[-2000:])
+        assert "a value of magnitude 1000, over the grid's 127" in logs
     finally:
         for c in clients:
             c.close()
