@@ -3,9 +3,12 @@
 - ``intellect_node.node.shards.service``: ``ShardService``, the node service that ties the rest together.
 - ``intellect_node.node.shards.checkpoint``: safetensors out of tensors; tensor index, shard hashes, manifest.
 - ``intellect_node.node.shards.store``: checkpoints on disk, partial until verified, atomic completion, retention.
-- ``intellect_node.node.shards.server``: the HTTP server of verified ranges, with upload caps and seed mode.
+- ``intellect_node.node.shards.server``: what to answer (verified ranges, upload caps, seed mode); HTTP serving.
 - ``intellect_node.node.shards.client``: the HTTP client that checks every answer against what it asked.
 - ``intellect_node.node.shards.http``: shared HTTP plumbing (heads, bodies, stall windows, signed peer header).
+- ``intellect_node.node.shards.stream_wire``: ``/ina/shards/1.0.0``, the same routes over libp2p: request and head frames.
+- ``intellect_node.node.shards.stream_server``: serving that protocol (peers that cannot dial our HTTP server).
+- ``intellect_node.node.shards.stream_client``: fetching over it from peers without a dialable HTTP address.
 - ``intellect_node.node.shards.fetcher``: which shard from which parent; retries, penalties, complaints.
 - ``intellect_node.node.shards.loader``: tensors as views into one mmapped file.
 - ``intellect_node.node.shards.progress``: a rich bar per checkpoint (log lines when not on a terminal).

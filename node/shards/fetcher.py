@@ -1,12 +1,18 @@
 """Fetching one checkpoint from the swarm: which shard next, from whom, and what to do when it fails.
 
-Parents are the peers whose have streams (HTTP, one line per change) show the shard verified. The
+Parents are the peers whose have streams (one line per change) show the shard verified. The
 scheduler prefers any peer over the origin (the trainer), so the origin uploads about one copy and
 the fetchers spread the rest; among peers it takes the rarest shard first and the peer with the
 best measured throughput and record. Every shard is hashed while it arrives and compared with the
 signed manifest before it is marked: a mismatch discards it, charges the peer (``bad_shard``),
 excludes it for this checkpoint and tells the caller (which complains on gossip). A cut, stalled
 or refused transfer is retried elsewhere; verified shards are never fetched again.
+
+Transports (``PeerBook.transport``): HTTP to an advertised ``/http`` address, or libp2p streams
+over a connection the host holds (a NATed peer advertises no HTTP address, but a hole punch gives
+a direct connection). Where both work, the one with the best measured throughput to that peer
+(each tried once first). A peer reached only through a relay is used last (only when no other
+holder has a shard) and only for ranges a circuit's byte cap can carry.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import mmap
 import random
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import blake3
@@ -27,6 +33,7 @@ from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.server import unpack_bits
 from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected
 from intellect_node.protocol.manifest import BadShard
@@ -39,6 +46,9 @@ BUSY_BACKOFF_S = 0.5
 FAILURE_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 PER_PEER_DOWNLOADS = 2
+# libp2p: the stream guard lets a peer hold 2 inbound streams of a protocol, one is the have stream
+PER_PEER_STREAM_DOWNLOADS = 1
+RELAY_MAX_RANGE = 4 << 20  # a circuit carries 16 MiB by default (relay_circuit_bytes): a few shards
 PROVIDER_LOOKUP_S = 10.0  # DHT lookups cost CPU on every node they touch; have streams are the fast path
 _HTTP_ADDR = re.compile(r"/(?:ip4|dns4)/([A-Za-z0-9.-]{1,253})/tcp/([0-9]{1,5})/http")
 
@@ -59,6 +69,7 @@ class PeerRecord:
     endpoint: Endpoint | None  # None once its advert names no HTTP address (it turned out private)
     private: bool = False  # its advert names no address at all: behind NAT, it re-serves nothing
     rate: float = 0.0  # bytes/s of good shards, exponentially averaged; 0 until measured
+    rates: dict[str, float] = field(default_factory=dict)  # the same, per transport that carried one
     successes: int = 0
     failures: int = 0  # consecutive
     in_flight: int = 0
@@ -72,10 +83,14 @@ class PeerRecord:
 
 
 class PeerBook:
-    """Known shard servers and their records, shared by every checkpoint's fetch."""
+    """Known shard servers and their records, shared by every checkpoint's fetch.
 
-    def __init__(self) -> None:
+    ``path_of(peer)``: how the host is connected to it now ("direct", "relayed" or None); without
+    one (no libp2p host, e.g. the DiLoCo state overlay) only HTTP is used."""
+
+    def __init__(self, path_of: Callable[[str], str | None] | None = None) -> None:
         self.peers: dict[str, PeerRecord] = {}
+        self.path_of = path_of or (lambda peer_id: None)
 
     def learn(self, peer_id: str, addrs: tuple[str, ...] | list[str]) -> None:
         """Follow ``peer_id``'s latest advert: a new port after a restart, or no address at all
@@ -91,9 +106,22 @@ class PeerBook:
         else:
             record.endpoint, record.private = endpoint, private
 
-    def servable(self, peer_id: str) -> bool:
+    def transport(self, peer_id: str, nbytes: int = 0) -> str | None:
+        """How to fetch ``nbytes`` from ``peer_id`` now: "http", "p2p" (a direct libp2p
+        connection), "relay" (a circuit, only if nothing else reaches it and ``nbytes`` fits
+        RELAY_MAX_RANGE) or None. Between HTTP and p2p, the better measured rate; an unmeasured
+        one first (HTTP before p2p), so each is measured."""
         record = self.peers.get(peer_id)
-        return record is not None and record.endpoint is not None
+        if record is None:
+            return None
+        path = self.path_of(peer_id)
+        options = (["http"] if record.endpoint is not None else []) + (["p2p"] if path == "direct" else [])
+        if not options:
+            return "relay" if path == "relayed" and nbytes <= RELAY_MAX_RANGE else None
+        return max(options, key=lambda t: record.rates.get(t, 2e9 - options.index(t)))
+
+    def servable(self, peer_id: str) -> bool:
+        return self.transport(peer_id) is not None
 
     def may_relay(self, peer_id: str) -> bool:
         """False only for a member whose advert says it is behind NAT (no direct address of any
@@ -101,10 +129,12 @@ class PeerBook:
         record = self.peers.get(peer_id)
         return record is None or not record.private
 
-    def succeeded(self, peer_id: str, nbytes: int, seconds: float) -> None:
+    def succeeded(self, peer_id: str, nbytes: int, seconds: float, transport: str = "http") -> None:
         record = self.peers[peer_id]
         rate = nbytes / max(seconds, 1e-6)
         record.rate = rate if not record.successes else 0.7 * record.rate + 0.3 * rate
+        before = record.rates.get(transport)
+        record.rates[transport] = rate if before is None else 0.7 * before + 0.3 * rate
         record.successes += 1
         record.failures = 0
 
@@ -125,8 +155,10 @@ class CheckpointFetch:
 
     def __init__(self, checkpoint: Checkpoint, store: ShardStore, book: PeerBook, client: ShardClient,
                  config: ShardConfig, scores: PeerScores, events: FetchEvents, own_peer_id: str,
-                 origin: str, find_providers: Callable[[int], Awaitable[list[str]]]) -> None:
+                 origin: str, find_providers: Callable[[int], Awaitable[list[str]]],
+                 streams: ShardStreamClient | None = None) -> None:
         self.checkpoint, self.store, self.book, self.client = checkpoint, store, book, client
+        self.streams = streams  # libp2p streams; None: HTTP only
         self.config, self.scores, self.events = config, scores, events
         self.own_peer_id, self.origin, self.find_providers = own_peer_id, origin, find_providers
         manifest = checkpoint.manifest
@@ -195,12 +227,20 @@ class CheckpointFetch:
         try:
             while peer_id not in self.blocked and not complete:
                 await trio.sleep(delay)
-                endpoint = self.book.peers[peer_id].endpoint
-                if endpoint is None:
-                    return  # no longer advertises an address we could open
+                transport = self._transport(peer_id, 0)
+                if transport is None:
+                    return  # no longer advertises an address we could open, nor a connection
+                max_line = 4096 + manifest.shard_count // 4
                 try:
-                    await self.client.follow(endpoint, target, on_line,
-                                             idle_timeout_s=HAVE_IDLE_S, max_line=4096 + manifest.shard_count // 4)
+                    if transport == "http":
+                        endpoint = self.book.peers[peer_id].endpoint
+                        assert endpoint is not None
+                        await self.client.follow(endpoint, target, on_line, idle_timeout_s=HAVE_IDLE_S,
+                                                 max_line=max_line)
+                    else:
+                        assert self.streams is not None
+                        await self.streams.follow(peer_id, target, on_line, idle_timeout_s=HAVE_IDLE_S,
+                                                  max_line=max_line)
                     delay = 0.5
                 except HttpStatus as exc:
                     delay = 0.5 if exc.status == 404 else 2.0  # 404: it has not heard of this step yet
@@ -238,12 +278,20 @@ class CheckpointFetch:
             with trio.move_on_after(0.25):
                 await self._wake.wait()
 
+    def _transport(self, peer_id: str, nbytes: int) -> str | None:
+        """The book's choice, less libp2p when this fetch has no stream client."""
+        transport = self.book.transport(peer_id, nbytes)
+        return transport if transport == "http" or self.streams is not None else None
+
     def _usable(self, peer_id: str, now: float) -> bool:
         record = self.book.peers.get(peer_id)
-        return (record is not None and record.endpoint is not None and peer_id not in self.blocked
+        transport = self._transport(peer_id, self.checkpoint.manifest.shard_size)
+        cap = PER_PEER_DOWNLOADS if transport == "http" else PER_PEER_STREAM_DOWNLOADS
+        return (record is not None and transport is not None
+                and peer_id not in self.blocked
                 and record.backoff_until <= now
                 and not self.scores.is_banned(peer_id)
-                and sum(1 for p in self.active.values() if p == peer_id) < PER_PEER_DOWNLOADS)
+                and sum(1 for p in self.active.values() if p == peer_id) < cap)
 
     def _pick(self) -> tuple[int, str] | None:
         now = trio.current_time()
@@ -252,6 +300,12 @@ class CheckpointFetch:
         if not missing:
             return None
         usable = [p for p in self.have if self._usable(p, now)]
+        size = self.checkpoint.manifest.shard_size
+        direct = [p for p in usable if self._transport(p, size) != "relay"]
+        # circuits last: a relay carries a few MiB per circuit, and every relay's bytes are a favour
+        return self._pick_among(direct, missing, now) or self._pick_among(usable, missing, now)
+
+    def _pick_among(self, usable: list[str], missing: list[int], now: float) -> tuple[int, str] | None:
         relays = [p for p in usable if p != self.origin]
         holders = {i: [p for p in relays if self.have[p][i]] for i in missing}
         available = [i for i in missing if holders[i]]
@@ -272,13 +326,19 @@ class CheckpointFetch:
         start, end = manifest.shard_range(shard)
         record = self.book.peers[peer_id]
         endpoint = record.endpoint
+        transport = self._transport(peer_id, end - start)
         hasher = blake3.blake3()
         began = trio.current_time()
         try:
-            if endpoint is None:  # its advert dropped the address between the pick and now
-                raise OSError(f"{peer_id} no longer advertises an HTTP address")
+            if transport is None:  # its advert or connection went between the pick and now
+                raise OSError(f"{peer_id} no longer reachable for shard transfers")
             with view[start:end] as dest:  # the shard's place in the mmapped file
-                await self.client.get_range(endpoint, self.target, start, dest, hasher.update)
+                if transport == "http":
+                    assert endpoint is not None
+                    await self.client.get_range(endpoint, self.target, start, dest, hasher.update)
+                else:
+                    assert self.streams is not None
+                    await self.streams.get_range(peer_id, self.target, start, dest, hasher.update)
         except HttpStatus as exc:
             self._refused(shard, peer_id, exc)
         except Rejected as exc:
@@ -296,7 +356,7 @@ class CheckpointFetch:
                 self.events.bad_shard(self.checkpoint, shard, peer_id, digest)
             else:
                 self.store.mark_verified(self.checkpoint, shard)
-                self.book.succeeded(peer_id, end - start, trio.current_time() - began)
+                self.book.succeeded(peer_id, end - start, trio.current_time() - began, transport or "http")
                 self.events.verified(self.checkpoint, shard, peer_id, end - start)
                 async with self._persisting:  # one writer at a time: the last write holds the newest state
                     await trio.to_thread.run_sync(self.store.persist_verified, self.checkpoint)

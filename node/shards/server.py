@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import h11
 import numpy as np
@@ -52,7 +53,7 @@ MAX_HAVE_STREAMS_PER_PEER = 4
 SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
-_ROUTE = re.compile(r"/ina/v1/(?P<run>[a-z0-9][a-z0-9._-]{0,63})(?:/(?P<step>[0-9]{1,12}))?/"
+ROUTE = re.compile(r"/ina/v1/(?P<run>[a-z0-9][a-z0-9._-]{0,63})(?:/(?P<step>[0-9]{1,12}))?/"
                     r"(?P<what>manifest|have|checkpoint\.safetensors)")
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
@@ -93,7 +94,9 @@ class UploadStats:
     refused: int = 0  # 409, 429 and 503 answers
 
 
-class _HttpError(Exception):
+class ServeError(Exception):
+    """A refusal with an HTTP status (the stream transport sends the same codes)."""
+
     def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.retry_after = status, retry_after
@@ -125,6 +128,7 @@ class ShardServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         sock = stream.socket
+        reply = HttpReply(stream)
         try:
             try:
                 head, _ = await read_head(sock, HEAD_TIMEOUT_S)
@@ -132,17 +136,21 @@ class ShardServer:
                 conn.receive_data(head)
                 request = conn.next_event()
                 if not isinstance(request, h11.Request) or not isinstance(conn.next_event(), h11.EndOfMessage):
-                    raise _HttpError(400, "a GET without a body, please")
-                await self._route(stream, request)
+                    raise ServeError(400, "a GET without a body, please")
+                if request.method != b"GET":
+                    raise ServeError(405, "only GET")
+                target = request.target.decode("ascii", "replace")
+                if ROUTE.fullmatch(target) is None:
+                    self.scores.rejections["http_bad_path"] += 1
+                    raise ServeError(404, "no such resource")
+                await self.answer(reply, target, header(request.headers, b"range"), self._peer_key(request, stream))
             except Rejected as exc:
                 self.scores.rejections[f"http_{exc.reason}"] += 1
             except h11.RemoteProtocolError as exc:
                 self.scores.rejections["http_bad_request"] += 1
-                await _send_error(stream, _HttpError(400, f"bad request: {exc}"))
-            except _HttpError as exc:
-                if exc.status in (409, 429, 503):
-                    self.stats.refused += 1
-                await _send_error(stream, exc)
+                await reply.error(ServeError(400, f"bad request: {exc}"))
+            except ServeError as exc:
+                await reply.error(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away; nothing to clean up beyond closing
         finally:
@@ -155,42 +163,49 @@ class ShardServer:
                 return verify_request(value, self.own_peer_id, request.target.decode("ascii"))
             except BadRequestAuth as exc:
                 self.scores.rejections["http_bad_auth"] += 1
-                raise _HttpError(401, str(exc)) from None
+                raise ServeError(401, str(exc)) from None
         return "addr:" + str(stream.socket.getpeername()[0])
 
-    async def _route(self, stream: trio.SocketStream, request: h11.Request) -> None:
-        if request.method != b"GET":
-            raise _HttpError(405, "only GET")
-        match = _ROUTE.fullmatch(request.target.decode("ascii", "replace"))
+    async def answer(self, reply: Reply, target: str, range_value: bytes | None, peer: str) -> None:
+        """Answer one request for ``target`` from ``peer`` (a verified peer id, or ``addr:<ip>``)
+        on either transport; refusals are ``ServeError`` (the caller sends them with
+        ``reply.error``, so they are counted in one place)."""
+        try:
+            await self._route(reply, target, range_value, peer)
+        except ServeError as exc:
+            if exc.status in (409, 429, 503):
+                self.stats.refused += 1
+            raise
+
+    async def _route(self, reply: Reply, target: str, range_value: bytes | None, peer: str) -> None:
+        match = ROUTE.fullmatch(target)
         if match is None:
-            self.scores.rejections["http_bad_path"] += 1
-            raise _HttpError(404, "no such resource")
-        peer = self._peer_key(request, stream)
+            raise ServeError(404, "no such resource")
         bucket = self._requests.setdefault(peer, _Bucket(REQUESTS_PER_PEER_S, 2 * REQUESTS_PER_PEER_S,
                                                          2 * REQUESTS_PER_PEER_S))
         if bucket.take(1) > 0:
-            raise _HttpError(429, "too many requests", retry_after=1.0)
+            raise ServeError(429, "too many requests", retry_after=1.0)
         if match["run"] != self.store.root.name:
-            raise _HttpError(404, "unknown run")
+            raise ServeError(404, "unknown run")
         what, step = match["what"], match["step"]
         if step is None:
             if what != "manifest" or not self.store.checkpoints:
-                raise _HttpError(404, "no manifest held")
+                raise ServeError(404, "no manifest held")
             newest = self.store.checkpoints[max(self.store.checkpoints)]
-            await _send_small(stream, 200, newest.envelope, "application/octet-stream")
+            await reply.small(newest.envelope)
             return
         checkpoint = self.store.checkpoints.get(int(step))
         if what == "have":
-            await self._have(stream, checkpoint, peer)
+            await self._have(reply, checkpoint, peer)
             return
         if checkpoint is None:
-            raise _HttpError(404, "step not held")
+            raise ServeError(404, "step not held")
         if what == "manifest":
-            await _send_small(stream, 200, checkpoint.envelope, "application/octet-stream")
+            await reply.small(checkpoint.envelope)
         else:
-            await self._send_range(stream, request, checkpoint, peer)
+            await self._send_range(reply, range_value, checkpoint, peer)
 
-    async def _have(self, stream: trio.SocketStream, checkpoint: Checkpoint | None, peer: str) -> None:
+    async def _have(self, reply: Reply, checkpoint: Checkpoint | None, peer: str) -> None:
         """Newline-delimited JSON, one line per change: {"version", "shards", "verified"}.
 
         One connection per watcher for the whole fetch: a change costs one small write, not a new
@@ -198,14 +213,13 @@ class ShardServer:
         requests than on hashing with eight fetchers). Ends once the step is complete here.
         """
         if checkpoint is None:
-            raise _HttpError(404, "step not held")
+            raise ServeError(404, "step not held")
         streams = sum(self._streams_per_peer.values())
         if streams >= MAX_HAVE_STREAMS or self._streams_per_peer.get(peer, 0) >= MAX_HAVE_STREAMS_PER_PEER:
-            raise _HttpError(503, "too many have streams", retry_after=5.0)
+            raise ServeError(503, "too many have streams", retry_after=5.0)
         self._streams_per_peer[peer] = self._streams_per_peer.get(peer, 0) + 1
         try:
-            await stream.send_all(response_head(200, [("content-type", "application/x-ndjson"),
-                                                      ("cache-control", "no-store")]))
+            await reply.have_open()
             sent = -1
             with trio.move_on_after(HAVE_STREAM_S):
                 while True:
@@ -213,46 +227,44 @@ class ShardServer:
                         sent = checkpoint.version
                         line = json.dumps({"version": sent, "shards": checkpoint.manifest.shard_count,
                                            "verified": pack_bits(checkpoint.verified)})
-                        await stream.send_all(line.encode() + b"\n")
+                        await reply.have_line(line.encode())
                         if all(checkpoint.verified):
                             return
                     with trio.move_on_after(HAVE_HEARTBEAT_S) as idle:
                         await checkpoint.changed.wait()
                         await trio.sleep(HAVE_COALESCE_S)
                     if idle.cancelled_caught:
-                        await stream.send_all(b"\n")
+                        await reply.have_line(b"")
         finally:
             self._streams_per_peer[peer] -= 1
             if not self._streams_per_peer[peer]:
                 del self._streams_per_peer[peer]
 
-    async def _send_range(self, stream: trio.SocketStream, request: h11.Request,
-                          checkpoint: Checkpoint, peer: str) -> None:
+    async def _send_range(self, reply: Reply, value: bytes | None, checkpoint: Checkpoint, peer: str) -> None:
         total = checkpoint.manifest.total_size
-        value = header(request.headers, b"range")
         if value is None:
             start, end = 0, total - 1
         else:
             match = _RANGE.fullmatch(value)
             if match is None:
-                raise _HttpError(416, "one range bytes=a-b only")
+                raise ServeError(416, "one range bytes=a-b only")
             start, end = int(match[1]), int(match[2])
             if not start <= end < total:
-                raise _HttpError(416, f"range outside 0-{total - 1}")
+                raise ServeError(416, f"range outside 0-{total - 1}")
         if not checkpoint.range_verified(start, end + 1):
-            raise _HttpError(404, "range not verified here")
+            raise ServeError(404, "range not verified here")
         size = checkpoint.manifest.shard_size
         shards = range(start // size, end // size + 1)
         if checkpoint.origin:
             self._seed_check(checkpoint, shards)
         if self.active >= self.config.max_uploads:
-            raise _HttpError(503, "upload slots full", retry_after=1.0)
+            raise ServeError(503, "upload slots full", retry_after=1.0)
         if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
-            raise _HttpError(429, "too many uploads to this peer", retry_after=1.0)
+            raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
         try:
             fd = self.store.open_data(checkpoint)
         except FileNotFoundError:
-            raise _HttpError(404, "step not held") from None
+            raise ServeError(404, "step not held") from None
         self.active += 1
         self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
         hands_out = not checkpoint.origin or self.relays(peer)  # counts for seed mode (_seed_check)
@@ -262,12 +274,8 @@ class ShardServer:
                 checkpoint.uploading[index] += 1
         sent_all = False
         try:
-            status = 206 if value is not None else 200
-            headers = [("content-type", "application/octet-stream"), ("content-length", str(end - start + 1))]
-            if value is not None:
-                headers.append(("content-range", f"bytes {start}-{end}/{total}"))
-            await stream.send_all(response_head(status, headers))
-            await self._sendfile(stream.socket, fd, start, end + 1 - start, peer)
+            await reply.body_head(206 if value is not None else 200, start, end, total)
+            await self._send_body(reply, fd, start, end + 1 - start, peer)
             sent_all = True
             self.stats.shards += len(shards)
         finally:
@@ -299,10 +307,11 @@ class ShardServer:
         if all(servable(i) for i in shards):
             return
         suggest = [i for i in range(checkpoint.manifest.shard_count) if servable(i)]
-        raise _HttpError(409, json.dumps({"suggest": suggest[:64]}))
+        raise ServeError(409, json.dumps({"suggest": suggest[:64]}))
 
-    async def _sendfile(self, sock: trio.socket.SocketType, fd: int, offset: int, count: int, peer: str) -> None:
-        """Zero-copy body; cut when the reader stops taking data (slow readers hold a slot)."""
+    async def _send_body(self, reply: Reply, fd: int, offset: int, count: int, peer: str) -> None:
+        """The body from the file, paced per peer; cut when the reader stops taking data (slow
+        readers hold a slot)."""
         rate = self.config.peer_rate_mib_s * MIB
         bucket = self._bytes.setdefault(peer, _Bucket(rate, rate, rate)) if rate > 0 else None
         with trio.CancelScope() as scope:
@@ -316,13 +325,7 @@ class ShardServer:
                     if delay:
                         await trio.sleep(delay)
                         window.moved(0)
-                try:
-                    sent = os.sendfile(sock.fileno(), fd, offset, chunk)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(sock)
-                    continue
-                if sent == 0:
-                    raise trio.BrokenResourceError("peer closed the connection")
+                sent = await reply.send_file(fd, offset, chunk)
                 offset += sent
                 count -= sent
                 self.stats.bytes += sent
@@ -333,17 +336,68 @@ class ShardServer:
             raise trio.BrokenResourceError("reader stalled")
 
 
-async def _send_small(stream: trio.SocketStream, status: int, body: bytes, kind: str) -> None:
-    head = response_head(status, [("content-type", kind), ("content-length", str(len(body)))])
-    await stream.send_all(head + body)
+class Reply(Protocol):
+    """How an answer goes out on one transport; the server decides what to say."""
+
+    async def small(self, body: bytes) -> None:
+        """200 with a short body (a manifest envelope)."""
+
+    async def error(self, error: ServeError) -> None:
+        """A refusal; the peer may already be gone."""
+
+    async def have_open(self) -> None: ...
+
+    async def have_line(self, line: bytes) -> None:
+        """One have line (without its newline); empty: a heartbeat."""
+
+    async def body_head(self, status: int, start: int, end: int, total: int) -> None:
+        """200 (whole file) or 206 for bytes ``start``..``end`` inclusive of ``total``."""
+
+    async def send_file(self, fd: int, offset: int, count: int) -> int:
+        """Send up to ``count`` body bytes of ``fd`` from ``offset``; how many went out (> 0)."""
 
 
-async def _send_error(stream: trio.SocketStream, error: _HttpError) -> None:
-    body = str(error).encode()
-    headers = [("content-type", "text/plain"), ("content-length", str(len(body)))]
-    if error.retry_after is not None:
-        headers.append(("retry-after", str(int(error.retry_after + 0.999))))
-    try:
-        await stream.send_all(response_head(error.status, headers) + body)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+class HttpReply:
+    """Answers on an HTTP connection: heads by hand, bodies with zero-copy ``sendfile``."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+
+    async def small(self, body: bytes) -> None:
+        head = response_head(200, [("content-type", "application/octet-stream"), ("content-length", str(len(body)))])
+        await self.stream.send_all(head + body)
+
+    async def error(self, error: ServeError) -> None:
+        body = str(error).encode()
+        headers = [("content-type", "text/plain"), ("content-length", str(len(body)))]
+        if error.retry_after is not None:
+            headers.append(("retry-after", str(int(error.retry_after + 0.999))))
+        try:
+            await self.stream.send_all(response_head(error.status, headers) + body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def have_open(self) -> None:
+        await self.stream.send_all(response_head(200, [("content-type", "application/x-ndjson"),
+                                                       ("cache-control", "no-store")]))
+
+    async def have_line(self, line: bytes) -> None:
+        await self.stream.send_all(line + b"\n")
+
+    async def body_head(self, status: int, start: int, end: int, total: int) -> None:
+        headers = [("content-type", "application/octet-stream"), ("content-length", str(end - start + 1))]
+        if status == 206:
+            headers.append(("content-range", f"bytes {start}-{end}/{total}"))
+        await self.stream.send_all(response_head(status, headers))
+
+    async def send_file(self, fd: int, offset: int, count: int) -> int:
+        sock = self.stream.socket
+        while True:
+            try:
+                sent = os.sendfile(sock.fileno(), fd, offset, count)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            if sent == 0:
+                raise trio.BrokenResourceError("peer closed the connection")
+            return sent

@@ -4,7 +4,8 @@
   checkpoint, signs its manifest, gossips it and provides it in the DHT.
 - Every node accepts manifests signed by the run's trainer only (``unauthorized_signer``), from
   gossip, from a peer's HTTP server when a member advertises a newer step, or on restart from
-  disk; fetches each new step (``fetcher``), serves every verified shard (``server``), provides a
+  disk; fetches each new step (``fetcher``), serves every verified shard (``server`` over HTTP,
+  ``stream_server`` over libp2p streams for peers that cannot dial HTTP), provides a
   DHT record per (step, shard), keeps the newest ``keep_steps`` and advertises the newest complete
   step as its ``policy_step``.
 - A bad shard is reported on gossip as a signed ``ShardComplaint``.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+from libp2p.custom_types import TProtocol
 
 from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.config.base import ConfigError
@@ -36,7 +38,11 @@ from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_e
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
+from intellect_node.node.shards.stream_client import ShardStreamClient
+from intellect_node.node.shards.stream_server import ShardStreamServer
+from intellect_node.node.shards.stream_wire import SHARDS_PROTOCOL
 from intellect_node.node.swarm.host import dialable_hosts
+from intellect_node.node.swarm.streams import connection_path
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected, Unjudgeable
 from intellect_node.protocol.manifest import (
@@ -72,10 +78,12 @@ class ShardService:
         if self.trainer not in (None, node.peer_id):
             node.connections.protect(self.trainer, "trainer")  # never trimmed (specs/connections.md)
         self.store = ShardStore(config.data_dir, self.run_id)
-        self.book = PeerBook()
+        self.book = PeerBook(path_of=lambda peer_id: connection_path(node.host, peer_id))
         self.client = ShardClient(node.identity, config.stall_s)
+        self.streams = ShardStreamClient(node.host, config.stall_s)
         self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self._dirty,
                                   relays=self.book.may_relay)
+        self.stream_server = ShardStreamServer(self.server, node.scores)
         self.progress = CheckpointProgress()
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0}
         self.complaints_made: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
@@ -143,6 +151,7 @@ class ShardService:
         for checkpoint in self.store.checkpoints.values():
             checkpoint.origin = self.trainer == node.peer_id  # a restarted trainer seeds again
         host = self._listen_host()
+        node.host.set_stream_handler(TProtocol(SHARDS_PROTOCOL), self.stream_server.handle)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             port = await nursery.start(self.server.serve, host, self.config.http_port)
@@ -219,7 +228,8 @@ class ShardService:
             self.progress.start(step, checkpoint.manifest.total_size,
                                 checkpoint.verified_count * checkpoint.manifest.shard_size)
             fetch = CheckpointFetch(checkpoint, self.store, self.book, self.client, self.config, self.node.scores,
-                                    self, self.node.peer_id, self.trainer or "", self._providers_of(step))
+                                    self, self.node.peer_id, self.trainer or "", self._providers_of(step),
+                                    streams=self.streams)
             try:
                 await fetch.run()
             finally:
@@ -317,15 +327,21 @@ class ShardService:
             await trio.sleep(self.config.discovery_s)
 
     async def _manifest_from(self, peer_id: str, addrs: tuple[str, ...]) -> None:
+        """The newest manifest ``peer_id`` holds: over HTTP, else over a libp2p connection we hold."""
         endpoint = http_endpoint(peer_id, addrs)
-        if endpoint is None or self.node.scores.is_banned(peer_id):
+        if self.node.scores.is_banned(peer_id):
             return
+        target = f"/ina/v1/{self.run_id}/manifest"
         try:
-            envelope = await self.client.get(endpoint, f"/ina/v1/{self.run_id}/manifest",
-                                             limit=CheckpointManifest.MAX_SIZE)
+            if endpoint is not None:
+                envelope = await self.client.get(endpoint, target, limit=CheckpointManifest.MAX_SIZE)
+            elif connection_path(self.node.host, peer_id) is not None:
+                envelope = await self.streams.get(peer_id, target, limit=CheckpointManifest.MAX_SIZE)
+            else:
+                return
             signed = self.decode_manifest(envelope)
         except Rejected as exc:
-            self.node.scores.reject(peer_id, exc.reason, f"manifest over HTTP: {exc}")
+            self.node.scores.reject(peer_id, exc.reason, f"manifest from a shard server: {exc}")
             return
         except (HttpStatus, OSError) as exc:
             log.debug("manifest from %s: %s", peer_id, exc)
@@ -417,6 +433,7 @@ class ShardService:
             "uploaded_bytes": self.server.stats.bytes,
             "uploaded_shards": self.server.stats.shards,
             "uploads_refused": self.server.stats.refused,
+            "stream_requests": dict(self.stream_server.counts),
             "complaints_made": list(self.complaints_made),
             "complaints_heard": list(self.complaints_heard),
         }

@@ -1,9 +1,11 @@
-"""Framed request/response over raw libp2p streams, with a size limit and a deadline per read."""
+"""Framed request/response over raw libp2p streams, with a size limit and a deadline per read; and
+whether a peer is reached directly or only through a relay."""
 
 from __future__ import annotations
 
 import trio
-from libp2p.abc import INetStream
+from libp2p.abc import IHost, INetStream
+from libp2p.peer.id import ID
 
 from intellect_node.protocol.errors import Stalled, Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, frame, frame_length
@@ -47,3 +49,21 @@ async def close_quietly(stream: INetStream) -> None:
         await stream.close()
     except Exception:
         pass
+
+
+def connection_path(host: IHost, peer_id: str) -> str | None:
+    """How this node is connected to ``peer_id`` now: "direct" (any connection not through a relay,
+    e.g. after a hole punch), "relayed" (every connection a ``/p2p-circuit``) or None (not connected).
+    Data-plane users need it: a relay caps each circuit's bytes, so big transfers avoid circuits."""
+    conns = host.get_network().connections.get(ID.from_base58(peer_id))
+    if not conns:
+        return None
+    addrs: list[str] = []
+    for conn in conns if isinstance(conns, list) else [conns]:
+        try:
+            addrs += [str(a) for a in conn.get_transport_addresses()]
+        except Exception:  # a connection closing under us names no address
+            continue
+    if addrs and all("/p2p-circuit" in a for a in addrs):
+        return "relayed"
+    return "direct"
