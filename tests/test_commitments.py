@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.roles.inference.commitments import CommitmentPlan
+from intellect_node.node.roles.inference.commitments import RETRY_FAILED_S, CommitmentPlan
 from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.commitments import (
     BUSY,
@@ -97,10 +97,12 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     assert plan.size(held=0, made_before=0) == 4  # at least one batch
     assert plan.to_send(1, ["a", "b"], groups=4) == ["a", "b"]
     assert plan.covered(1, next_counter=0) == 0  # sent, not answered: nothing covered yet
-    plan.answered(1, "a", "failed")
+    plan.answered(1, "a", "failed", now=100.0)
     plan.answered(1, "b", "late")
     assert plan.covered(1, next_counter=0) == 0 and plan.steps[1].overtaken()
-    assert plan.to_send(1, ["a", "b", "c"], groups=99) == ["c"]  # each judge once: a failing one holds up nothing
+    # an answer is final; a judge not reached is tried again, but not in every round
+    assert plan.to_send(1, ["a", "b", "c"], groups=99, now=101.0) == ["c"]
+    assert plan.to_send(1, ["a", "b", "c"], groups=99, now=100.0 + RETRY_FAILED_S) == ["a", "c"]
     plan.answered(1, "c", "stored")
     assert plan.covered(1, next_counter=1) == 3 and plan.steps[1].groups == 4  # the size stands once sent
     assert plan.covered(1, next_counter=4) == 0

@@ -9,6 +9,7 @@ step's checkpoint is still unknown), how many groups it names, and how many coun
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +19,9 @@ from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
 WARM_UP_STEP = 0
 # answers that leave a commitment standing at the judge (duplicate: the reply to an earlier try was lost)
 HELD = frozenset({"stored", "duplicate"})
+# a judge the commitment did not reach (after ``deliver``'s own retries) is tried again this much later:
+# a judge restarting must still get it, a dead one must not hold up every round of generation
+RETRY_FAILED_S = 30.0
 
 
 @dataclass
@@ -26,6 +30,7 @@ class StepCommitment:
 
     groups: int
     answers: dict[str, str] = field(default_factory=dict)  # judge peer id -> its answer
+    failed_at: dict[str, float] = field(default_factory=dict)  # judge -> when it last could not be reached
 
     def covered(self) -> int | None:
         """Counters covered: ``groups`` once a judge holds it, 0 while none does, None (no bound)
@@ -64,15 +69,20 @@ class CommitmentPlan:
         groups = max(made_before, 2 * self.groups_per_step, self.per_batch)
         return min(-(-groups // self.per_batch) * self.per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
 
-    def to_send(self, step: int, judges: list[str], groups: int) -> list[str]:
-        """The judges not yet sent the commitment of ``step`` (created with ``groups`` if new)."""
+    def to_send(self, step: int, judges: list[str], groups: int, now: float | None = None) -> list[str]:
+        """The judges to send the commitment of ``step`` now (created with ``groups`` if new): those
+        not sent it yet, and those it did not reach RETRY_FAILED_S ago."""
         entry = self.steps.setdefault(step, StepCommitment(groups))
-        return [judge for judge in judges if judge not in entry.answers]
+        now = time.monotonic() if now is None else now
+        return [judge for judge in judges if judge not in entry.answers
+                or (entry.answers[judge] == "failed" and now - entry.failed_at[judge] >= RETRY_FAILED_S)]
 
-    def answered(self, step: int, judge: str, answer: str) -> None:
-        """Each judge is sent a step's commitment once, whatever it answered: one that fails or
-        refuses (after ``deliver``'s retries) would otherwise hold up every round of generation."""
-        self.steps[step].answers[judge] = answer
+    def answered(self, step: int, judge: str, answer: str, now: float | None = None) -> None:
+        """A judge's answer is final, except ``failed`` (not reached: tried again later)."""
+        entry = self.steps[step]
+        entry.answers[judge] = answer
+        if answer == "failed":
+            entry.failed_at[judge] = time.monotonic() if now is None else now
         self.answers[answer] += 1
 
     def covered(self, step: int, next_counter: int) -> int | None:

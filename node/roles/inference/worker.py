@@ -166,7 +166,8 @@ class InferenceWorker:
 
     async def _commit_ahead(self, held: int) -> None:
         """Commit for the step after the newest one this node knows to every judge this worker
-        delivers to that was not sent it yet (one that joined later gets it too). ``late`` and no
+        delivers to that was not sent it yet (one that joined later gets it too; one not reached
+        is tried again after a while). ``late`` and no
         judge holding it (the checkpoint overtook the commitment): commit for the step after too."""
         step = max(held, self.policy.newest_known_step(self.node)) + 1
         self.commitments.forget_before(held - self.async_window)
