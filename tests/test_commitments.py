@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.roles.inference.commitments import RETRY_FAILED_S, CommitmentPlan
+from intellect_node.node.roles.inference.commitments import MIN_BATCHES, RETRY_FAILED_S, CommitmentPlan
 from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.commitments import (
     BUSY,
@@ -94,7 +94,7 @@ def test_step_zero_is_warm_up_judged_without_a_commitment(tmp_path: Path) -> Non
 def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() -> None:
     plan = CommitmentPlan(groups_per_batch=4, groups_per_step=0, async_window=2)
     assert plan.covered(0, next_counter=100) is None  # warm-up: no bound
-    assert plan.size(held=0, made_before=0) == 4  # at least one batch
+    assert plan.size(held=0, made_before=0) == 4 * MIN_BATCHES  # at least a few batches
     assert plan.to_send(1, ["a", "b"], groups=4) == ["a", "b"]
     assert plan.covered(1, next_counter=0) == 0  # sent, not answered: nothing covered yet
     plan.answered(1, "a", "failed", now=100.0)
@@ -106,8 +106,9 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     plan.answered(1, "c", "stored")
     assert plan.covered(1, next_counter=1) == 3 and plan.steps[1].groups == 4  # the size stands once sent
     assert plan.covered(1, next_counter=4) == 0
-    assert plan.size(held=2, made_before=4) == 8  # used its whole commitment: the limit, not its rate
-    assert plan.size(held=2, made_before=3) == 4  # rounded up to whole batches
+    assert plan.size(held=2, made_before=4) == 4 * MIN_BATCHES  # at least a few batches
+    assert plan.size(held=2, made_before=20) == 40  # used its whole commitment: the limit, not its rate
+    assert plan.size(held=8, made_before=17) == 20  # no commitment of its own before: its rate, in whole batches
     assert plan.size(held=9, made_before=10**9) == DEFAULT_MAX_GROUPS_PER_STEP
     plan.to_send(5, ["a"], groups=4)
     plan.answered(5, "a", "late")
@@ -117,4 +118,4 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     assert plan.covered(6, next_counter=50) is None
     plan.forget_before(5)
     assert sorted(plan.steps) == [5, 6]
-    assert CommitmentPlan(groups_per_batch=4, groups_per_step=5, async_window=2).size(0, 0) == 12  # 2 x 5, batches
+    assert CommitmentPlan(groups_per_batch=4, groups_per_step=9, async_window=2).size(0, 0) == 20  # 2 x 9, batches

@@ -22,6 +22,10 @@ HELD = frozenset({"stored", "duplicate"})
 # a judge the commitment did not reach (after ``deliver``'s own retries) is tried again this much later:
 # a judge restarting must still get it, a dead one must not hold up every round of generation
 RETRY_FAILED_S = 30.0
+# the least a worker commits to, in batches: a step whose committed counters all run out before the
+# trainer has its batch waits for workers that wait for it, while a surplus costs only its reward-0
+# settlement
+MIN_BATCHES = 4
 
 
 @dataclass
@@ -59,14 +63,12 @@ class CommitmentPlan:
     def size(self, held: int, made_before: int) -> int:
         """Groups to commit for the step after ``held``: ``made_before`` (what this worker made on
         the step before; doubled when that step's commitment was used up, since then it was the
-        limit, not the rate), at least twice ``groups_per_step`` and one batch, in whole batches, at
-        most the run's cap. Twice: ``groups_per_step`` counts informative groups only, and a step
-        whose committed counters run out before the trainer has its batch would wait for workers
-        that wait for it; an undelivered surplus costs only its reward-0 settlement."""
+        limit, not the rate), at least twice ``groups_per_step`` (which counts informative groups
+        only) and MIN_BATCHES batches, in whole batches, at most the run's cap."""
         previous = self.steps.get(held - 1)
         if previous is not None and made_before >= previous.groups:
             made_before *= 2
-        groups = max(made_before, 2 * self.groups_per_step, self.per_batch)
+        groups = max(made_before, 2 * self.groups_per_step, MIN_BATCHES * self.per_batch)
         return min(-(-groups // self.per_batch) * self.per_batch, DEFAULT_MAX_GROUPS_PER_STEP)
 
     def to_send(self, step: int, judges: list[str], groups: int, now: float | None = None) -> list[str]:
