@@ -17,8 +17,16 @@ exchange members).
 The last line: `nat_broadcast: ours=<s half NAT> peer=<s all public> ratio=<ours/peer>
 target=1.5 ok|short` (the target: NAT costs at most 1.5x).
 
+`--case nated-trainer` (issue 33): the trainer itself sits in a home, so it advertises no HTTP
+address and serves over libp2p streams (`/ina/shards/1.0.0`) on the connections its fetchers hold
+(direct after a hole punch); half the fetchers are NATed in both runs, against the same swarm with
+a public trainer. Its last line: `nat_trainer: ours=<MiB/s, NATed trainer> peer=<MiB/s, public
+trainer> ratio=<ours/peer> target=0.8 ok|short` (rate = checkpoint size / time until the last
+fetcher verified it).
+
     sudo .venv/bin/python bench/nat.py            # 64 MiB to 4 fetchers, 3 repeats
     sudo .venv/bin/python bench/nat.py --quick    # 16 MiB to 4 fetchers, 1 repeat
+    sudo .venv/bin/python bench/nat.py --case nated-trainer --quick
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from tests.support.netns import SmallInternet, unavailable_reason  # noqa: E402
 from tests.support.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
 
 TARGET = 1.5
+TRAINER_TARGET = 0.8  # a NATed trainer delivers at >= 0.8x the rate of a public one
 MIB = 1 << 20
 BOUND_S = 180.0
 
@@ -50,18 +59,23 @@ def _status(node: NodeProcess) -> dict[str, Any]:
         return {}
 
 
-def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int) -> dict[str, Any]:
-    """One swarm, one checkpoint; seconds until every fetcher verified it, plus relay figures."""
-    with SmallInternet(publics=2 + fetchers - nated, homes=max(nated, 1)) as net:
+def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int,
+                  trainer_nated: bool = False) -> dict[str, Any]:
+    """One swarm, one checkpoint; seconds until every fetcher verified it, plus relay figures.
+    ``trainer_nated``: the trainer in a home of its own (the last one) instead of a public namespace."""
+    with SmallInternet(publics=2 + fetchers - nated, homes=max(nated + trainer_nated, 1)) as net:
         run = f"nat-bench-{seed}"
         swarm = LocalSwarm(root, run_id=run, timing=FAST)
         publisher = ShardSwarm(root, run, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(2 * MIB)})
         try:
             boot = swarm.start("boot", ["bootstrap"], prefix=net.exec_prefix(net.name("pub0")),
                                listen="/ip4/198.18.0.2/tcp/4001")
+            home = nated + 1
+            where, listen = (f"home{home}", f"/ip4/198.19.{home}.2/tcp/4001") if trainer_nated else \
+                ("pub1", "/ip4/198.18.0.3/tcp/4001")
             origin = swarm.start("origin", ["join", "--role", "trainer", "--bootstrap", boot.addr,
                                             "--publish-dir", str(publisher.publish_dir)], publisher.env,
-                                 prefix=net.exec_prefix(net.name("pub1")), listen="/ip4/198.18.0.3/tcp/4001")
+                                 prefix=net.exec_prefix(net.name(where)), listen=listen)
             joined = ["join", "--role", "inference", "--bootstrap", boot.addr, "--trainer", origin.peer_id]
             nodes = []
             for i in range(fetchers - nated):
@@ -75,7 +89,7 @@ def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int) ->
             everyone = {node.peer_id for node in swarm.nodes.values()}
             wait_until(lambda: all(everyone <= node.member_ids() for node in nodes), BOUND_S)
             wait_until(lambda: all((_status(node).get("reachability") or {}).get("state") not in (None, "unknown")
-                                   for node in nodes), BOUND_S)
+                                   for node in [*nodes, origin]), BOUND_S)
             started = time.monotonic()
             digest = publisher.publish(1, mib, seed=seed)
             seconds = wait_until(lambda: all(holds(node, 1) for node in nodes), BOUND_S, poll_s=0.1)
@@ -97,6 +111,7 @@ def main() -> None:
     parser.add_argument("--fetchers", type=int, default=4)
     parser.add_argument("--mib", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--case", choices=("half-nat", "nated-trainer"), default="half-nat")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
@@ -105,6 +120,9 @@ def main() -> None:
     mib = args.mib or (16 if args.quick else 64)
     repeats = args.repeats or (1 if args.quick else 3)
     half = args.fetchers // 2
+    if args.case == "nated-trainer":
+        nated_trainer(args.fetchers, half, mib, repeats)
+        return
     public_s, nat_s = [], []
     for r in range(repeats):
         for label, nated, out in (("all public", 0, public_s), (f"{half} of {args.fetchers} behind NAT", half, nat_s)):
@@ -118,6 +136,24 @@ def main() -> None:
     ratio = ours / peer
     print(f"nat_broadcast: ours={ours:.2f} peer={peer:.2f} ratio={ratio:.2f} target={TARGET:g} "
           f"{'ok' if ratio <= TARGET else 'short'}")
+
+
+def nated_trainer(fetchers: int, nated: int, mib: int, repeats: int) -> None:
+    """The same swarm (``nated`` of ``fetchers`` behind NAT) fed by a public, then a NATed trainer."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(repeats):
+        for trainer_nated in (False, True):
+            with tempfile.TemporaryDirectory(prefix="ina-nat-bench-") as tmp:
+                result = one_broadcast(Path(tmp), fetchers, nated, mib, seed=100 * r + 7, trainer_nated=trainer_nated)
+            rates[trainer_nated].append(mib / result["seconds"])
+            print(f"repeat {r + 1} trainer {'behind NAT' if trainer_nated else 'public'}: {mib} MiB to {fetchers} "
+                  f"fetchers ({nated} behind NAT) in {result['seconds']:.2f} s; relay circuits "
+                  f"{result['relay_circuits']}, bytes {result['relay_bytes']}, hole punches {result['holepunch']}",
+                  flush=True)
+    ours, peer = statistics.median(rates[True]), statistics.median(rates[False])
+    ratio = ours / peer
+    print(f"nat_trainer: ours={ours:.2f} peer={peer:.2f} ratio={ratio:.2f} target={TRAINER_TARGET:g} "
+          f"{'ok' if ratio >= TRAINER_TARGET else 'short'}")
 
 
 if __name__ == "__main__":
