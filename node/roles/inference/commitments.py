@@ -37,19 +37,16 @@ class StepCommitment:
     failed_at: dict[str, float] = field(default_factory=dict)  # judge -> when it last could not be reached
 
     def covered(self) -> int | None:
-        """Counters covered: ``groups`` once a judge holds it, 0 while none does, None (no bound)
-        when every judge answered ``not_judging`` (nobody there judges with commitments)."""
+        """Counters covered: ``groups`` once a judge holds it and none answered ``late`` (that
+        judge would refuse every group as ``uncommitted``: the trainer, which knows its own
+        checkpoint first, most often), 0 otherwise, None (no bound) when every judge answered
+        ``not_judging`` (nobody there judges with commitments)."""
         values = set(self.answers.values())
-        if values & HELD:
+        if values & HELD and "late" not in values:
             return self.groups
         if values and values == {"not_judging"}:
             return None
         return 0
-
-    def overtaken(self) -> bool:
-        """No judge holds it and some already knew the step's checkpoint (``late``)."""
-        values = set(self.answers.values())
-        return "late" in values and not values & HELD
 
 
 class CommitmentPlan:

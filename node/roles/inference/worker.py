@@ -167,11 +167,12 @@ class InferenceWorker:
     async def _commit_ahead(self, held: int) -> None:
         """Commit for the step after the newest one this node knows to every judge this worker
         delivers to that was not sent it yet (one that joined later gets it too; one not reached
-        is tried again after a while). ``late`` and no
-        judge holding it (the checkpoint overtook the commitment): commit for the step after too."""
+        is tried again after a while), for the next two steps."""
         step = max(held, self.policy.newest_known_step(self.node)) + 1
         self.commitments.forget_before(held - self.async_window)
         made_before = (self._steps.get(held - 1) or StepTally()).next_counter
+        # the next two steps (a judge stores up to two ahead of what it knows): the trainer often
+        # publishes step + 1 before this worker holds step, which would make a commitment for it late
         for target in (step, step + 1):
             judges = self.commitments.to_send(target, self._receivers(), self.commitments.size(held, made_before))
             if judges:
@@ -182,8 +183,6 @@ class InferenceWorker:
                     self.commitments.answered(target, judge, answer)
                 log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
                          self.commitments.steps[target].answers)
-            if not self.commitments.steps[target].overtaken():
-                return
 
     def _share_done(self, step: int) -> bool:
         """This worker generated ``groups_per_step`` informative groups on ``step`` (and the pace
