@@ -54,9 +54,10 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
 DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/nat/reachability.py
-# a batch: stored, duplicate, busy, rejected; a work commitment also late, too_many_groups or
-# not_judging (specs/rollouts.md)
-DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected", "late", "too_many_groups", "not_judging"})
+# a batch: stored, duplicate, busy, rejected; a work commitment also late, early, too_many_groups
+# or not_judging (specs/rollouts.md)
+DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected", "late", "early", "too_many_groups",
+                               "not_judging"})
 MAX_DELIVERY_REPLY = 1024
 MAX_DELIVERY_REASON = 200  # characters
 # {"status": ..., "reason": ...}: one map of two short strings.

@@ -13,6 +13,7 @@ from intellect_node.node.roles.validator import commitments as book_module
 from intellect_node.node.roles.validator.commitments import (
     BUSY,
     DUPLICATE,
+    EARLY,
     LATE,
     STORED,
     TOO_MANY,
@@ -46,7 +47,7 @@ def test_signed_round_trip_and_the_signer_must_be_the_worker() -> None:
 def test_stored_only_before_the_beacon(tmp_path: Path) -> None:
     book = CommitmentBook(tmp_path / "c.jsonl", max_groups=8)
     assert book.offer(commitment(step=5), newest_known_step=5) == LATE  # checkpoint 5 known: tasks public
-    assert book.offer(commitment(step=9), newest_known_step=5) == LATE  # too far ahead: unbounded otherwise
+    assert book.offer(commitment(step=8), newest_known_step=5) == EARLY  # too far ahead: unbounded otherwise
     assert book.offer(commitment(step=5, groups=9), newest_known_step=4) == TOO_MANY
     assert book.offer(commitment(step=5), newest_known_step=4) == STORED
     assert book.offer(commitment(step=5, groups=8), newest_known_step=4) == DUPLICATE  # the first one stands
@@ -102,6 +103,8 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     # an answer is final; a judge not reached is tried again, but not in every round
     assert plan.to_send(1, ["a", "b", "c"], groups=99, now=101.0) == ["b", "c"]
     assert plan.to_send(1, ["a", "b", "c"], groups=99, now=100.0 + RETRY_FAILED_S) == ["a", "b", "c"]
+    plan.answered(1, "c", "early")  # c is behind: asked again next round, and it blocks nothing
+    assert plan.to_send(1, ["b", "c"], groups=4, now=101.0) == ["b", "c"]
     plan.answered(1, "b", "stored")
     assert plan.covered(1, next_counter=1) == 3 and plan.steps[1].groups == 4  # the size stands once sent
     assert plan.covered(1, next_counter=4) == 0

@@ -180,7 +180,7 @@ async def test_work_commitments_are_answered_by_the_judges_book(pair):
     rollouts.on_commitment = offer
     answers = [await deliver(worker, receiver.peer_id, commitment(step, groups))
                for step, groups in ((1, 4), (1, 8), (0, 4), (3, 4), (2, 9))]
-    assert answers == ["stored", "duplicate", "late", "late", "too_many_groups"]
+    assert answers == ["stored", "duplicate", "late", "early", "too_many_groups"]
     assert book.groups(identity.peer_id, 1) == 4 and inbox.pending() == []  # no batch stored
     assert rollouts.commitments["too_many_groups"] == 1 and receiver.scores.rejections["invalid_value"] == 1
     with pytest.raises(DeliveryRejected, match="invalid_value"):

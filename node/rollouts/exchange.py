@@ -41,7 +41,7 @@ RECEIVER_ROLES = frozenset({"trainer", "validator"})
 READ_TIMEOUT_S = 60.0
 MAX_CONCURRENT_BATCHES = 4
 # the book's answers; too_many_groups is charged (no honest worker sends it), the others cost nothing
-COMMITMENT_ANSWERS = frozenset({"stored", "late", "duplicate", "busy", "too_many_groups"})
+COMMITMENT_ANSWERS = frozenset({"stored", "late", "early", "duplicate", "busy", "too_many_groups"})
 CommitmentHandler = Callable[[codec.Signed[WorkCommitment]], str]
 
 
@@ -150,7 +150,7 @@ class RolloutReceiver:
 async def deliver(node: NodeContext, peer_id: str, envelope: bytes, *, attempts: int = 5,
                   first_backoff_s: float = 0.5) -> str:
     """Send one batch or work commitment envelope to ``peer_id``; returns the receiver's answer:
-    "stored" or "duplicate" (a commitment also "late", "too_many_groups" or "not_judging").
+    "stored" or "duplicate" (a commitment also "late", "early", "too_many_groups" or "not_judging").
 
     Retries transport failures and "busy" answers (the receiver's inbox share is full) with
     exponential backoff (``DeliveryFailed`` when they run out); a "rejected" answer is final

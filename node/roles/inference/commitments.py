@@ -73,11 +73,12 @@ class CommitmentPlan:
         not sent it yet, and those it did not reach RETRY_FAILED_S ago."""
         entry = self.steps.setdefault(step, StepCommitment(groups))
         now = time.monotonic() if now is None else now
-        return [judge for judge in judges if judge not in entry.answers
+        return [judge for judge in judges if judge not in entry.answers or entry.answers[judge] == "early"
                 or (entry.answers[judge] == "failed" and now - entry.failed_at[judge] >= RETRY_FAILED_S)]
 
     def answered(self, step: int, judge: str, answer: str, now: float | None = None) -> None:
-        """A judge's answer is final, except ``failed`` (not reached: tried again later)."""
+        """A judge's answer is final, except ``failed`` (not reached: tried again later) and
+        ``early`` (the judge is behind: asked again next round)."""
         entry = self.steps[step]
         entry.answers[judge] = answer
         if answer == "failed":

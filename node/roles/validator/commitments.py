@@ -27,7 +27,7 @@ AHEAD = 2  # steps past the newest known one a commitment may name (a judge a st
 # count in no worker's accepted reward (specs/rollouts.md, "Step 0 is warm-up")
 WARM_UP_STEP = 0
 MAX_COMMITMENTS = 65536  # live (worker, step) entries in all; past it: busy
-STORED, LATE, DUPLICATE, BUSY, TOO_MANY = "stored", "late", "duplicate", "busy", "too_many_groups"
+STORED, LATE, EARLY, DUPLICATE, BUSY, TOO_MANY = "stored", "late", "early", "duplicate", "busy", "too_many_groups"
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,10 @@ class CommitmentBook:
         key = (commitment.worker, commitment.step)
         if key in self.groups_of:
             return DUPLICATE  # the first one stands: a worker cannot raise its count after the beacon
-        if not newest_known_step < commitment.step <= newest_known_step + AHEAD:
+        if commitment.step <= newest_known_step:
             return LATE
+        if commitment.step > newest_known_step + AHEAD:
+            return EARLY  # this judge is behind the worker (or the step is far off): asked again later
         if commitment.groups > self.max_groups:
             return TOO_MANY
         if len(self.groups_of) >= MAX_COMMITMENTS:
