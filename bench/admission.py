@@ -11,7 +11,9 @@ event loop; all share the machine's 2 cores. The flood holds --connections idle 
 /16 (127.1x.1x.z), each remade RETRY_S after the node closes or refuses it (node/demo/churn.py
 ``flood``). Once the node's table is full (its status shows a refusal) the newcomer tries from
 127.20k.1.1 every TRY_EVERY_S until identify answers, up to --limit seconds; --trials newcomers
-per side, one after another, each from its own range.
+per side, one after another, each from its own range and each once the flood has taken every
+slot again, at least HELD of them established (waited for up to REFILL_S; a trial that started
+without is marked * and left out of the median unless every trial was).
 
     python bench/admission.py                   # 1,000 connections from 50 addresses
     python bench/admission.py --quick           # 260 from 12 addresses in 3 /24s (the issue's case)
@@ -46,6 +48,9 @@ TARGET_S = 2.0
 RETRY_S = 1.0  # an attacker remakes a closed or refused connection after this long
 TRY_EVERY_S = 0.5  # the newcomer's own retry interval
 FILL_LIMIT_S = 120.0
+REFILL_S = 30.0
+HELD = 0.5
+MAX_INBOUND = ConnectionPolicy().max_inbound
 POLICIES = {
     "ours": ConnectionPolicy(),
     # the node before issue 33: no eviction, no /16 cap, 128 per /24
@@ -91,6 +96,20 @@ def sources(addresses: int, ranges: int) -> list[str]:
     return [f"127.{10 + i % ranges}.{10 + i % ranges}.{1 + i // ranges}" for i in range(addresses)]
 
 
+async def refilled(status_file: Path) -> bool:
+    """Wait (up to REFILL_S) until the flood holds HELD of the inbound slots established (and the
+    rest at least handshaking); whether it did. A newcomer that arrives at a free slot, or while
+    the flood's own handshakes are failing on a starved machine, measures nothing."""
+    with trio.move_on_after(REFILL_S):
+        while True:
+            status = read_status(status_file)
+            established = status.get("inbound", 0)
+            if established >= HELD * MAX_INBOUND and established + status.get("handshaking", 0) >= MAX_INBOUND:
+                return True
+            await trio.sleep(0.1)
+    return False
+
+
 async def newcomer(target: PeerInfo, source_ip: str, limit_s: float) -> float:
     """Seconds until ``source_ip`` gets in (``limit_s`` if it never does)."""
     started = time.perf_counter()
@@ -129,11 +148,11 @@ def measure(side: str, connections: int, addresses: int, ranges: int, trials: in
                 await trio.sleep(0.25)
             fill_s = time.perf_counter() - started
             full = read_status(status_file)
-            times = []
+            times, held = [], []
             for k in range(trials):
+                held.append(await refilled(status_file))
                 times.append(await newcomer(target, f"127.{200 + k}.1.1", limit_s))
-                await trio.sleep(1.0)
-            return {"fill_s": fill_s, "full": full, "times": times, "final": read_status(status_file)}
+            return {"fill_s": fill_s, "full": full, "times": times, "held": held, "final": read_status(status_file)}
 
         return trio.run(main)
 
@@ -165,10 +184,12 @@ def main() -> int:
     medians = {}
     for side in ("refuse", "ours"):
         r = measure(side, args.connections, args.addresses, args.ranges, args.trials, args.limit)
-        medians[side] = statistics.median(r["times"])
+        counted = [t for t, held in zip(r["times"], r["held"], strict=True) if held] or r["times"]
+        medians[side] = statistics.median(counted)
         full, final = r["full"], r["final"]
         print(f"{side}: full after {r['fill_s']:.1f} s (inbound {full.get('inbound')}, handshaking "
-              f"{full.get('handshaking')}); newcomer admitted after {', '.join(f'{t:.2f}' for t in r['times'])} s "
+              f"{full.get('handshaking')}); newcomer admitted after "
+              f"{', '.join(f'{t:.2f}' + ('' if h else '*') for t, h in zip(r['times'], r['held'], strict=True))} s "
               f"(limit {args.limit:g}); node: evicted {final.get('evicted')}, trimmed {final.get('trimmed')}, "
               f"refused {final.get('refused')}", flush=True)
     ours, peer = medians["ours"], medians["refuse"]
