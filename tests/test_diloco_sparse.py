@@ -334,3 +334,13 @@ def test_a_member_sending_values_off_the_grid_is_refused_counted_and_never_avera
     finally:
         for c in clients:
             c.close()
+
+
+def test_members_on_another_grid_sign_and_compare_another_digest(tmp_path: Path) -> None:
+    layout = Layout(("w",), ((10,),))
+
+    def signed(levels: int, k: int) -> bytes:
+        return AveragerClient(tmp_path / "c.sock", layout, ChildSettings("p", levels, sparse_k=k)).agreement
+
+    assert len({signed(127, 0), signed(7, 0), signed(2, 64), signed(2, 128)}) == 4
+    assert signed(2, 128) == signed(2, 128)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.diloco import frames
+from intellect_node.node.diloco import frames, grid
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import sign_member
 
@@ -73,7 +73,8 @@ class AveragerClient:
     def __init__(self, socket_path: Path, layout: Layout, settings: ChildSettings,
                  log_path: Path | None = None) -> None:
         self.socket_path, self.layout, self.settings, self.log_path = socket_path, layout, settings, log_path
-        self.agreement = layout.run_digest(settings.data_digest)  # the "layout" members sign and compare
+        # the "layout" members sign and compare: the run digest bound to the grid (compression)
+        self.agreement = grid.agreement(layout.run_digest(settings.data_digest), settings.levels, settings.sparse_k)
         self.process: subprocess.Popen[bytes] | None = None
         self.conn: socket.socket | None = None
         self.restarts = -1  # the first start is not a restart

@@ -18,6 +18,9 @@ its own values on it, to steer the average (section 8).
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import torch
 import torch.nn.functional as F
 
@@ -45,6 +48,12 @@ def sparse_k(compression: str) -> int:
     """Values kept per chunk for a sparse compression; 0 for a dense one (every value sent)."""
     levels_for(compression)
     return SPARSE.get(compression, 0)
+
+
+def agreement(run_digest: bytes, levels: int, k: int) -> bytes:
+    """What the members of a round sign and compare (the gather payload's ``layout``): the run
+    digest bound to the grid, so members on another compression never share a round."""
+    return hashlib.sha256(b"intellect-node/diloco-grid/v1\0" + run_digest + struct.pack(">HH", levels, k)).digest()
 
 
 def max_group(levels: int) -> int:
