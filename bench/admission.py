@@ -12,7 +12,7 @@ event loop; all share the machine's 2 cores. The flood holds --connections idle 
 ``flood``). Once the node's table is full (its status shows a refusal) the newcomer tries from
 127.20k.1.1 every TRY_EVERY_S until identify answers, up to --limit seconds; --trials newcomers
 per side, one after another, each from its own range and each once the flood has taken every
-slot again, at least HELD of them established (waited for up to REFILL_S; a trial that started
+slot again, at least HELD of them established (waited for up to --refill seconds; a trial that started
 without is marked * and left out of the median unless every trial was).
 
     python bench/admission.py                   # 1,000 connections from 50 addresses
@@ -48,7 +48,6 @@ TARGET_S = 2.0
 RETRY_S = 1.0  # an attacker remakes a closed or refused connection after this long
 TRY_EVERY_S = 0.5  # the newcomer's own retry interval
 FILL_LIMIT_S = 120.0
-REFILL_S = 30.0
 HELD = 0.5
 MAX_INBOUND = ConnectionPolicy().max_inbound
 POLICIES = {
@@ -96,11 +95,11 @@ def sources(addresses: int, ranges: int) -> list[str]:
     return [f"127.{10 + i % ranges}.{10 + i % ranges}.{1 + i // ranges}" for i in range(addresses)]
 
 
-async def refilled(status_file: Path) -> bool:
-    """Wait (up to REFILL_S) until the flood holds HELD of the inbound slots established (and the
+async def refilled(status_file: Path, refill_s: float) -> bool:
+    """Wait (up to ``refill_s``) until the flood holds HELD of the inbound slots established (and the
     rest at least handshaking); whether it did. A newcomer that arrives at a free slot, or while
     the flood's own handshakes are failing on a starved machine, measures nothing."""
-    with trio.move_on_after(REFILL_S):
+    with trio.move_on_after(refill_s):
         while True:
             status = read_status(status_file)
             established = status.get("inbound", 0)
@@ -137,7 +136,8 @@ def flooding(target: PeerInfo, connections: int, addresses: int, ranges: int) ->
         process.wait()
 
 
-def measure(side: str, connections: int, addresses: int, ranges: int, trials: int, limit_s: float) -> dict:
+def measure(side: str, connections: int, addresses: int, ranges: int, trials: int, limit_s: float,
+            refill_s: float) -> dict:
     with (tempfile.TemporaryDirectory() as tmp, server(side, Path(tmp) / "status.json") as target,
           flooding(target, connections, addresses, ranges)):
         status_file = Path(tmp) / "status.json"
@@ -150,7 +150,7 @@ def measure(side: str, connections: int, addresses: int, ranges: int, trials: in
             full = read_status(status_file)
             times, held = [], []
             for k in range(trials):
-                held.append(await refilled(status_file))
+                held.append(await refilled(status_file, refill_s))
                 times.append(await newcomer(target, f"127.{200 + k}.1.1", limit_s))
             return {"fill_s": fill_s, "full": full, "times": times, "held": held, "final": read_status(status_file)}
 
@@ -165,6 +165,7 @@ def main() -> int:
     parser.add_argument("--ranges", type=int, default=5, help="/24s (each in its own /16) the addresses span")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--limit", type=float, default=30.0, help="seconds a newcomer keeps trying")
+    parser.add_argument("--refill", type=float, default=30.0, help="seconds a trial waits for the flood to hold")
     parser.add_argument("--serve", choices=sorted(POLICIES), help=argparse.SUPPRESS)
     parser.add_argument("--status", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--flood", help=argparse.SUPPRESS)
@@ -177,13 +178,13 @@ def main() -> int:
         run_flood(args.flood, args.connections, sources(args.addresses, args.ranges))
         return 0
     if args.quick:
-        args.connections, args.addresses, args.ranges, args.trials, args.limit = 260, 12, 3, 3, 8.0
+        args.connections, args.addresses, args.ranges, args.trials, args.limit, args.refill = 260, 12, 3, 3, 8.0, 3.0
     print(f"# admission bench: {args.connections} connections from {args.addresses} addresses in {args.ranges} "
           f"/24s held and remade ({RETRY_S:g} s after a close or refusal); {args.trials} newcomers per side, "
           f"each retrying every {TRY_EVERY_S:g} s for up to {args.limit:g} s", flush=True)
     medians = {}
     for side in ("refuse", "ours"):
-        r = measure(side, args.connections, args.addresses, args.ranges, args.trials, args.limit)
+        r = measure(side, args.connections, args.addresses, args.ranges, args.trials, args.limit, args.refill)
         counted = [t for t, held in zip(r["times"], r["held"], strict=True) if held] or r["times"]
         medians[side] = statistics.median(counted)
         full, final = r["full"], r["final"]
