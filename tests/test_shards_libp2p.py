@@ -249,3 +249,22 @@ async def test_hostile_requests_are_refused_counted_and_charged(tmp_path) -> Non
             body = await ShardStreamClient(honest, 5.0).get(server_host.get_id().to_base58(),
                                                             f"/ina/v1/{RUN}/1/manifest", 1 << 20)
         assert body == envelope and server.counts["answered"] == 1
+
+
+def test_the_transport_follows_measured_throughput_and_circuits_come_last() -> None:
+    paths = {"both": "direct", "relayed": "relayed", "gone": None}
+    book = PeerBook(path_of=paths.get)
+    book.learn("both", ["/ip4/10.0.0.1/tcp/4001/p2p/both", "/ip4/10.0.0.1/tcp/8080/http"])
+    book.learn("relayed", ["/ip4/10.0.0.2/tcp/4001/p2p/r/p2p-circuit/p2p/relayed"])
+    book.learn("gone", ["/ip4/10.0.0.3/tcp/4001/p2p/r/p2p-circuit/p2p/gone"])
+    assert book.transport("both") == "http"  # neither measured: HTTP first
+    book.succeeded("both", 8 << 20, 1.0, "http")
+    assert book.transport("both") == "p2p"  # HTTP measured, libp2p not yet: try it once
+    book.succeeded("both", 2 << 20, 1.0, "p2p")
+    assert book.transport("both") == "http"  # then the faster one
+    for _ in range(5):
+        book.succeeded("both", 64 << 20, 1.0, "p2p")
+    assert book.transport("both") == "p2p"  # and it follows the measurements
+    # a circuit only for what fits within a relay's byte cap; nothing without a connection
+    assert book.transport("relayed", 1 << 20) == "relay" and book.transport("relayed", 64 << 20) is None
+    assert book.transport("gone") is None and not book.servable("gone")
