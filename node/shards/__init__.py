@@ -6,7 +6,7 @@
 - ``intellect_node.node.shards.server``: what to answer (verified ranges, upload caps, seed mode); HTTP serving.
 - ``intellect_node.node.shards.client``: the HTTP client that checks every answer against what it asked.
 - ``intellect_node.node.shards.http``: shared HTTP plumbing (heads, bodies, stall windows, signed peer header).
-- ``intellect_node.node.shards.stream_wire``: ``/ina/shards/1.0.0``, the same routes over libp2p: request and head frames.
+- ``intellect_node.node.shards.stream_wire``: ``/ina/shards/1.0.0``, the routes over libp2p: request, head frames.
 - ``intellect_node.node.shards.stream_server``: serving that protocol (peers that cannot dial our HTTP server).
 - ``intellect_node.node.shards.stream_client``: fetching over it from peers without a dialable HTTP address.
 - ``intellect_node.node.shards.fetcher``: which shard from which parent; retries, penalties, complaints.
