@@ -127,3 +127,20 @@ class Overlays:
     def close(self) -> None:
         trio.from_thread.run_sync(self.nursery.cancel_scope.cancel, trio_token=self.token)
         self.thread.join(10)
+
+
+def rounds_in_step(peers: list[DilocoPeer], rounds: int) -> int:
+    """Run ``rounds`` rounds of ``peers`` together, asserting each ends with every peer in one
+    group at one state hash and the runs bit-identical; the all-reduce bytes all of them sent."""
+    sent = 0
+    for expected_round in range(rounds):
+        records = run_rounds_together(peers)
+        assert all(not isinstance(r, BaseException) for r in records), records
+        assert [r.group_size for r in records] == [len(peers)] * len(peers)
+        assert all(r.round == expected_round for r in records)
+        assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
+        sent += sum(r.allreduce_bytes for r in records)
+    for peer in peers[1:]:
+        assert torch.equal(peers[0].state.params, peer.state.params)
+        assert torch.equal(peers[0].state.momentum, peer.state.momentum)
+    return sent
