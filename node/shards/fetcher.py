@@ -34,8 +34,9 @@ from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.server import unpack_bits
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
+from intellect_node.node.shards.stream_wire import json_object
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected
+from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.manifest import BadShard
 
 log = logging.getLogger(__name__)
@@ -384,12 +385,7 @@ class CheckpointFetch:
 
 def _parse_have(body: bytes, shard_count: int) -> tuple[int, bytearray]:
     """A have line: {"version": int, "shards": int, "verified": hex bits}, nothing else."""
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedBody("have line is not JSON") from None
-    if not isinstance(data, dict) or set(data) != {"version", "shards", "verified"}:
-        raise MalformedBody("have line is not {version, shards, verified}")
+    data = json_object(body, "have line", frozenset({"version", "shards", "verified"}))
     version, shards, verified = data["version"], data["shards"], data["verified"]
     if type(version) is not int or version < 0 or shards != shard_count or type(verified) is not str:
         raise InvalidValue("have line fields out of range")

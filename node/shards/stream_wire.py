@@ -31,15 +31,23 @@ def encode_request(target: str, first: int | None = None, last: int | None = Non
     return json.dumps(request, separators=(",", ":")).encode()
 
 
-def decode_request(raw: bytes) -> tuple[str, bytes | None]:
-    """(target, ``Range`` value as HTTP spells it or None); MalformedBody, WrongType or
-    InvalidValue naming what was wrong. ``raw`` was size-limited by the frame read."""
+def json_object(raw: bytes, what: str, required: frozenset[str], optional: frozenset[str] = frozenset()) -> dict:
+    """``raw`` as a JSON object with every ``required`` key and no key outside ``optional``;
+    MalformedBody naming ``what`` otherwise (the shard wire's lines and frames are all such objects)."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedBody("shard request is not JSON") from None
-    if not isinstance(data, dict) or set(data) - {"target", "range"} or "target" not in data:
-        raise MalformedBody("shard request is not {target[, range]}")
+        raise MalformedBody(f"{what} is not JSON") from None
+    if not isinstance(data, dict) or not required <= set(data) <= required | optional:
+        keys = ", ".join(sorted(required)) + "".join(f"[, {key}]" for key in sorted(optional))
+        raise MalformedBody(f"{what} is not {{{keys}}}")
+    return data
+
+
+def decode_request(raw: bytes) -> tuple[str, bytes | None]:
+    """(target, ``Range`` value as HTTP spells it or None); MalformedBody, WrongType or
+    InvalidValue naming what was wrong. ``raw`` was size-limited by the frame read."""
+    data = json_object(raw, "shard request", frozenset({"target"}), frozenset({"range"}))
     target = data["target"]
     if type(target) is not str:
         raise WrongType("shard request target is not a string")
@@ -61,12 +69,7 @@ def encode_head(status: int, length: int = 0, reason: str = "") -> bytes:
 
 def decode_head(raw: bytes) -> tuple[int, int, str]:
     """(status, length, reason) of an answer head; MalformedBody or InvalidValue otherwise."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise MalformedBody("shard answer head is not JSON") from None
-    if not isinstance(data, dict) or set(data) != {"status", "length", "reason"}:
-        raise MalformedBody("shard answer head is not {status, length, reason}")
+    data = json_object(raw, "shard answer head", frozenset({"status", "length", "reason"}))
     status, length, reason = data["status"], data["length"], data["reason"]
     if type(status) is not int or status not in _STATUSES:
         raise InvalidValue(f"shard answer status {status!r}")
