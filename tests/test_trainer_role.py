@@ -9,6 +9,7 @@ judged with a verdict record. Step numbers continue from the saved state.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -20,6 +21,10 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import demo_tiny_model
 from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_steps
+
+# longer than one delivery's retries (about 16 s) and than the worker needs to use up the counters it
+# committed for the step: what it made meanwhile must reach the trainer when it is back
+TRAINER_DOWN_S = 25.0
 
 
 @pytest.fixture
@@ -45,6 +50,7 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
     pooled = {p.name.removesuffix(".group").replace("-", ":") for p in (home / "trainer" / "pool").glob("*.group")}
     inbox = {p.name.removesuffix(".batch") for p in (home / "inbox").glob("*.batch")}
     before = trained_steps(home)
+    time.sleep(TRAINER_DOWN_S)  # the worker's batches of this time outlive deliver()'s own retries
 
     restarted = swarm.start("trainer", [*trainer_args[:4], "--bootstrap", swarm.nodes["worker"].addr,
                                         *trainer_args[4:]], ENV)

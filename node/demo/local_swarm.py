@@ -19,6 +19,7 @@ from typing import IO, Any
 from intellect_node.node.swarm.control import query
 
 STARTUP_TIMEOUT_S = 60.0
+LOG_TAIL_LINES = 40  # of each node's log, in a timeout's message
 
 
 @dataclass
@@ -143,7 +144,24 @@ class LocalSwarm:
         for name in list(self.nodes):
             self.stop(name)
 
-    wait_until = staticmethod(wait_until)
+    def wait_until(self, predicate: Any, timeout_s: float, poll_s: float = 0.25) -> float:
+        """``wait_until`` for this swarm: a timeout names what each running node logged last, so a
+        run that stalled (in CI, say) says where."""
+        try:
+            return wait_until(predicate, timeout_s, poll_s)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the nodes' last log lines:\n{self.log_tails()}") from None
+
+    def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` of each running node's log."""
+        tails = []
+        for name, node in self.nodes.items():
+            try:
+                tail = (node.home / "node.log").read_text(errors="replace").splitlines()[-lines:]
+            except OSError as exc:
+                tail = [f"(no log: {exc})"]
+            tails.append("\n".join([f"--- {name}", *tail]))
+        return "\n".join(tails)
 
     def converged(self, names: Iterable[str] | None = None) -> bool:
         """Every named node (default: all running) lists every named node as a member."""

@@ -32,6 +32,7 @@ from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
 from intellect_node.node.roles.inference.commitments import CommitmentPlan
+from intellect_node.node.roles.inference.outbox import Outbox
 from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
 from intellect_node.node.rollouts.exchange import (
     RECEIVER_ROLES,
@@ -55,6 +56,7 @@ BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
 COMMITMENT_LIFETIME_S = 3600.0
+REDELIVER_POLL_S = 1.0  # how often the outbox is looked at for batches due again
 PACE_WAIT_S = 10.0  # a worker past its groups_per_step waits this long for a newer policy, then generates one batch
 
 
@@ -106,6 +108,7 @@ class InferenceWorker:
         self._steps: dict[int, StepTally] = {}  # the policy steps inside the async window
         self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
         self.commitments = CommitmentPlan(self.settings.groups_per_batch, groups_per_step, async_window)
+        self.outbox = Outbox()  # batches a receiver could not take yet (one restarting, say)
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class InferenceWorker:
         write_durably(self._state_path, json.dumps(counters).encode())
 
     def status(self) -> dict[str, Any]:
-        return {**self.stats.status(), "commitments": dict(self.commitments.answers)}
+        return {**self.stats.status(), "commitments": dict(self.commitments.answers), "outbox": self.outbox.status()}
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -148,6 +151,11 @@ class InferenceWorker:
         log.info("inference worker ready: %s engine, %d tasks, model %s", engine.name, len(self.tasks),
                  self.policy.model_dir)
         task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._redeliver_forever)
+            await self._generate_forever(engine)
+
+    async def _generate_forever(self, engine: Engine) -> None:
         while True:
             checkpoint = self._usable_checkpoint()
             if checkpoint is None:
@@ -179,7 +187,7 @@ class InferenceWorker:
                 commitment = WorkCommitment(run_id=self.node.config.run_id, worker=self.node.peer_id, step=target,
                                             groups=self.commitments.steps[target].groups)
                 envelope = codec.encode(commitment, self.node.identity, lifetime_s=COMMITMENT_LIFETIME_S)
-                for judge, answer in zip(judges, await self._send_everywhere(envelope, judges)):
+                for judge, answer in (await self._send_everywhere(envelope, judges)).items():
                     self.commitments.answered(target, judge, answer)
                 log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
                          self.commitments.steps[target].answers)
@@ -230,7 +238,7 @@ class InferenceWorker:
         self.stats.tokens += built.generated_tokens
         self.stats.generation_s += built.seconds
         envelope = codec.encode(built.batch, self.node.identity, lifetime_s=BATCH_LIFETIME_S)
-        await self._deliver_everywhere(envelope)
+        await self._deliver_everywhere(envelope, step)
         await self._announce(built.batch, envelope)
         log.info("%s", self.stats.line(step))
 
@@ -248,14 +256,26 @@ class InferenceWorker:
         return [m.advert.peer_id for m in self.node.view.members()
                 if m.advert.peer_id != self.node.peer_id and RECEIVER_ROLES & set(m.advert.roles)]
 
-    async def _deliver_everywhere(self, envelope: bytes) -> None:
-        for status in await self._send_everywhere(envelope):
+    async def _deliver_everywhere(self, envelope: bytes, step: int) -> None:
+        """Deliver a batch of ``step`` to every receiver; the outbox keeps it for those not reached."""
+        answers = await self._send_everywhere(envelope)
+        for status in answers.values():
             self.stats.delivered[status] += 1
+        self.outbox.keep(step, envelope, [r for r, a in answers.items() if a == "failed"], time.monotonic())
 
-    async def _send_everywhere(self, envelope: bytes, receivers: list[str] | None = None) -> list[str]:
+    async def _redeliver_forever(self) -> None:
+        """Offer the outbox's batches again, as they fall due, while their step is still trainable."""
+        while True:
+            await trio.sleep(REDELIVER_POLL_S)
+            oldest_useful = self.policy.newest_known_step(self.node) - self.async_window
+            for entry, receivers in self.outbox.due(time.monotonic(), oldest_useful):
+                answers = await self._send_everywhere(entry.envelope, receivers)
+                self.outbox.settle(entry, answers, time.monotonic())
+                log.info("batch of step %d offered again: %s", entry.step, answers)
+
+    async def _send_everywhere(self, envelope: bytes, receivers: list[str] | None = None) -> dict[str, str]:
         """Send a batch or commitment to ``receivers`` (default: every receiver known; with none
-        yet, wait for one: backpressure) at once; each one's answer in order, or "rejected" /
-        "failed"."""
+        yet, wait for one: backpressure) at once; each one's answer, or "rejected" / "failed"."""
         while not receivers:
             receivers = self._receivers()
             if not receivers:
@@ -276,4 +296,4 @@ class InferenceWorker:
             for index, peer_id in enumerate(receivers):
                 nursery.start_soon(one, index, peer_id)
         log.debug("sent to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
-        return answers
+        return dict(zip(receivers, answers))
