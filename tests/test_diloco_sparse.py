@@ -275,6 +275,7 @@ POISONER = textwrap.dedent("""
     x = torch.ones(layout.elements)
     averager.raw.copy_(x)
     averager.set_group_bits(round_bits(0))
+    print("READY", flush=True)  # the test starts the honest members only now: all three must match
     payload = {"round": 0, "layout": averager.layout_digest, "state_hash": bytes(32),
                "exponents": grid.exponents(x, 127).numpy().tobytes(), "member": "poisoner", "signature": bytes(64)}
     try:
@@ -303,6 +304,9 @@ def test_a_member_sending_values_off_the_grid_is_refused_counted_and_never_avera
                 "digest": clients[0].agreement.hex()}
         poisoner = subprocess.Popen([sys.executable, "-c", POISONER, json.dumps(args)], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
+        assert poisoner.stdout is not None and poisoner.stderr is not None
+        if poisoner.stdout.readline().strip() != "READY":  # its startup is slow: the honest members wait for it
+            pytest.fail(f"the poisoner did not start: {poisoner.stderr.read()[-2000:]}")
         results: list[Averaged | BaseException] = [RuntimeError("did not finish")] * 2
 
         def go(i: int) -> None:
