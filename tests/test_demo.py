@@ -59,8 +59,11 @@ def test_demo_on_smollm2_runs_its_recipe_through_every_role(tmp_path) -> None:
     """``demo --model smollm2``: the real model, its task kinds and its [run] shape reach every node;
     its steps are trained on groups the validator accepted. Whether it learns is a benchmark's
     question (issue 34), not this test's."""
-    options = DemoOptions.for_model("smollm2", steps=2, workers=1, minutes=12, out=tmp_path,
-                                    model_cache=smollm2_import().out, dashboard=False)
+    # one step of half the recipe's batch, 40 held-out prompts: what reaches the nodes is the
+    # recipe's (tasks, [run]); a second step, a full batch or 200 prompts would show nothing more,
+    # at most of a minute of CI each
+    options = DemoOptions.for_model("smollm2", steps=1, batch_groups=4, eval_tasks=40, workers=1, minutes=12,
+                                    out=tmp_path, model_cache=smollm2_import().out, dashboard=False)
     summary = run_demo(options, log=print)
     assert summary["stopped_by"] == "steps", summary
     assert summary["rejected_groups"] == 0 and summary["accepted_groups"] > 0, summary

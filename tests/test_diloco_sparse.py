@@ -6,6 +6,8 @@ then real averager children on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -278,12 +280,16 @@ POISONER = textwrap.dedent("""
     print("READY", flush=True)  # the test starts the honest members only now: all three must match
     payload = {"round": 0, "layout": averager.layout_digest, "state_hash": bytes(32),
                "exponents": grid.exponents(x, 127).numpy().tobytes(), "member": "poisoner", "signature": bytes(64)}
-    try:
-        print("POISONER", averager.step(gather=payload, timeout=15, allow_retries=True))
-    except Exception as exc:
-        print("POISONER failed", type(exc).__name__)
+    for attempt in range(args["attempts"]):  # the test stops it once its parts were refused
+        try:
+            print("POISONER", averager.step(gather=payload, timeout=15, allow_retries=True), flush=True)
+        except Exception as exc:
+            print("POISONER failed", type(exc).__name__, exc, flush=True)
     averager.shutdown(); dht.shutdown()
 """)
+
+
+ATTEMPTS = 3
 
 
 @pytest.mark.slow
@@ -301,13 +307,17 @@ def test_a_member_sending_values_off_the_grid_is_refused_counted_and_never_avera
             clients.append(AveragerClient(tmp_path / f"h{i}.sock", layout, child, tmp_path / f"h{i}.log"))
             clients[-1].ensure_running()
         args = {"elements": layout.elements, "peers": list(clients[0].maddrs),
-                "digest": clients[0].agreement.hex()}
+                "digest": clients[0].agreement.hex(), "attempts": ATTEMPTS}
+        # a session of its own: its DHT and averager processes hold its pipes and are stopped with it
         poisoner = subprocess.Popen([sys.executable, "-c", POISONER, json.dumps(args)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         assert poisoner.stdout is not None and poisoner.stderr is not None
         if poisoner.stdout.readline().strip() != "READY":  # its startup is slow: the honest members wait for it
             pytest.fail(f"the poisoner did not start: {poisoner.stderr.read()[-2000:]}")
-        results: list[Averaged | BaseException] = [RuntimeError("did not finish")] * 2
+        refused = 0
+        # a round on a loaded machine can time out before the poisoner's parts reach a reducer: then
+        # nothing was refused, and the three try again (a refusal ends the tries)
+        results: list[Averaged | BaseException] = []
 
         def go(i: int) -> None:
             try:
@@ -316,16 +326,24 @@ def test_a_member_sending_values_off_the_grid_is_refused_counted_and_never_avera
             except BaseException as exc:  # the expected outcome: no group of three without the poisoner
                 results[i] = exc
 
-        threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=90)
-        out, err = poisoner.communicate(timeout=90)
-        assert all(isinstance(r, AveragerError) for r in results), results  # never averaged with the poisoner
-        refused = sum(c.status()["refused_parts"] for c in clients)
+        for _ in range(ATTEMPTS):
+            results[:] = [RuntimeError("did not finish")] * 2
+            threads = [threading.Thread(target=go, args=(i,), daemon=True) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=90)
+            assert all(isinstance(r, AveragerError) for r in results), results  # never averaged with the poisoner
+            refused = sum(c.status()["refused_parts"] for c in clients)
+            if refused:
+                break
+        os.killpg(poisoner.pid, signal.SIGKILL)
+        out, err = poisoner.communicate(timeout=30)
         logs = "".join((tmp_path / f"h{i}.log").read_text() for i in range(2))
-        assert refused >= 1, (logs[-3000:], out, err[-2000:])
+        if not refused:
+            notable = [line for line in logs.splitlines() if "refused" in line or "ERROR" in line or "WARN" in line]
+            pytest.fail("nothing refused in {} attempts\nhonest logs:\n{}\npoisoner:\n{}\n{}".format(
+                ATTEMPTS, "\n".join(notable[-30:]), out[-2000:], err[-2000:]))
         assert "a value of magnitude 1000, over the grid's 127" in logs
     finally:
         for c in clients:

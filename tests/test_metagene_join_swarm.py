@@ -34,7 +34,7 @@ CONFIG = """[diloco]
 H = 2
 batch = 2
 matchmaking_s = 2.0
-round_timeout_s = 20.0
+round_timeout_s = 10.0
 max_peers = 3
 
 [metagene]

@@ -24,7 +24,7 @@ from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_s
 
 # longer than one delivery's retries (about 16 s) and than the worker needs to use up the counters it
 # committed for the step: what it made meanwhile must reach the trainer when it is back
-TRAINER_DOWN_S = 25.0
+TRAINER_DOWN_S = 20.0
 
 
 @pytest.fixture

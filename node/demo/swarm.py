@@ -59,6 +59,7 @@ class DemoOptions:
     # swarm's rollouts, a step or more stale, need (bench/RESULTS.md, "Staleness per step")
     lr_decay_steps: int = 600
     batch_groups: int = 16
+    eval_tasks: int = 200  # held-out prompts the trainer answers greedily at its start and every few steps
     validator: bool = True
     # the share of batches the trainer re-verifies itself when a validator runs; the rest it
     # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py), which the
@@ -138,15 +139,16 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     trainer_id = _peer_id(swarm.root / "trainer")
     validator_id = _peer_id(swarm.root / "validator") if options.validator else None
     common = ["--model", str(model_dir), "--tasks", options.tasks, "--async-level", str(options.async_level)]
-    # the run's rollout shape ([run]) in every node's <home>/config.toml, and the [trainer.optim]
-    # settings that have no flag in the trainer's
+    # the run's rollout shape ([run]) in every node's <home>/config.toml, and the [trainer] and
+    # [trainer.optim] settings that have no flag in the trainer's
     run_table = "[run]\n" + "".join(f"{key} = {value!r}\n" for key, value in options.run_settings)
     names = ["trainer", *(["validator"] if validator_id else []), *(f"inference{i}" for i in range(options.workers))]
     for name in names:
         (swarm.root / name).mkdir(parents=True, exist_ok=True)
         (swarm.root / name / "config.toml").write_text(run_table)
     with (swarm.root / "trainer" / "config.toml").open("a") as config:
-        config.write(f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
+        config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\n"
+                     f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
