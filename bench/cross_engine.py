@@ -12,9 +12,11 @@ groups under them:
    validator precision, under the calibrated pair ("ours") and under today's fixed torch/torch
    tolerances ("peer": slack 1e-3, logprob 1e-3, calibrated fp32 against fp32 only).
 
-The headline compares the worst combination's share of honest groups refused: ours should be 0
-(target: 0 of >= 2,000 groups per combination, the issue's bar), where the fixed pair refuses
-bf16 workers.
+The headline compares the worst combination's share of honest groups refused (a refusal proves a
+cheat and bans the worker): ours should be 0 (target: 0 of >= 2,000 groups per combination, the
+issue's bar), where the fixed pair refuses bf16 workers. Groups set aside as ``inconclusive``
+(a figure past the pair's tolerance but within the proof bound: not credited, not charged;
+specs/validation.md, "Two bounds") are counted and printed on their own line before the headline.
 
     .venv/bin/python bench/cross_engine.py [--quick] [--groups 2000] [--model DIR] [--threads 2]
 
@@ -46,6 +48,7 @@ from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, build_run_spec  # noqa: E402
+from intellect_node.protocol.verdicts import INCONCLUSIVE  # noqa: E402
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 COMBINATIONS = (("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "bf16"), ("bf16", "bf16"))
@@ -86,8 +89,10 @@ def refused(engines: dict[str, TorchEngine], tokenizer: object, tasks: list, set
     return tallies
 
 
-def share(tally: Counter) -> float:
-    return sum(v for k, v in tally.items() if k != "groups") / max(1, tally["groups"])
+def share(tally: Counter, inconclusive: bool = False) -> float:
+    """The share of groups refused (proven cheats and the flip test), or set aside as inconclusive."""
+    chosen = sum(v for k, v in tally.items() if k != "groups" and (k == INCONCLUSIVE) == inconclusive)
+    return chosen / max(1, tally["groups"])
 
 
 def main() -> None:
@@ -118,9 +123,12 @@ def main() -> None:
     for name, by_combination in tallies.items():
         for combination, tally in by_combination.items():
             reasons = {k: v for k, v in tally.items() if k != "groups"}
-            print(f"{name} {combination}: {tally['groups']} groups, refused {share(tally):.4f} {reasons}", flush=True)
+            print(f"{name} {combination}: {tally['groups']} groups, refused {share(tally):.4f}, "
+                  f"inconclusive {share(tally, inconclusive=True):.4f} {reasons}", flush=True)
     ours = max(share(t) for t in tallies["calibrated"].values())
     peer = max(share(t) for t in tallies["fixed"].values())
+    set_aside = max(share(t, inconclusive=True) for t in tallies["calibrated"].values())
+    print(f"honest groups set aside as inconclusive (not refused, not credited), worst combination: {set_aside:.4f}")
     ratio = ours / peer if peer else float("inf") if ours else 0.0
     print(f"({time.perf_counter() - started:.0f} s in all; CPU, {args.threads} threads; "
           f"{groups} groups per combination)")

@@ -176,6 +176,17 @@ def verify_proofs(
     return verdicts
 
 
+_MEASURED_REASONS = frozenset({"ok", "exp_mismatch", "mantissa_mean", "mantissa_median"})
+
+
+def rejudge(verdict: ChunkVerdict, limits: Thresholds) -> ChunkVerdict:
+    """The verdict a measured chunk gets under other ``limits`` (a validator judging one
+    measurement against two bounds); a chunk that was never measured stays rejected."""
+    if verdict.reason not in _MEASURED_REASONS:
+        return verdict
+    return _judge(verdict.exp_mismatches, verdict.mant_err_mean, verdict.mant_err_median, limits)
+
+
 def _unmeasured(reason: str, topk: int) -> ChunkVerdict:
     return ChunkVerdict(topk, NOT_MEASURED, NOT_MEASURED, False, reason)
 

@@ -31,12 +31,19 @@ UNINFORMATIVE = "uninformative"
 # A group that passed every check in a batch where another group is a proven cheat: the worker is
 # banned and none of the batch is used (burn one counter, deliver a good one beside it).
 CHEATING_BATCH = "cheating_batch"
+# A group whose figures passed every proof bound (twice its engine pair's tolerances) but not the
+# tolerances themselves: honest numerics have heavy tails, so this proves nothing (no ban, nobody
+# charged), and it is not trained on or rewarded, so a forgery that lands here earns nothing.
+INCONCLUSIVE = "inconclusive"
+# How far past its engine pair's tolerance a figure proves a cheat (specs/validation.md, "Two
+# bounds"): measured honest extremes reach 1.3 times a calibrated tolerance (bench/RESULTS.md).
+PROOF_FACTOR = 2.0
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (
     "wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
     "uncommitted", "replayed_counter", "counter_cap", "counter_gap", "wrong_task", "wrong_length_target",
     "wrong_group_size", "wrong_prompt", "duplicate_group", "bad_tokens", "toploc", "logprobs",
-    "termination", "sampling", CHEATING_BATCH, UNINFORMATIVE,
+    "termination", "sampling", INCONCLUSIVE, CHEATING_BATCH, UNINFORMATIVE,
 )
 # Reasons any node can re-check from the signed batch (plus, for a replay, the earlier batch):
 # no honest worker produces them, so one is enough to ban the worker for the run.

@@ -3,7 +3,9 @@
 token by itself, and the flip test must.
 
 Greedy and best-of-N completions re-proven honestly on the real checkpoint, batch after batch:
-every forged group is refused as ``sampling``. A cooler temperature is the hard case: its changes
+no forged group is accepted; each is refused as ``sampling`` (a proven cheat) or, when its deepest
+forged token lies between the slack and twice it, set aside as ``inconclusive`` (earns nothing),
+and a cheater who keeps at it is proven a cheat within a few batches. A cooler temperature is the hard case: its changes
 fall on near ties, which bf16 noise also flips; the flip test refuses most such groups and bounds
 the rest by the worker's history, not to zero (measured here: 3 to 6 of 12 forged groups passed,
 7 to 20 steered tokens, against none under the exact fp32 pair). specs/sampling.md section 4 says
@@ -21,6 +23,7 @@ from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
+from intellect_node.protocol.verdicts import INCONCLUSIVE
 from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, reasons
 
 WIDE = dataclasses.replace(TORCH_TORCH, sampling_slack=1.2, margin_noise=0.06, logprob_atol=2.0,
@@ -51,28 +54,29 @@ def test_honest_work_passes_the_wide_pair(world: World) -> None:
 
 @pytest.mark.parametrize("cheat", [{"temperature": 0.0}, {"temperature": 0.5}, {"seed": 12345}],
                          ids=["greedy", "cooler", "best_of_n"])
-def forged_groups_accepted(world: World, cheat: dict, batches: int = 3) -> tuple[int, int]:
-    """(forged groups, forged groups accepted) over ``batches`` cheating batches; a group whose
-    tokens equal the honest ones forges nothing and is not counted."""
-    forged = accepted = 0
+def forged_groups_accepted(world: World, cheat: dict, batches: int = 3) -> tuple[int, int, int]:
+    """(forged groups, forged groups accepted, forged groups proven cheats) over ``batches``
+    cheating batches; a group whose tokens equal the honest ones forges nothing and is not counted."""
+    forged = accepted = proven = 0
     for _ in range(batches):
         honest = world.build()
         cheating = regenerated(world, honest, **cheat)
         verdict = world.verify(cheating)
         for group, original, result in zip(cheating.groups, honest.groups, verdict.groups):
-            assert result.reason in (None, "sampling"), result.detail
+            assert result.reason in (None, "sampling", INCONCLUSIVE), result.detail
             if [c.token_ids for c in group.completions] != [c.token_ids for c in original.completions]:
                 forged += 1
                 accepted += result.reason is None
-    return forged, accepted
+                proven += result.reason == "sampling"
+    return forged, accepted, proven
 
 
 @pytest.mark.parametrize("cheat", [{"temperature": 0.0}, {"seed": 12345}], ids=["greedy", "best_of_n"])
 def test_sampling_cheats_are_refused_under_the_wide_pair(world: World, cheat: dict) -> None:
-    forged, accepted = forged_groups_accepted(world, cheat)
-    assert forged >= 6 and accepted == 0
+    forged, accepted, proven = forged_groups_accepted(world, cheat)
+    assert forged >= 6 and accepted == 0 and proven >= 1
 
 
 def test_a_cooler_temperature_is_mostly_refused_under_the_wide_pair(world: World) -> None:
-    forged, accepted = forged_groups_accepted(world, {"temperature": 0.5})
+    forged, accepted, _ = forged_groups_accepted(world, {"temperature": 0.5})
     assert forged >= 6 and accepted <= forged // 2

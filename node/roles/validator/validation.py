@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from intellect_node.crypto.toploc import Thresholds, verify_proofs
+from intellect_node.crypto.toploc import Thresholds, rejudge, verify_proofs
 from intellect_node.node.engine.base import (
     Engine,
     PrefillResult,
@@ -46,7 +46,7 @@ from intellect_node.protocol.sampling import (
     flip_test,
     poisson_at_least,
 )
-from intellect_node.protocol.verdicts import UNINFORMATIVE
+from intellect_node.protocol.verdicts import INCONCLUSIVE, PROOF_FACTOR, UNINFORMATIVE
 
 # reasons under which a group's counter is not credited (batch-wide checks 1-5, counter check 6)
 _NOT_CREDITED = frozenset({"wrong_run", "wrong_sampling", "engine_not_allowed", "stale_step", "unknown_checkpoint",
@@ -205,8 +205,9 @@ def _judge_duplicate(result: GroupResult) -> GroupResult:
     this worker: two workers assigned the same task draw the same tokens whenever the policy is
     sharp enough (short answers, a policy that training has made confident), and refusing that
     would ban honest workers. It is accepted: an independent sample that happens to repeat
-    another is data like any other."""
-    if result.reason is None:
+    another is data like any other; an ``inconclusive`` one stays that (its tokens replayed
+    within the proof bounds under its own seeds, which a copy's do not)."""
+    if result.reason in (None, INCONCLUSIVE):
         return result
     return GroupResult(result.counter, "duplicate_group",
                        detail=f"content seen before in the window, and not this worker's sampling: {result.reason}"
@@ -264,36 +265,60 @@ def _prefill(engine: Engine, pending: list[_Pending]) -> list[list | None]:
     return out
 
 
+def _thresholds(pair: EnginePair, factor: float = 1.0) -> Thresholds:
+    """The pair's TOPLOC thresholds, times ``factor`` (PROOF_FACTOR: the proof bound)."""
+    return Thresholds(max_exp_mismatches=int(factor * pair.toploc_max_exp_mismatches),
+                      max_mant_err_mean=factor * pair.toploc_max_mant_err_mean,
+                      max_mant_err_median=factor * pair.toploc_max_mant_err_median)
+
+
 def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine, tokenizer: object,
                  spec: RunSpec, pair: EnginePair) -> GroupResult:
     """Completion checks 13-16 (TOPLOC, logprobs, termination, sampling) for each completion, the
-    group's flip test (specs/sampling.md section 4), then the recomputed rewards."""
+    group's flip test (specs/sampling.md section 4), then the recomputed rewards.
+
+    Each figure meets two bounds (specs/validation.md, "Two bounds"): past PROOF_FACTOR times the
+    pair's tolerance it proves a cheat and the group is refused under that check's reason; past
+    the tolerance only, in any completion, and the group is ``inconclusive`` unless another
+    completion proves a cheat (every completion is checked, so a proof is never hidden behind an
+    inconclusive figure)."""
     counter = item.group.counter
     eos = set(engine.eos_token_ids)
-    thresholds = Thresholds(max_exp_mismatches=pair.toploc_max_exp_mismatches,
-                            max_mant_err_mean=pair.toploc_max_mant_err_mean,
-                            max_mant_err_median=pair.toploc_max_mant_err_median)
-    logprobs, margin, worst = [], float("inf"), 0.0
+    tolerance, proof = _thresholds(pair), _thresholds(pair, PROOF_FACTOR)
+    logprob_proof, slack_proof = PROOF_FACTOR * pair.logprob_atol, PROOF_FACTOR * pair.sampling_slack
+    logprobs, margin, worst, beyond_tolerance = [], float("inf"), 0.0, []
     for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed)):
-        verdicts = verify_proofs(again.hidden_states, list(record.proofs), thresholds=thresholds)
+        verdicts = verify_proofs(again.hidden_states, list(record.proofs), thresholds=proof)
         bad = [v for v in verdicts if not v.ok]
         if bad:
             return GroupResult(counter, "toploc", detail=f"completion {j}: {bad[0]}")
+        loose = [v for v in (rejudge(v, tolerance) for v in verdicts) if not v.ok]
+        if loose:
+            beyond_tolerance.append(f"completion {j}: TOPLOC {loose[0]}")
         ours = again.logprobs.to(torch.float32).numpy()  # engines return CPU tensors (engine.base)
         error = float(np.max(np.abs(unpack_logprobs(record.logprobs) - ours)))
-        if not error <= pair.logprob_atol:
-            return GroupResult(counter, "logprobs", detail=f"completion {j}: error {error:.3g} > {pair.logprob_atol}")
+        if not error <= logprob_proof:
+            return GroupResult(counter, "logprobs", detail=f"completion {j}: error {error:.3g} > {logprob_proof:.3g}")
+        if error > pair.logprob_atol:
+            beyond_tolerance.append(f"completion {j}: logprob error {error:.3g} > {pair.logprob_atol:.3g}")
         problem = termination_problem(tokens, record.finish_reason, eos, spec.max_tokens)
         if problem:
             return GroupResult(counter, "termination", detail=f"completion {j}: {problem}")
         assert again.sampling_margins is not None  # asked for by _prefill
-        position = first_failure(again.sampling_margins, pair.sampling_slack)
+        position = first_failure(again.sampling_margins, slack_proof)
         if position is not None:
             return GroupResult(counter, "sampling", detail=(
                 f"completion {j}: token {position} (id {tokens[position]}) is not the sampler's choice: "
-                f"margin {again.sampling_margins[position]:.3g} < -{pair.sampling_slack}"))
+                f"margin {again.sampling_margins[position]:.3g} < -{slack_proof:.3g}"))
+        position = first_failure(again.sampling_margins, pair.sampling_slack)
+        if position is not None:
+            beyond_tolerance.append(f"completion {j}: token {position} margin "
+                                    f"{again.sampling_margins[position]:.3g} < -{pair.sampling_slack:.3g}")
         logprobs.append(tuple(float(x) for x in ours))
         margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
+    if beyond_tolerance:
+        return GroupResult(counter, INCONCLUSIVE, detail=(
+            f"past the engine pair's tolerance, within the proof bound: {'; '.join(beyond_tolerance[:3])}"))
     flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
     if flips.p_value < FLIP_ALPHA:
         return GroupResult(counter, "sampling", detail=(
