@@ -33,6 +33,11 @@ _CHUNK_ELEMENTS = 1 << 22  # scores computed at once by a verifier: 32 MiB of fl
 # A group whose flips are this unlikely under the engine pair's honest noise is refused (and, being
 # a sampling failure, proven): at 1e-9 an honest worker of 10^6 groups is refused with chance 1e-3.
 FLIP_ALPHA = 1e-9
+# A group whose flips are this unlikely, but not FLIP_ALPHA-unlikely, is set aside as inconclusive
+# (specs/validation.md, "Two bounds"): a forger steering a few near ties per group earns nothing from
+# such a group, where an honest group lands here with at most this chance (the curve is calibrated
+# with a safety factor, so less).
+FLIP_SUSPECT = 1e-4
 MAX_SLACK = 2.0  # score units; a run spec's sampling_slack is at most this
 # The top-p cut moves by the slack in mass units, at most this much: a slack wide enough for bf16
 # margins (about 1) would otherwise admit the whole tail of the distribution at a top-p position.
@@ -205,18 +210,31 @@ class FlipTest:
     p_value: float
 
 
+def flip_chance(gaps: np.ndarray, margin_noise: float) -> np.ndarray:
+    """specs/sampling.md section 4: the chance that honest noise flips a position whose race gap is
+    ``g``: ``P(T > g / margin_noise)`` for ``T`` Student's t with 2 degrees of freedom, ``margin_noise``
+    the engine pair's calibrated scale of the error in a race margin (score units, as the slack).
+
+    Why t with 2 degrees of freedom and not a Gaussian: the error between precisions is heavy-
+    tailed. Measured bf16 against fp32 (111,000 positions), the honest flip rate falls as about
+    ``g ** -2`` (0.04 at gaps 0.05-0.1, 0.002 at 0.3-0.5, 0.0004 at 0.5-1), which this curve follows
+    with one scale, where a Gaussian fitted to the same flips puts a flip at gap 0.35 at 1e-11 and
+    refused honest groups as cheats. In closed form, stable for large ``x = g / margin_noise``:
+    ``1 / (r * (r + x))`` with ``r = sqrt(x**2 + 2)``; 0 where the gap is infinite, 0.5 at a tie."""
+    if margin_noise <= 0:
+        return np.zeros(np.shape(gaps))
+    x = np.minimum(np.asarray(gaps, dtype=np.float64), 1e150) / margin_noise
+    r = np.sqrt(x * x + 2.0)
+    return 1.0 / (r * (r + x))
+
+
 def flip_test(replays: Sequence[TokenReplay], margin_noise: float) -> FlipTest:
-    """specs/sampling.md section 4: a position whose race gap is ``g`` is flipped by honest noise
-    with probability ``Phi(-g / margin_noise)``, ``margin_noise`` being the engine pair's calibrated
-    standard deviation of the error in a race margin (score units, as the slack). Summed over the
-    positions, that is the honest expectation; a worker steering near ties flips more."""
+    """specs/sampling.md section 4: summed over the positions, ``flip_chance`` of each position's
+    race gap is the honest expectation of flips; a worker steering near ties flips more."""
     margins = np.concatenate([r.margins for r in replays]) if replays else np.zeros(0)
     gaps = np.concatenate([r.gaps for r in replays]) if replays else np.zeros(0)
     flips = int(np.count_nonzero(margins < 0))
-    expected = 0.0
-    if margin_noise > 0 and gaps.size:
-        z = torch.from_numpy(-np.minimum(gaps, 1e300) / margin_noise)
-        expected = float(torch.special.ndtr(z).sum())
+    expected = float(flip_chance(gaps, margin_noise).sum()) if gaps.size else 0.0
     return FlipTest(flips, expected, poisson_at_least(flips, expected))
 
 

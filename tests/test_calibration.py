@@ -27,7 +27,7 @@ from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
-from intellect_node.protocol.sampling import MAX_SLACK
+from intellect_node.protocol.sampling import MAX_SLACK, flip_chance
 from tests.support.engine_helpers import wide_tiny_model
 
 RUN, MANIFEST = "calibration-run", bytes(range(32))
@@ -38,7 +38,7 @@ TASKS = generate_toy_tasks(seed=11, count=400)
 def test_the_noise_level_matches_the_flips_it_is_given() -> None:
     gaps = np.abs(np.random.default_rng(0).normal(0, 1, 5000))
     sigma = noise_of_flips(gaps, 50)
-    expected = float(torch.special.ndtr(torch.from_numpy(-gaps / sigma)).sum())
+    expected = float(flip_chance(gaps, sigma).sum())
     assert expected == pytest.approx(50, rel=1e-3)
     assert noise_of_flips(gaps, 0) == 0.0 and noise_of_flips(gaps, 100) > sigma
 

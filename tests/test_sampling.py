@@ -13,8 +13,10 @@ import torch
 from transformers import AutoTokenizer
 
 from intellect_node.node.engine.base import SamplingParams, derive_seed
+from intellect_node.node.engine.calibration import NOISE_SAFETY, noise_of_flips
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.protocol.sampling import (
+    FLIP_SUSPECT,
     Replay,
     first_failure,
     flip_test,
@@ -137,28 +139,31 @@ def test_the_gap_is_how_far_the_runner_up_is_behind() -> None:
 
 
 def test_honest_noise_passes_the_flip_test_and_steering_near_ties_does_not() -> None:
-    """A worker whose logits differ from the verifier's by noise of the pair's size flips about as
-    many positions as the test expects; one that takes the runner-up wherever it is close (inside
-    a slack that admits the noise) flips far more and is caught."""
+    """A worker whose logits differ from the verifier's by noise flips about as many positions as
+    the test expects at the scale calibrated on such honest flips (``noise_of_flips``, times the
+    calibration's safety factor); one that takes the runner-up wherever it is close (inside a slack
+    that admits the noise) flips far more and is caught."""
     noise, temperature = 0.05, 1.0
     generator = torch.Generator().manual_seed(5)
-    honest_p, steered_p, steered_flips = [], [], 0
-    for seed in range(20):
+    honest, steered = [], []
+    for seed in range(40):
         verifier = torch.randn(64, 800, generator=generator) * 3
         worker = verifier + torch.randn(64, 800, generator=generator) * (noise / np.sqrt(2))
         replay = Replay(seed=seed, temperature=temperature, top_p=1.0, slack=0.5)
-        honest = _race_order(worker, seed, temperature)[:, 0]
-        [replayed] = margins_of_rows(verifier, honest, [replay], [64])
-        honest_p.append(flip_test([replayed], noise / temperature).p_value)
+        [replayed] = margins_of_rows(verifier, _race_order(worker, seed, temperature)[:, 0], [replay], [64])
         order = _race_order(verifier, seed, temperature)
-        steered = torch.where(torch.from_numpy(replayed.gaps < 0.3), order[:, 1], order[:, 0])
-        [cheat] = margins_of_rows(verifier, steered, [replay], [64])
+        choice = torch.where(torch.from_numpy(replayed.gaps < 0.3), order[:, 1], order[:, 0])
+        [cheat] = margins_of_rows(verifier, choice, [replay], [64])
         assert first_failure(cheat.margins, replay.slack) is None  # the slack alone would not catch it
-        result = flip_test([cheat], noise / temperature)
-        steered_p.append(result.p_value)
-        steered_flips += result.flips
-    assert min(honest_p) > 1e-3
-    assert steered_flips >= 40 and max(steered_p) < 1e-4  # each of 64 positions only; a group has hundreds
+        honest.append(replayed)
+        steered.append(cheat)
+    calibration, judged = honest[:20], honest[20:]  # the scale is measured on other groups than it judges
+    gaps = np.concatenate([r.gaps for r in calibration])
+    scale = NOISE_SAFETY * noise_of_flips(gaps, sum(int(np.count_nonzero(r.margins < 0)) for r in calibration))
+    # "groups" of two 64-position rows: a group of the demo's shape has hundreds of positions
+    assert min(flip_test(judged[i:i + 2], scale).p_value for i in range(0, 20, 2)) > 1e-3
+    steered_tests = [flip_test(steered[i:i + 2], scale) for i in range(0, 40, 2)]
+    assert sum(t.flips for t in steered_tests) >= 80 and max(t.p_value for t in steered_tests) < FLIP_SUSPECT
 
 
 def test_the_poisson_tail() -> None:

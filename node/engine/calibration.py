@@ -7,7 +7,8 @@ workers or hands cheaters every near tie. The run's authority has honest complet
 on one engine (their claimed log-probabilities and TOPLOC proofs as a worker sends them) judged by
 the other's prefill with replays, and derives (specs/sampling.md section 4):
 
-- ``margin_noise``: the noise level at which the flip test's expectation equals the flips seen
+- ``margin_noise``: the scale (of the flip test's Student-t curve, ``flip_chance``) at which the
+  flip test's expectation equals the flips seen
   (``noise_of_flips``: the honest flip rate, matched on the positions' own gaps), times
   ``NOISE_SAFETY``;
 - ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, at least ``SLACK_SIGMAS``
@@ -36,13 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from intellect_node.crypto.toploc import Thresholds, verify_proofs
 from intellect_node.node.engine.base import PrefillResult
 from intellect_node.protocol.rollouts import CompletionRecord, unpack_logprobs
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
-from intellect_node.protocol.sampling import MAX_SLACK
+from intellect_node.protocol.sampling import MAX_SLACK, flip_chance
 
 NOISE_SAFETY = 1.5
 SLACK_SAFETY = 2.0
@@ -95,14 +95,13 @@ class PairFigures:
 
 
 def noise_of_flips(gaps: np.ndarray, flips: int) -> float:
-    """The ``sigma`` with ``sum(Phi(-gaps / sigma)) == flips`` (bisection; the expectation grows
-    with sigma), 0 when nothing flipped."""
+    """The scale with ``sum(flip_chance(gaps, scale)) == flips`` (bisection; the expectation grows
+    with the scale), 0 when nothing flipped."""
     if flips <= 0 or gaps.size == 0:
         return 0.0
-    finite = torch.from_numpy(np.minimum(gaps, 1e300))
 
     def expected(sigma: float) -> float:
-        return float(torch.special.ndtr(-finite / sigma).sum())
+        return float(flip_chance(gaps, sigma).sum())
 
     low, high = 1e-9, 1.0
     while expected(high) < flips and high < 1e6:

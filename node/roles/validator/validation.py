@@ -40,6 +40,7 @@ from intellect_node.protocol.rollouts import (
 from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_digest
 from intellect_node.protocol.sampling import (
     FLIP_ALPHA,
+    FLIP_SUSPECT,
     Replay,
     TokenReplay,
     first_failure,
@@ -320,10 +321,11 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
         return GroupResult(counter, INCONCLUSIVE, detail=(
             f"past the engine pair's tolerance, within the proof bound: {'; '.join(beyond_tolerance[:3])}"))
     flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
-    if flips.p_value < FLIP_ALPHA:
-        return GroupResult(counter, "sampling", detail=(
+    if flips.p_value < FLIP_SUSPECT:
+        proven = flips.p_value < FLIP_ALPHA
+        return GroupResult(counter, "sampling" if proven else INCONCLUSIVE, detail=(
             f"{flips.flips} tokens are not the sampler's exact choice where the engine pair's noise explains "
-            f"{flips.expected:.3g} (p = {flips.p_value:.2g} < {FLIP_ALPHA:g})"))
+            f"{flips.expected:.3g} (p = {flips.p_value:.2g} < {FLIP_ALPHA if proven else FLIP_SUSPECT:g})"))
     rewards = [float(task_reward(item.task, tokenizer.decode(tokens, skip_special_tokens=True)))
                for tokens in item.completions]
     return GroupResult(counter, None, tuple(rewards), logprobs=tuple(logprobs),
