@@ -1,15 +1,15 @@
 """Sampling cheats under an engine pair as wide as bf16 against fp32 needs (slack 1.2, margin noise
-0.06: what ``bench/cross_engine.py`` calibrates on this CPU): the slack no longer catches a forged
-token by itself, and the flip test must.
+0.03 on the flip test's t2 curve: what ``bench/cross_engine.py`` calibrates on this CPU): the slack
+no longer catches a forged token by itself, and the flip test must.
 
 Greedy and best-of-N completions re-proven honestly on the real checkpoint, batch after batch:
 no forged group is accepted; each is refused as ``sampling`` (a proven cheat) or, when its deepest
 forged token lies between the slack and twice it, set aside as ``inconclusive`` (earns nothing),
-and a cheater who keeps at it is proven a cheat within a few batches. A cooler temperature is the hard case: its changes
-fall on near ties, which bf16 noise also flips; the flip test refuses most such groups and bounds
-the rest by the worker's history, not to zero (measured here: 3 to 6 of 12 forged groups passed,
-7 to 20 steered tokens, against none under the exact fp32 pair). specs/sampling.md section 4 says
-what a depth-weighted test would close.
+and a cheater who keeps at it is proven a cheat within a few batches. A cooler temperature is the
+hard case: its changes fall on near ties, which bf16 noise also flips; most such groups are refused
+or set aside, the rest bounded by the worker's history, not to zero (2026-11-27: at temperature 0.5
+1 of 12 forged groups accepted, 2 proven, 9 inconclusive; at 0.8, 5 of 12 accepted; none under the
+exact fp32 pair). specs/sampling.md section 4 says what a depth-weighted test would close.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from intellect_node.protocol.run_spec import TORCH_TORCH
 from intellect_node.protocol.verdicts import INCONCLUSIVE
 from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, reasons
 
-WIDE = dataclasses.replace(TORCH_TORCH, sampling_slack=1.2, margin_noise=0.06, logprob_atol=2.0,
+WIDE = dataclasses.replace(TORCH_TORCH, sampling_slack=1.2, margin_noise=0.03, logprob_atol=2.0,
                            toploc_max_mant_err_mean=5.0, toploc_max_mant_err_median=3.0)
 
 
