@@ -23,7 +23,7 @@ from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
-from intellect_node.protocol.verdicts import INCONCLUSIVE
+from intellect_node.protocol.verdicts import INCONCLUSIVE, PROVEN_CHEATS
 from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, reasons
 
 WIDE = dataclasses.replace(TORCH_TORCH, sampling_slack=1.2, margin_noise=0.03, logprob_atol=2.0,
@@ -63,11 +63,12 @@ def forged_groups_accepted(world: World, cheat: dict, batches: int = 3) -> tuple
         cheating = regenerated(world, honest, **cheat)
         verdict = world.verify(cheating)
         for group, original, result in zip(cheating.groups, honest.groups, verdict.groups):
-            assert result.reason in (None, "sampling", INCONCLUSIVE), result.detail
+            # a greedy group can repeat one the judge saw before: a copy its own seeds do not replay
+            assert result.reason in (None, "sampling", "duplicate_group", INCONCLUSIVE), result.detail
             if [c.token_ids for c in group.completions] != [c.token_ids for c in original.completions]:
                 forged += 1
                 accepted += result.reason is None
-                proven += result.reason == "sampling"
+                proven += result.reason in PROVEN_CHEATS
     return forged, accepted, proven
 
 
