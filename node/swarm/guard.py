@@ -48,10 +48,6 @@ class SlotPolicy:
     per_peer: int
     per_ip: int
     first_byte_s: float | None
-    # a new stream from a peer whose slots are all held resets that peer's oldest one instead of
-    # being refused: for a protocol whose newest stream is the live one (meshsub opens one per
-    # connection; a peer that reconnected must not be cut off from gossip by its stale streams)
-    newest_wins: bool = False
 
 
 # Per IP is larger than per peer: several honest nodes share an IP behind NAT or on one machine.
@@ -62,8 +58,7 @@ POLICIES: dict[str, SlotPolicy] = {
     # libp2p's kad handler takes at most 12 streams for the node; a peer's lookups rarely need more
     # than a few at once, and per IP the cap leaves kad slots for the rest of the world.
     "/ipfs/kad/1.0.0": SlotPolicy(per_peer=3, per_ip=6, first_byte_s=5.0),
-    # one live reader per peer: the newest (a reconnected peer's stale streams must not cut its gossip)
-    "/meshsub/1.1.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None, newest_wins=True),
+    "/meshsub/1.1.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # one long-lived reader per peer
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
     ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
     DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
@@ -125,7 +120,6 @@ class StreamGuard:
         self.scores = scores
         self.errors: Counter[str] = Counter()  # "protocol: ExceptionType" -> count, for status
         self._held: Counter[tuple[str, str]] = Counter()
-        self._streams: dict[tuple[str, str], list[INetStream]] = {}  # newest_wins: (protocol, peer) -> oldest first
         self._logged: set[tuple[str, str]] = set()
 
     def install(self, host: IHost) -> None:
@@ -157,17 +151,11 @@ class StreamGuard:
                 return
             limits = [(f"peer:{peer}", policy.per_peer)] + ([(f"ip:{ip}", policy.per_ip)] if ip else [])
             taken = [(protocol, key) for key, _ in limits]
-            full = [key for key, cap in limits if self._held[(protocol, key)] >= cap]
-            live = self._streams.setdefault((protocol, peer), []) if policy.newest_wins and peer else None
-            if full == [f"peer:{peer}"] and live:
-                await reset_quietly(live.pop(0))  # its handler ends and frees the slot this stream takes
-            elif full:
+            if any(self._held[(protocol, key)] >= cap for key, cap in limits):
                 self.scores.reject(peer or None, "no_slot", f"{protocol}: all stream slots of this peer or IP held")
                 await reset_quietly(stream)
                 return
             self._held.update(taken)
-            if live is not None:
-                live.append(stream)
             try:
                 await self._contained(protocol, handler)(await self._first_byte(stream, protocol, policy)
                                                          if policy.first_byte_s is not None else stream)
@@ -176,10 +164,6 @@ class StreamGuard:
                 self.scores.reject(peer or None, "timeout", detail)
                 await reset_quietly(stream)
             finally:
-                if live is not None and stream in live:
-                    live.remove(stream)
-                if live is not None and not live:
-                    self._streams.pop((protocol, peer), None)
                 self._held.subtract(taken)
                 for key in taken:
                     if self._held[key] <= 0:
