@@ -58,7 +58,9 @@ POLICIES: dict[str, SlotPolicy] = {
     # libp2p's kad handler takes at most 12 streams for the node; a peer's lookups rarely need more
     # than a few at once, and per IP the cap leaves kad slots for the rest of the world.
     "/ipfs/kad/1.0.0": SlotPolicy(per_peer=3, per_ip=6, first_byte_s=5.0),
-    "/meshsub/1.1.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # one long-lived reader per peer
+    # one live reader per peer, but pubsub opens one per connection, and a reconnected peer's stale
+    # streams can still hold slots: at 2, a trainer's third was refused and its gossip cut (the demo)
+    "/meshsub/1.1.0": SlotPolicy(per_peer=4, per_ip=32, first_byte_s=None),
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
     ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
     DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
