@@ -6,4 +6,5 @@
 - ``doctor``: the checks of ``intellect-node doctor`` (Python, torch, ports, sandbox, ...).
 - ``run``: ``run_node``: identity, hardware, the services for the configured roles, logging and a
   clean stop on SIGINT/SIGTERM.
+- ``task_dump``: on SIGUSR1, every trio task's await stack in the log (a node that stalls silently).
 """

@@ -1,5 +1,5 @@
-"""Running a node as a process: identity, hardware, the role services, logging, and a clean stop on
-SIGINT/SIGTERM."""
+"""Running a node as a process: identity, hardware, the role services, logging, a clean stop on
+SIGINT/SIGTERM, and on SIGUSR1 every task's await stack in the log (``node.app.task_dump``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import trio
 from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
+from intellect_node.node.app.task_dump import dump_on_signal
 from intellect_node.node.swarm.bootstrap import config_line
 from intellect_node.node.swarm.hardware import detect_hardware
 from intellect_node.node.swarm.host import quiet_libp2p_logs
@@ -57,6 +58,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], roles: R
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_signal, nursery.cancel_scope.cancel)
+            nursery.start_soon(dump_on_signal)  # kill -USR1: what every task waits on, in the log
             addrs = await nursery.start(node.run)
             on_ready(addrs)
 
