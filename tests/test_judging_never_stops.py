@@ -119,7 +119,7 @@ def judges_through_hostile_batches(swarm, tmp_path, judge, service: str, model, 
         hostile[name] = key, hostile_batches(built(key))[name]
     outcomes: dict[str, str] = {}
     honest_key = Identity.generate()
-    honest = built(honest_key)
+    honest_envelope = codec.encode(built(honest_key), honest_key, lifetime_s=600)
     flood_key = Identity.generate()
 
     async def attack() -> None:
@@ -140,8 +140,7 @@ def judges_through_hostile_batches(swarm, tmp_path, judge, service: str, model, 
                                                            codec.encode(batch, flood_key, lifetime_s=600), attempts=1)
                 except DeliveryFailed as exc:
                     outcomes[f"flood-{i}"] = str(exc)
-            envelope = codec.encode(honest, honest_key, lifetime_s=600)
-            outcomes["honest"] = await deliver(attacker, judge.peer_id, envelope)
+            outcomes["honest"] = await deliver(attacker, judge.peer_id, honest_envelope)
             nursery.cancel_scope.cancel()
 
     trio.run(attack)
@@ -161,6 +160,16 @@ def judges_through_hostile_batches(swarm, tmp_path, judge, service: str, model, 
     swarm.wait_until(lambda: honest_verdict() is not None, timeout_s=180, poll_s=1)
     verdict = honest_verdict()
     assert verdict is not None and verdict.accepted and not verdict.rejected, verdict
+
+    async def deliver_again() -> None:  # the worker's "stored" answer was lost: the same envelope again
+        async with trio.open_nursery() as nursery:
+            attacker = make_node(tmp_path, "attacker", RUN, bootstrap=[judge.addr])
+            await nursery.start(attacker.run)
+            outcomes["honest_again"] = await deliver(attacker, judge.peer_id, honest_envelope)
+            nursery.cancel_scope.cancel()
+
+    trio.run(deliver_again)
+    assert outcomes["honest_again"] == "duplicate"  # judged once: its counters never read as replayed
     status = verification()
     assert status["failed_batches"] == 0, status  # nothing above made the judge raise
     rejected = status["rejected_groups"]

@@ -51,6 +51,22 @@ async def test_batch_is_stored_durably_once_and_retries_are_duplicates(pair):
     assert codec.decode(RolloutInbox(inbox.directory).load(stored[0]), RolloutBatch).message.run_id == RUN
 
 
+async def test_a_batch_delivered_again_after_its_judge_recorded_it_is_a_duplicate(pair):
+    """A worker whose ``stored`` answer was lost delivers again, maybe after the judge has judged
+    the batch and removed it from the inbox: it must not be stored (and judged) a second time."""
+    receiver, worker, identity, inbox, stored = pair
+    recorded: set[str] = set()
+    inbox.judged = recorded.__contains__
+    envelope = signed_batch(identity)
+    assert await deliver(worker, receiver.peer_id, envelope) == "stored"
+    recorded.add(stored[0])  # the judge records its verdict, then removes the batch
+    inbox.remove(stored[0])
+    assert await deliver(worker, receiver.peer_id, envelope) == "duplicate"
+    assert len(stored) == 1 and inbox.pending() == []
+    other = signed_batch(identity, policy_step=1)  # another batch of the same worker is still new
+    assert await deliver(worker, receiver.peer_id, other) == "stored"
+
+
 async def test_invalid_batches_are_refused_with_their_reason_and_charged(pair):
     receiver, worker, identity, inbox, _ = pair
     with pytest.raises(DeliveryFailed, match="invalid_value"):

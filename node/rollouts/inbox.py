@@ -10,6 +10,11 @@ floods it with batches that can never be judged (counter gaps, checkpoints that 
 fill only its own share. A batch over a bound is refused before it is written (``InboxFull``), and
 the worker is told to come back later. The receiver and the judge of one node share one inbox
 object per directory (``shared_inbox``), so both see the same accounting.
+
+Delivery is idempotent: the same envelope again is not stored, whether it still waits here or its
+judge has recorded it already (``judged``, set by the judge). A worker whose ``stored`` answer was
+lost on the way delivers again; judged a second time, its counters would read as replayed, a
+proven cheat, and the honest worker would be banned.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +72,9 @@ class RolloutInbox:
         self._batches: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
         self._total_bytes = 0
+        # the judge's "already recorded" test for a digest; it records a batch before removing it
+        # from here, so a digest is at every moment either held or judged (checked in that order)
+        self.judged: Callable[[str], bool] = lambda digest: False
         found = sorted(directory.glob(f"*{SUFFIX}"), key=lambda p: (p.stat().st_mtime, p.name))
         for path in found:
             try:
@@ -108,13 +117,13 @@ class RolloutInbox:
             raise InboxFull(f"{self.total_bytes()} bytes wait, at most {limits.total_bytes}")
 
     def store(self, envelope: bytes) -> tuple[str, bool]:
-        """Write ``envelope`` durably; returns (digest, True) if new, (digest, False) if already held.
-        ``InboxFull`` when it would pass a bound (nothing is written then)."""
+        """Write ``envelope`` durably; returns (digest, True) if new, (digest, False) if already held
+        or already judged. ``InboxFull`` when it would pass a bound (nothing is written then)."""
         digest = hashlib.sha256(envelope).hexdigest()
         final = self._path(digest)
         worker = envelope_signer(envelope)
         with self._lock:  # room is taken before the write, so two stores cannot both pass a bound
-            if digest in self._held:
+            if digest in self._held or self.judged(digest):
                 return digest, False
             self._check_room(worker, len(envelope))
             self._account(digest, worker, len(envelope))

@@ -161,6 +161,7 @@ class ValidatorService:
         self.verdict_dir = node.config.layout.verdicts
         self.verdict_dir.mkdir(parents=True, exist_ok=True)
         self.quarantine_dir = node.config.layout.quarantine
+        self.inbox.judged = self._judged  # a batch delivered again after its verdict is a duplicate
         self._waiting: dict[str, WaitingBatch] = {}  # decoded once, judged later (deferred)
         self.dropped: Counter[str] = Counter()  # batches dropped unjudged: banned worker, expired
         self.failed_batches = 0  # judging raised: the batch is quarantined, its worker charged
@@ -426,6 +427,11 @@ class ValidatorService:
                      self.options.verdict_wait_s)
         self._waiting_since.pop(digest, None)
         return agreed if isinstance(agreed, Verdict) else False
+
+    def _judged(self, digest: str) -> bool:
+        """Whether this node recorded ``digest`` (judged, passed over or adopted) or quarantined it;
+        called by the inbox before it stores a delivery (``digest`` is a checked sha256 hex)."""
+        return (self.verdict_dir / f"{digest}.json").exists() or (self.quarantine_dir / f"{digest}.batch").exists()
 
     def _own_accepted(self, digest: str) -> set[int] | None:
         """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
