@@ -124,8 +124,12 @@ def forged(tmp_path, run_id: str) -> CheckpointManifest:
 async def test_corrupt_and_stalling_peers_and_a_forged_manifest(tmp_path):
     run = "shards-hostile"
     shard = 1 * MIB
+    # paced uploads (4 MiB/s per peer): the honest fetch lasts seconds, so every fetcher's have
+    # streams reach both liars before it ends; unpaced over loopback it could end first on a busy
+    # machine, and a staller nobody asked is never cut
     swarm = ShardSwarm(tmp_path, run, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard),
-                                        "INTELLECT_NODE_SHARDS_STALL_S": "2"})
+                                        "INTELLECT_NODE_SHARDS_STALL_S": "2",
+                                        "INTELLECT_NODE_SHARDS_PEER_RATE_MIB_S": "4"})
     mib = 24
     try:
         origin = swarm.start_origin()
