@@ -22,6 +22,7 @@ from intellect_node.node.app.config import NodeConfig, load_config
 from intellect_node.node.app.join import JoinFlags, role_options
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError
+from intellect_node.protocol.run_spec import DILOCO_COMPRESSIONS, DILOCO_DEFAULT_COMPRESSION
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Peer-to-peer node for decentralized RL (INTELLECT-2 style) and DiLoCo.")
@@ -103,10 +104,14 @@ def diloco_spec(
         "--out", help="Where to write the signed spec ([diloco] run_spec of every node)", dir_okay=False)],
     days: Annotated[float, typer.Option(
         "--days", help="Validity in days (at most 7: re-sign for longer runs)", min=0.001, max=7.0)] = 7.0,
+    compression: Annotated[str, typer.Option(
+        "--compression", help=f"The grid every member averages on (every node's compression): "
+        f"{', '.join(DILOCO_COMPRESSIONS)}")] = DILOCO_DEFAULT_COMPRESSION,
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None,
 ) -> None:
-    """Sign the DiLoCo run spec (its allowlist) with this node's key, the run's owner: every node
-    sets [diloco] run_spec to the file and [diloco] authority to the peer id printed here."""
+    """Sign the DiLoCo run spec (its allowlist and compression) with this node's key, the run's
+    owner: every node sets [diloco] run_spec to the file and [diloco] authority to the peer id
+    printed here."""
     from intellect_node.crypto.identity import IdentityError, load_or_create_identity
     from intellect_node.node.diloco.run_spec import sign_run_spec
     from intellect_node.node.home.durable import write_durably
@@ -115,12 +120,13 @@ def diloco_spec(
     cfg = _config(home=home, config=config, run_id=run_id)
     try:
         identity, _ = load_or_create_identity(cfg.layout.identity_key)
-        envelope = sign_run_spec(identity, cfg.run_id, tuple(allow), days * 86400.0)
+        envelope = sign_run_spec(identity, cfg.run_id, tuple(allow), days * 86400.0, compression=compression)
     except (IdentityError, Rejected, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     write_durably(out, envelope)
-    err.print(f"signed the DiLoCo run spec of run {cfg.run_id!r} ({len(set(allow))} peers) into {out}; authority:")
+    err.print(f"signed the DiLoCo run spec of run {cfg.run_id!r} ({len(set(allow))} peers, {compression}) into {out}; "
+              "authority:")
     print(identity.peer_id)
 
 

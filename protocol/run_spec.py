@@ -6,9 +6,10 @@ and the checks every node applies.
 ``max_tokens``, its engine and therefore its tolerances) would let the claimant choose how it is
 judged. The run's authority (the trainer's key) signs one RunSpec; every node verifies it against
 the authority it is configured with, and a batch must match it exactly. ``DilocoRunSpec`` (a
-DiLoCo run): the node peer ids admitted to its rounds, so the allowlist is the owner's signed word
-rather than each node's config. Both go through the same signer binding (``AuthoritySigned``) and
-the same loading check (``load_signed_spec``). specs/run_spec.md is normative.
+DiLoCo run): the node peer ids admitted to its rounds and the compression they average with, so
+both are the owner's signed word rather than each node's config. Both go through the same signer
+binding (``AuthoritySigned``) and the same loading check (``load_signed_spec``).
+specs/run_spec.md is normative.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Re
 S = TypeVar("S", "RunSpec", "DilocoRunSpec")
 
 ENGINES = frozenset({"torch", "vllm"})
+# The compressions a DiLoCo run may average with, by wire name (specs/diloco.md section 4): the
+# dense grids, then sparse top-k (k values kept per chunk). The one list: node/diloco/grid.py builds
+# its tables from it and refuses to load if they differ, so a spec never names a grid nodes lack.
+DILOCO_COMPRESSIONS = ("int4", "int8", "fp16", "int16", "topk16", "topk32", "topk64", "topk128", "topk256")
+# What a node averages with unless told otherwise ([diloco] compression), and what
+# `intellect-node diloco-spec` signs unless its owner chooses: one value, so the two agree.
+DILOCO_DEFAULT_COMPRESSION = "int8"
 TASK_SET_DOMAIN = b"intellect-node/run-spec/task-set/v1"
 
 
@@ -102,7 +110,8 @@ class RunSpec(AuthoritySigned, Message):
 @dataclass(frozen=True)
 class DilocoRunSpec(AuthoritySigned, Message):
     """Who may take part in a DiLoCo run's rounds (specs/diloco.md section 8): node peer ids, each
-    of which signs its membership of every round with its own key."""
+    of which signs its membership of every round with its own key; and the grid they average on
+    (section 4), one for the whole run, since members on different grids never share a round."""
 
     TYPE: ClassVar[str] = "diloco_run_spec"
     MAX_SIZE: ClassVar[int] = 256 * 1024  # 4096 peer ids of about 52 characters, and the envelope
@@ -111,6 +120,7 @@ class DilocoRunSpec(AuthoritySigned, Message):
     run_id: str = wire(Str(64, pattern=RUN_ID_PATTERN))
     authority: str = wire(Str(64, pattern=PEER_ID_PATTERN))  # the run's owner; must be the signer
     allowlist: tuple[str, ...] = wire(ListOf(Str(64, pattern=PEER_ID_PATTERN), max_items=4096, unique=True))
+    compression: str = wire(Str(16, choices=frozenset(DILOCO_COMPRESSIONS)))  # every member's grid
 
     def check(self, path: str) -> None:
         if not self.allowlist:

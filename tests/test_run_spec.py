@@ -65,7 +65,8 @@ def test_a_spec_its_nodes_would_refuse_is_not_signed() -> None:
     with pytest.raises(SignerMismatch):
         sign_spec(dataclasses.replace(spec(), authority=Identity.generate().peer_id), AUTHORITY, lifetime_s=3600)
     with pytest.raises(InvalidValue, match="allowlist"):
-        sign_spec(DilocoRunSpec(run_id="spec-run", authority=AUTHORITY.peer_id, allowlist=()), AUTHORITY, 3600)
+        sign_spec(DilocoRunSpec(run_id="spec-run", authority=AUTHORITY.peer_id, allowlist=(), compression="int8"),
+                  AUTHORITY, 3600)
 
 
 def test_an_oversized_file_is_refused_before_decoding(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, p
 from intellect_node.node.diloco.grid import levels_for, sparse_k
 from intellect_node.node.metagene.presets import PRESETS, Preset
 from intellect_node.protocol.messages import PEER_ID_PATTERN
+from intellect_node.protocol.run_spec import DILOCO_DEFAULT_COMPRESSION
 
 # A Llama-shaped model small enough for a CPU round in seconds (the generated corpus has 256 tokens).
 TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, context=128, vocab=256)
@@ -26,7 +27,7 @@ class DilocoSettings:
     betas: tuple[float, float] = (0.9, 0.95)
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    compression: str = "int8"  # dense int4/int8/fp16/int16, or sparse topk<k> (2-bit codes, k per chunk)
+    compression: str = DILOCO_DEFAULT_COMPRESSION  # dense int4/int8/fp16/int16, or sparse topk<k> (2-bit, k/chunk)
     error_feedback: bool = True
     overlap: bool = False  # one-round-delayed outer step; off: better per token, on for slow links (specs/diloco.md 1)
     round_timeout_s: float = 60.0
@@ -40,7 +41,7 @@ class DilocoSettings:
     rounds: int = 0  # 0: until stopped
     initial_peers: tuple[str, ...] = ()
     allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone
-    run_spec: str = ""  # a signed diloco_run_spec file: its allowlist is the run's (node/diloco/run_spec.py)
+    run_spec: str = ""  # a signed diloco_run_spec file: its allowlist and compression are the run's (run_spec.py)
     authority: str = ""  # the peer id whose signature the run spec must carry (the run's owner)
     host: str = "127.0.0.1"
     port: int = 0
