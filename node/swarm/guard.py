@@ -62,7 +62,9 @@ POLICIES: dict[str, SlotPolicy] = {
     # streams can still hold slots: at 2, a trainer's third was refused and its gossip cut (the demo)
     "/meshsub/1.1.0": SlotPolicy(per_peer=4, per_ip=32, first_byte_s=None),
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
-    ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=1, per_ip=8, first_byte_s=5.0),
+    # two: a worker's outbox offers a waiting batch again while its next batch or commitment is on
+    # the way (at 1 the second stream was closed unanswered and retried with back-off)
+    ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=8, first_byte_s=5.0),
     DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
     # A hop stream lives as long as its circuit; the relay's own reservation limit bounds the rest.
     HOP_PROTOCOL: SlotPolicy(per_peer=4, per_ip=16, first_byte_s=5.0),
