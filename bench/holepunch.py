@@ -466,7 +466,7 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--pairs", type=int, default=3, help=f"pairs at once (1-{MAX_HOSTS // 2})")
     parser.add_argument("--bound-s", type=float, default=None,
-                        help="after the relayed connection, how long to wait for a direct one (default 40; 25 quick)")
+                        help="after the relayed connection, how long to wait for a direct one (default 40; 20 quick)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the nodes' homes and logs in this folder")
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -475,7 +475,7 @@ def main() -> None:
         sys.exit(2)
     kinds = [KINDS[name] for name in args.kinds.split(",")]
     tries = args.tries or (1 if args.quick else 10)
-    bound_s = args.bound_s or (25.0 if args.quick else 40.0)
+    bound_s = args.bound_s or (20.0 if args.quick else 40.0)
     pairs = max(1, min(args.pairs, MAX_HOSTS // 2))
     for kind in kinds:
         print(f"{kind.name}: {kind.what}; allows punching here: {'yes' if kind.allows else 'no'}")
