@@ -32,6 +32,10 @@ The NAT kinds (every router masquerades the home's private address out of its WA
 | `eim-drop` | endpoint-independent (MASQUERADE keeps the source port when free) | dropped | yes |
 | `eim-reset` | endpoint-independent | answered with a TCP reset (`REJECT ... tcp-reset`) | no, at zero link delay |
 | `symmetric` | address-and-port-dependent (`MASQUERADE --random-fully`: a new port per connection) | dropped | no |
+| `drop+reset` | one home's router `eim-drop`, the other's `eim-reset` | | yes |
+| `drop+symmetric` | one home's router `eim-drop`, the other's `symmetric` | | no |
+
+The default run has the first three; the mixed pairs are for `--kinds`.
 
 `eim-reset` has the mapping punching needs, but the first SYN to reach the other router before
 that router's own SYN left is reset, which fails the dial and, passing back, deletes the mapping
@@ -44,7 +48,10 @@ to answer an unsolicited SYN for 6 s for this reason. It is measured and reporte
 of the headline, whose share is over the kinds marked "yes"; the share over every
 endpoint-independent try (reset included) is printed on the line before it. `symmetric` defeats
 TCP punching without port prediction: the peer dials the port the home listens on, the router
-sends the home's SYN from another.
+sends the home's SYN from another; one such router in a pair is enough. In `drop+reset` the
+dropping router keeps the punch alive: the SYN it drops leaves the other side's mapping open, and
+its own home, whose first SYN may have been reset, dials again (the swarm retries a refused dial
+after 0.1-0.4 s) into that mapping.
 
 The last line: `holepunch: ours=<direct share on the kinds that allow punching> peer=0.90
 ratio=<ours/0.90> target=0.90 ok|short`.
@@ -94,12 +101,16 @@ TELLING = ("Successfully established", "Failed to establish", "Failed to open TC
 
 # --- NAT kinds -------------------------------------------------------------------------------------------
 
+Router = Callable[[SmallInternet, str], None]  # turns one of SmallInternet's routers into a kind
+
+
 @dataclass(frozen=True)
 class NatKind:
     name: str
     allows: bool  # does this kind allow a TCP hole punch in these namespaces
     what: str
-    apply: Callable[[SmallInternet, str], None]  # turns SmallInternet's router into this kind
+    sides: tuple[Router, Router]  # the first home's router, the second's
+    eim: bool = True  # both mappings endpoint-independent
 
 
 def _as_built(net: SmallInternet, router: str) -> None:
@@ -123,12 +134,17 @@ def _random_ports(net: SmallInternet, router: str) -> None:
 
 
 KINDS = {kind.name: kind for kind in (
-    NatKind("eim-drop", True, "endpoint-independent mapping, unsolicited inbound dropped", _as_built),
+    NatKind("eim-drop", True, "endpoint-independent mapping, unsolicited inbound dropped", (_as_built, _as_built)),
     NatKind("eim-reset", False, "endpoint-independent mapping, unsolicited inbound SYN answered with a reset",
-            _reset_unsolicited),
+            (_reset_unsolicited, _reset_unsolicited)),
     NatKind("symmetric", False, "a new random port per connection (MASQUERADE --random-fully), inbound dropped",
-            _random_ports),
+            (_random_ports, _random_ports), eim=False),
+    NatKind("drop+reset", True, "one home's router as eim-drop, the other's as eim-reset",
+            (_as_built, _reset_unsolicited)),
+    NatKind("drop+symmetric", False, "one home's router as eim-drop, the other's as symmetric",
+            (_as_built, _random_ports), eim=False),
 )}
+DEFAULT_KINDS = ("eim-drop", "eim-reset", "symmetric")
 
 
 def _count_from(net: SmallInternet, router: str, peer_wan: str) -> None:
@@ -388,8 +404,8 @@ def run_round(tries: list[Try], bound_s: float, logs: Path | None) -> None:
             _homes_root(logs) as root:
         for attempt in tries:
             a, b = attempt.slot.homes
-            for n, m in ((a, b), (b, a)):
-                attempt.kind.apply(net, net.name(f"nat{n}"))
+            for (n, m), side in zip(((a, b), (b, a)), attempt.kind.sides, strict=True):
+                side(net, net.name(f"nat{n}"))
                 _count_from(net, net.name(f"nat{n}"), wan_ip(m))
         try:
             with ThreadPoolExecutor(len(tries)) as pool:
@@ -425,7 +441,7 @@ def _span(seconds: list[float]) -> str:
 
 def summarize(done: list[Try], kinds: list[NatKind]) -> None:
     """Per kind: outcomes, time to direct, the reasons of every try that was not direct; the headline."""
-    print("\nkind        allows  direct  relayed-only  failed  to direct (s): from start | from relayed, "
+    print("\nkind           allows  direct  relayed-only  failed  to direct (s): from start | from relayed, "
           "median [min-max]  reasons")
     for kind in kinds:
         mine = [t for t in done if t.kind is kind]
@@ -434,14 +450,14 @@ def summarize(done: list[Try], kinds: list[NatKind]) -> None:
                      for t in mine if t.outcome == "direct" and t.direct_at is not None]
         spans = [_span([start for start, _ in to_direct]), _span([relayed for _, relayed in to_direct])]
         reasons = dict(Counter(t.reason for t in mine if t.reason))
-        print(f"{kind.name:<11} {'yes' if kind.allows else 'no':<7} {outcome['direct']:>3}/{len(mine):<3} "
+        print(f"{kind.name:<14} {'yes' if kind.allows else 'no':<7} {outcome['direct']:>3}/{len(mine):<3} "
               f"{outcome['relayed-only']:>6}/{len(mine):<6} {outcome['failed']:>3}/{len(mine):<3} "
               f"{' | '.join(spans):<44} {reasons or ''}")
     unexplained = [t.number for t in done if t.reason == "unexplained"]
     print(f"tries not direct: {sum(t.outcome != 'direct' for t in done)}, unexplained: {unexplained or 'none'}")
-    eim = [t for t in done if t.kind.name.startswith("eim-")]
+    eim = [t for t in done if t.kind.eim]
     if eim:
-        print(f"direct share over every endpoint-independent try (reset kind included): "
+        print(f"direct share over every try with endpoint-independent mappings (reset routers included): "
               f"{sum(t.outcome == 'direct' for t in eim) / len(eim):.2f} of {len(eim)}")
     allowing = [t for t in done if t.kind.allows]
     if not allowing:
@@ -463,7 +479,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 try per kind, all at once (under a minute)")
     parser.add_argument("--tries", type=int, default=None, help="tries per kind (default 10; 1 with --quick)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--pairs", type=int, default=3, help=f"pairs at once (1-{MAX_HOSTS // 2})")
     parser.add_argument("--bound-s", type=float, default=None,
                         help="after the relayed connection, how long to wait for a direct one (default 40; 20 quick)")
