@@ -24,7 +24,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   the state server's (``/http/diloco-state``).
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;
   the allowlist check.
-- ``run_spec``: the allowlist and the compression from the run owner's signed ``diloco_run_spec`` (``[diloco] run_spec``).
+- ``run_spec``: the allowlist and the compression from the run owner's signed ``diloco_run_spec``
+  (``[diloco] run_spec``).
 - ``commit``: the commit step of an all-reduce attempt: applied only when every member says its
   side completed (hivemind's all-reduce can complete on one member and fail on another).
 - ``exact_averager``: the ``DecentralizedAverager`` subclass that quantizes onto the group's grid,
