@@ -21,12 +21,24 @@ keeps up with training.
    arithmetic the averager child applies, without hivemind): learning is measured here,
    transport in bench/diloco.py.
 
-    .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all]
+   Knobs of the learning part (defaults: 20 rounds of H 20, ``DilocoSettings``' inner lr 4e-4 and outer
+   Nesterov lr 0.7 momentum 0.9, no warm-up; ``--quick``: 4 rounds of H 10 on 600 reads per organism):
+   ``--rounds``, ``--H``, ``--inner-lr`` (the one peer's AdamW uses the same lr), ``--outer-lr``,
+   ``--outer-momentum`` (0: plain averaging at ``--outer-lr``), ``--warmup-steps`` (θ0 is first trained
+   that many one-peer AdamW steps on warm-up draws, rounds from ``WARMUP_ROUND`` under a key no peer
+   has, and both arms start from that model, as DiLoCo starts from a pretrained checkpoint), and
+   ``--long`` (the ``LONG`` preset of them, the regime bench/RESULTS.md found; fits 30 minutes on 2
+   shared cores); an explicit option overrides the preset.
+
+    .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
+        [--rounds N] [--H N] [--inner-lr X] [--outer-lr X] [--outer-momentum X] [--warmup-steps N]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
-over Biopython SeqIO) and ``metagene_learning: ours=<ppl> peer=<ppl> ratio=<x> target=1.1 ok|short``
-(held-out perplexity of 4-peer DiLoCo over the one peer's; ok when within the target). The last
-line is the headline of the last part run (``all``: learning).
+over Biopython SeqIO), ``metagene_learning_quarter: ours=<ppl> peer=<ppl> ratio=<x> target=0.85 ok|short``
+(4-peer DiLoCo over one peer on a quarter of the tokens, as many sequential steps; printed first)
+and ``metagene_learning: ours=<ppl> peer=<ppl> ratio=<x> target=1.1 ok|short`` (held-out perplexity
+of 4-peer DiLoCo over the one peer's on the same tokens; ok when within the target). The last line
+is the headline of the last part run (``all``: learning, against all the tokens).
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TARGET = 5.0
 LEARNING_TARGET = 1.1  # DiLoCo's held-out perplexity at most 10% above the one peer's, same tokens
+QUARTER_TARGET = 0.85  # ... and at most 0.85x one peer's on a quarter of them (as many sequential steps)
 
 
 def write_fastq(path: Path, reads: int, length: int = 150, seed: int = 0) -> None:
@@ -198,92 +212,180 @@ class LoopbackMember:
         return Averaged(round_, self.group.size, shared, sums, hashes, 0.0, 0)
 
 
+@dataclass(frozen=True)
+class LearningConfig:
+    """The knobs of part 4: rounds of H inner steps, the inner and outer optimizers, the warm-up."""
+
+    rounds: int
+    H: int
+    inner_lr: float
+    outer_lr: float
+    outer_momentum: float
+    warmup_steps: int  # one-peer AdamW steps from the seed's model before both arms start (0: none)
+    reads_per_organism: int
+    eval_reads_per_organism: int
+
+
+# --long: fits in 30 minutes on 2 shared cores (bench/RESULTS.md, "DiLoCo's regime on METAGENE", 2026-11-27)
+LONG = {"rounds": 60, "H": 20, "inner_lr": 2e-3, "outer_lr": 1.0, "outer_momentum": 0.0, "warmup_steps": 0}
+WARMUP_ROUND = 1_000_000  # warm-up draws use rounds from here on, under a key no peer has: not the arms' batches
+WARMUP_KEY = 0
+
+
+def learning_config(args: argparse.Namespace) -> LearningConfig:
+    """Defaults (``--quick``: 4 rounds of H 10 on 600 reads per organism; ``--long``: ``LONG``), then the options."""
+    from intellect_node.node.diloco.settings import DilocoSettings
+
+    d = DilocoSettings()
+    base: dict[str, Any] = {"rounds": 20, "H": 20, "inner_lr": d.inner_lr, "outer_lr": d.outer_lr,
+                            "outer_momentum": d.outer_momentum, "warmup_steps": 0}
+    if args.quick:
+        base |= {"rounds": 4, "H": 10}
+    if args.long:
+        base |= LONG
+    for name in base:
+        if getattr(args, name, None) is not None:
+            base[name] = getattr(args, name)
+    return LearningConfig(**base, reads_per_organism=600 if args.quick else 2000,
+                          eval_reads_per_organism=60 if args.quick else 100)
+
+
+def theta0(settings: Any, data: Any, steps: int) -> dict[str, Any]:
+    """The seed's model, trained ``steps`` AdamW steps at the inner lr on warm-up draws (``WARMUP_ROUND``,
+    ``WARMUP_KEY``): both arms start from these weights, as DiLoCo starts from a pretrained checkpoint."""
+    from intellect_node.node.metagene.pretrain import train_step
+    from intellect_node.node.metagene.recipe import make_optimizer
+
+    model = build_preset_model(settings)
+    recipe = inner_recipe(settings)
+    optimizer = make_optimizer(model, recipe)
+    model.train()
+    for step in range(steps):
+        train_step(model, optimizer, data.draw(WARMUP_ROUND + step // settings.H, WARMUP_KEY, step % settings.H),
+                   recipe, step)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def build_preset_model(settings: Any, weights: dict[str, Any] | None = None) -> Any:
+    """The run's preset model at the seed's initialisation, or with ``weights``."""
+    from intellect_node.node.metagene.presets import build_model
+
+    model = build_model(settings.preset, settings.seed)
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model
+
+
+def inner_recipe(settings: Any) -> Any:
+    """DilocoPeer's inner optimizer: constant-lr AdamW (node/diloco/peer.py)."""
+    from intellect_node.node.metagene.recipe import Recipe
+
+    return Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
+                  weight_decay=settings.weight_decay, betas=settings.betas)
+
+
+def run_diloco(settings: Any, data: Any, weights: dict[str, Any], peers: int,
+               rounds: int) -> tuple[Any, list[int], int, float]:
+    """``peers`` DilocoPeers from ``weights`` for ``rounds`` rounds; (model, the peers' keys, tokens, seconds)."""
+    from intellect_node.crypto.identity import Identity
+    from intellect_node.node.diloco.peer import DilocoPeer
+
+    group = LoopbackGroup(peers, settings.levels)
+    members = [DilocoPeer(build_preset_model(settings, weights), settings, group.member(str(i)), data,
+                          Identity.from_seed(bytes([i + 1]) * 32)) for i in range(peers)]
+    started = time.perf_counter()
+    for _ in range(rounds):
+        threads = [threading.Thread(target=m.run_round) for m in members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    seconds = time.perf_counter() - started
+    assert len({m.state.params.sum().item() for m in members}) == 1, "the peers' global states differ"
+    return members[0].model, [m.key for m in members], sum(m.tokens for m in members), seconds
+
+
+def one_peer(settings: Any, data: Any, weights: dict[str, Any], keys: list[int], rounds: int) -> tuple[Any, int, float]:
+    """Plain AdamW (the inner optimizer) from ``weights`` on the batches the peers of ``keys`` drew, step by step
+    in turn; (model, tokens, seconds)."""
+    from intellect_node.node.metagene.pretrain import train_step
+    from intellect_node.node.metagene.recipe import make_optimizer
+
+    model = build_preset_model(settings, weights)
+    recipe = inner_recipe(settings)
+    optimizer = make_optimizer(model, recipe)
+    model.train()
+    started, tokens, step = time.perf_counter(), 0, 0
+    for round_ in range(rounds):
+        for inner in range(settings.H):
+            for key in keys:
+                tokens += train_step(model, optimizer, data.draw(round_, key, inner), recipe, step)["tokens"]
+                step += 1
+    return model, tokens, time.perf_counter() - started
+
+
+def headline(name: str, ours: float, peer: float, target: float) -> str:
+    """The project's headline: ok when ours is at most ``target`` times the peer's perplexity."""
+    ratio = ours / peer
+    return (f"{name}: ours={ours:.3f} peer={peer:.3f} ratio={ratio:.3f} target={target:g} "
+            f"{'ok' if ratio <= target else 'short'}")
+
+
 def learning(args: argparse.Namespace) -> str:
-    """Part 4; returns the headline."""
+    """Part 4; prints the table and the headline against one peer on a quarter of the tokens; returns the
+    headline against one peer on all of them."""
     import torch
 
-    from intellect_node.crypto.identity import Identity
     from intellect_node.node.demo.metagene import MetageneDemoOptions, eval_metrics, prepare_data
-    from intellect_node.node.diloco.peer import DilocoPeer
     from intellect_node.node.diloco.settings import DilocoSettings
     from intellect_node.node.metagene.evaluate import evaluate
-    from intellect_node.node.metagene.presets import build_model, get_preset
-    from intellect_node.node.metagene.pretrain import train_step
-    from intellect_node.node.metagene.recipe import Recipe, make_optimizer
 
     torch.set_num_threads(1)
+    cfg = learning_config(args)
     peers, seq_len = 4, 128
-    rounds, H = (4, 10) if args.quick else (20, 20)
-    options = MetageneDemoOptions(reads_per_organism=600 if args.quick else 2000,
-                                  eval_reads_per_organism=60 if args.quick else 100)
+    options = MetageneDemoOptions(reads_per_organism=cfg.reads_per_organism,
+                                  eval_reads_per_organism=cfg.eval_reads_per_organism)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         store, tokenizer, eval_reads = prepare_data(options, Path(tmp))
-        settings = DilocoSettings(H=H, batch=options.batch, model=options.preset, seed=options.seed,
+        settings = DilocoSettings(H=cfg.H, batch=options.batch, model=options.preset, seed=options.seed,
+                                  inner_lr=cfg.inner_lr, outer_lr=cfg.outer_lr, outer_momentum=cfg.outer_momentum,
                                   data=f"metagene:store={store},seq_len={seq_len}")
         data = settings.open_data()
         print(f"learning: {options.organisms} organisms, {len(data.store):,} training reads, "
-              f"{len(eval_reads)} held-out reads, "
-              f"preset {options.preset}, {seq_len}-token rows; {peers} DiLoCo peers x {rounds} rounds x H {H} x "
-              f"{options.batch} reads vs one peer on the same batches "
-              f"(data ready in {time.perf_counter() - started:.0f} s)")
+              f"{len(eval_reads)} held-out reads, preset {options.preset}, {seq_len}-token rows; {peers} DiLoCo "
+              f"peers x {cfg.rounds} rounds x H {cfg.H} x {options.batch} reads vs one peer on the same batches "
+              f"(data ready in {time.perf_counter() - started:.0f} s); inner AdamW lr {cfg.inner_lr:g} (the one "
+              f"peer's too), outer Nesterov lr {cfg.outer_lr:g} momentum {cfg.outer_momentum:g}, "
+              f"{cfg.warmup_steps} warm-up steps", flush=True)
 
         def scored(model: torch.nn.Module) -> dict[str, Any]:
             model.eval()
             return eval_metrics(evaluate(model, tokenizer, eval_reads, seq_len))
 
-        before = scored(build_model(get_preset(options.preset), options.seed))
-        identities = [Identity.from_seed(bytes([i + 1]) * 32) for i in range(peers)]
-        group = LoopbackGroup(peers, settings.levels)
-        members = [DilocoPeer(build_model(settings.preset, options.seed), settings, group.member(str(i)), data,
-                              identity)
-                   for i, identity in enumerate(identities)]
         started = time.perf_counter()
-        for _ in range(rounds):
-            threads = [threading.Thread(target=m.run_round) for m in members]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        diloco_s = time.perf_counter() - started
-        assert len({m.state.params.sum().item() for m in members}) == 1, "the peers' global states differ"
-        diloco_tokens = sum(m.tokens for m in members)
-        ours = scored(members[0].model)
-
-        recipe = Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
-                        weight_decay=settings.weight_decay, betas=settings.betas)  # DilocoPeer's inner optimizer
-
-        def one_peer(keys: list[int]) -> tuple[dict[str, Any], int, float]:
-            """Plain AdamW from theta0 on the batches the peers of ``keys`` drew, step by step in turn."""
-            model = build_model(settings.preset, options.seed)
-            optimizer = make_optimizer(model, recipe)
-            model.train()
-            started, tokens, step = time.perf_counter(), 0, 0
-            for round_ in range(rounds):
-                for inner in range(H):
-                    for key in keys:
-                        tokens += train_step(model, optimizer, data.draw(round_, key, inner), recipe, step)["tokens"]
-                        step += 1
-            seconds = time.perf_counter() - started
-            return scored(model), tokens, seconds
-
-        peer, single_tokens, single_s = one_peer([m.key for m in members])
-        alone, alone_tokens, alone_s = one_peer([members[0].key])
+        weights = theta0(settings, data, cfg.warmup_steps)
+        warm_s = time.perf_counter() - started
+        before = scored(build_preset_model(settings, weights))
+        model, keys, diloco_tokens, diloco_s = run_diloco(settings, data, weights, peers, cfg.rounds)
+        ours = scored(model)
+        model, single_tokens, single_s = one_peer(settings, data, weights, keys, cfg.rounds)
+        peer = scored(model)
+        model, alone_tokens, alone_s = one_peer(settings, data, weights, keys[:1], cfg.rounds)
+        alone = scored(model)
 
     print(f"  {'':28} {'perplexity':>10} {'bits/bp':>8} {'probe MCC':>9} {'4-mer MCC':>9} {'tokens':>9} {'train s':>7}")
-    for name, m, tokens, seconds in (("before training (theta0)", before, 0, 0.0),
+    start_name = f"theta0 ({cfg.warmup_steps} warm-up steps)" if cfg.warmup_steps else "before training (theta0)"
+    for name, m, tokens, seconds in ((start_name, before, 0, warm_s),
                                      (f"DiLoCo, {peers} peers", ours, diloco_tokens, diloco_s),
                                      ("one peer, same batches", peer, single_tokens, single_s),
                                      ("one peer, a quarter of them", alone, alone_tokens, alone_s)):
         print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} "
-              f"{m['kmer_mcc']:>9.3f} "
-              f"{tokens:>9,} {seconds:>7.1f}")
+              f"{m['kmer_mcc']:>9.3f} {tokens:>9,} {seconds:>7.1f}")
     print("  per organism (DiLoCo / one peer): " + ", ".join(
         f"{k} {v:.3f}/{peer['perplexity_per_organism'][k]:.3f}" for k, v in ours["perplexity_per_organism"].items()))
-    ratio = ours["perplexity"] / peer["perplexity"]
-    verdict = "ok" if ratio <= LEARNING_TARGET else "short"
-    return (f"metagene_learning: ours={ours['perplexity']:.3f} peer={peer['perplexity']:.3f} ratio={ratio:.3f} "
-            f"target={LEARNING_TARGET:g} {verdict}")
+    print(headline("metagene_learning_quarter", ours["perplexity"], alone["perplexity"], QUARTER_TARGET))
+    return headline("metagene_learning", ours["perplexity"], peer["perplexity"], LEARNING_TARGET)
 
 
 def main() -> None:
@@ -292,6 +394,14 @@ def main() -> None:
     parser.add_argument("--part", choices=("pipeline", "learning", "all"), default="all")
     parser.add_argument("--reads", type=int, default=None, help="pipeline: reads in the FASTQ")
     parser.add_argument("--repeats", type=int, default=None, help="pipeline: best of this many runs")
+    parser.add_argument("--long", action="store_true", help="learning: the LONG preset (fits 30 minutes here)")
+    parser.add_argument("--rounds", type=int, default=None, help="learning: outer rounds")
+    parser.add_argument("--H", type=int, default=None, help="learning: inner steps per round")
+    parser.add_argument("--inner-lr", type=float, default=None, help="learning: inner AdamW lr (the one peer's too)")
+    parser.add_argument("--outer-lr", type=float, default=None, help="learning: outer Nesterov lr")
+    parser.add_argument("--outer-momentum", type=float, default=None, help="learning: outer momentum (0: averaging)")
+    parser.add_argument("--warmup-steps", type=int, default=None,
+                        help="learning: one-peer AdamW steps on warm-up draws before both arms start from them")
     args = parser.parse_args()
     if args.part in ("pipeline", "all"):
         print(pipeline(args), flush=True)
