@@ -7,8 +7,9 @@
   conflict or do not come). Accepted groups that can teach something (their task rewards
   differ) enter the durable pool; the rest are counted.
 - A step takes the newest ``batch_groups`` pooled groups whose policy step is inside the async
-  window (``policy_step >= step - async_level``), waiting while there are too few; staler groups
-  are dropped. The learner trains on them in a worker thread.
+  window (``policy_step >= step - async_level``), waiting while there are too few (but taking
+  what is there once nothing new arrived for ``STARVED_S``); staler groups are dropped. The
+  learner trains on them in a worker thread.
 - Then, in this order: the ledger notes which groups the step trained on, one line goes to
   ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
   consumed groups leave the pool, and the new weights are written to the publish directory where
@@ -71,6 +72,11 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
+# a step takes the groups it has once none arrived for this long: workers generate a step only on
+# the counters they committed before its checkpoint existed, and when most of those teach nothing
+# the commitments run out before the trainer has its batch; the workers then wait for the next
+# step and the trainer for groups (seen in the demo: stuck at step 84 with 14 of 16 groups)
+STARVED_S = 30.0  # longer than a worker's pacing wait (10 s) and a batch of a small model
 METRICS_FILE = "metrics.jsonl"
 LEDGER_FILE = "ledger.jsonl"
 CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any async window anyway
@@ -281,13 +287,20 @@ class TrainerService:
         return self.pool.newest_first()
 
     async def _gather(self) -> list[TrainingGroup]:
+        changed_at = time.monotonic()
         while True:
             self._pool_changed = trio.Event()
             usable = await self._usable()
-            if len(usable) >= self.options.batch_groups:
-                return usable[: self.options.batch_groups]
+            take = groups_to_take(len(usable), self.options.batch_groups, time.monotonic() - changed_at, STARVED_S)
+            if take:
+                if take < self.options.batch_groups:
+                    log.info("step %d takes %d of %d groups: none arrived for %.0f s (the workers' commitments for "
+                             "this step may be used up)", self.step + 1, take, self.options.batch_groups, STARVED_S)
+                return usable[:take]
             with trio.move_on_after(1.0):
                 await self._pool_changed.wait()
+            if self._pool_changed.is_set():
+                changed_at = time.monotonic()
 
     async def _one_step(self) -> None:
         assert self.learner is not None
@@ -342,3 +355,11 @@ class TrainerService:
         assert self.learner is not None
         engine = TorchEngine(self.learner.inference_model(), max_batch_rows=256)
         return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
+
+
+def groups_to_take(usable: int, batch_groups: int, idle_s: float, starved_s: float) -> int:
+    """How many pooled groups the next step takes now (0: keep waiting): a full batch as soon as
+    one is there; what is there (at least one group) once nothing new arrived for ``starved_s``."""
+    if usable >= batch_groups:
+        return batch_groups
+    return usable if usable and idle_s >= starved_s else 0
