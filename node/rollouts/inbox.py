@@ -155,9 +155,13 @@ class RolloutInbox:
         """Move a held batch's file into ``directory`` (kept for inspection) and forget it here."""
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            os.replace(self._path(digest), directory / self._path(digest).name)
+            os.replace(self._path(digest), self.moved_path(digest, directory))
         finally:
             self._forget(digest)
+
+    def moved_path(self, digest: str, directory: Path) -> Path:
+        """Where ``move_out`` puts ``digest``'s file in ``directory``."""
+        return directory / self._path(digest).name
 
     def _forget(self, digest: str) -> None:
         with self._lock:

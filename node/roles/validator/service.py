@@ -431,7 +431,8 @@ class ValidatorService:
     def _judged(self, digest: str) -> bool:
         """Whether this node recorded ``digest`` (judged, passed over or adopted) or quarantined it;
         called by the inbox before it stores a delivery (``digest`` is a checked sha256 hex)."""
-        return (self.verdict_dir / f"{digest}.json").exists() or (self.quarantine_dir / f"{digest}.batch").exists()
+        recorded = self.verdict_dir / f"{digest}.json"
+        return recorded.exists() or self.inbox.moved_path(digest, self.quarantine_dir).exists()
 
     def _own_accepted(self, digest: str) -> set[int] | None:
         """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
