@@ -213,14 +213,6 @@ class Try:
         return "-" if at is None else f"{at - self.started_at:.1f} s"
 
 
-def _status(node: NodeProcess) -> dict[str, Any]:
-    """A node's status, or {} when it does not answer (busy, stopping)."""
-    try:
-        return node.status()
-    except (OSError, ValueError):
-        return {}
-
-
 def _start_or_fail(attempt: Try, net: SmallInternet, root: Path) -> None:
     """``_start_pair``; a node that does not start fails the try (its reason), not the round."""
     try:
@@ -250,7 +242,7 @@ def _paths(attempt: Try) -> tuple[set[str], set[str]]:
     """Which homes list the other as connected through a relay, and as directly connected."""
     relayed, direct = set(), set()
     for me, other in ((0, 1), (1, 0)):
-        relay = _status(attempt.homes[me]).get("relay") or {}
+        relay = attempt.homes[me].status_or_empty().get("relay") or {}
         peer = attempt.homes[other].peer_id
         if peer in relay.get("peers_through_relay", []):
             relayed.add(attempt.homes[me].name)
@@ -360,7 +352,7 @@ def _explain(attempt: Try, net: SmallInternet) -> None:
     counts = {names[n]: _unsolicited(net, net.name(f"nat{n}"), wan_ip(m)) for n, m in ((a, b), (b, a))}
     conntrack = {names[n]: _conntrack(net, n, m) for n, m in ((a, b), (b, a))}
     kernel = {names[n]: _kernel_direct(net, n, m) for n, m in ((a, b), (b, a))}
-    statuses = {home.name: _status(home) for home in attempt.homes}
+    statuses = {home.name: home.status_or_empty() for home in attempt.homes}
     punches = {name: {k: v for k, v in ((s.get("relay") or {}).get("hole_punches") or {}).items() if v}
                for name, s in statuses.items()}
     logs = {home.name: _dcutr_log(home) for home in attempt.homes}

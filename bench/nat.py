@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, wait_until  # noqa: E402
+from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until  # noqa: E402
 from tests.support.netns import SmallInternet, unavailable_reason  # noqa: E402
 from tests.support.shards_swarm import FAST, ShardSwarm, file_sha256, holds  # noqa: E402
 
@@ -50,13 +50,6 @@ TARGET = 1.5
 TRAINER_TARGET = 0.8  # a NATed trainer delivers at >= 0.8x the rate of a public one
 MIB = 1 << 20
 BOUND_S = 180.0
-
-
-def _status(node: NodeProcess) -> dict[str, Any]:
-    try:
-        return node.status()
-    except OSError:
-        return {}
 
 
 def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int,
@@ -88,14 +81,14 @@ def one_broadcast(root: Path, fetchers: int, nated: int, mib: int, seed: int,
                                          listen=f"/ip4/198.19.{n}.2/tcp/4001"))
             everyone = {node.peer_id for node in swarm.nodes.values()}
             wait_until(lambda: all(everyone <= node.member_ids() for node in nodes), BOUND_S)
-            wait_until(lambda: all((_status(node).get("reachability") or {}).get("state") not in (None, "unknown")
-                                   for node in [*nodes, origin]), BOUND_S)
+            wait_until(lambda: all((node.status_or_empty().get("reachability") or {}).get("state")
+                                   not in (None, "unknown") for node in [*nodes, origin]), BOUND_S)
             started = time.monotonic()
             digest = publisher.publish(1, mib, seed=seed)
             seconds = wait_until(lambda: all(holds(node, 1) for node in nodes), BOUND_S, poll_s=0.1)
             assert all(file_sha256(node, 1) == digest for node in nodes), "a fetcher's file differs"
-            homes_status = [_status(node) for node in nodes if node.home.name.startswith("home")]
-            relay = (_status(boot).get("relay") or {})
+            homes_status = [node.status_or_empty() for node in nodes if node.home.name.startswith("home")]
+            relay = (boot.status_or_empty().get("relay") or {})
             return {"seconds": seconds, "wall_s": time.monotonic() - started,
                     "relay_circuits": relay.get("circuits"), "relay_bytes": relay.get("bytes_relayed"),
                     "relayed_addrs": sum(len((s.get("relay") or {}).get("relayed_addrs", [])) for s in homes_status),

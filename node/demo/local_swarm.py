@@ -37,6 +37,13 @@ class NodeProcess:
     def status(self) -> dict[str, Any]:
         return query(self.home / "control.sock")
 
+    def status_or_empty(self) -> dict[str, Any]:
+        """``status()``, or {} while the node does not answer (starting, busy, stopping)."""
+        try:
+            return self.status()
+        except (OSError, ValueError):
+            return {}
+
     def cpu_seconds(self) -> float | None:
         """User + system CPU time the node's process has used so far (Linux ``/proc``; None
         elsewhere or once it has exited): what a profile of a run on shared cores compares."""
