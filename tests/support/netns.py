@@ -13,6 +13,8 @@ a prefix with the creating process id; ``cleanup_stale`` removes namespaces of d
     NAT routers (``natN``): 198.18.0.(10+N) uplink on the bridge, 198.19.N.1 downlink,
             MASQUERADE out of the uplink; nothing is forwarded inward except replies
     homes (``homeN``): 198.19.N.2, default route via its router
+    ``mbit``: when set, every uplink to the bridge (public hosts', routers') is limited to that
+            rate each way by ``tc ... tbf``, as a server's or a home's line is
 
 ``LimitedSwitch`` (bench/diloco.py): hosts ``hostI`` at 198.18.0.(2+I)/24 on one bridge, each
 through its own link limited to a rate in both directions by ``tc ... tbf`` (netem, which would
@@ -169,6 +171,14 @@ class Namespaces:
         self.sh(bridge, "ip", "link", "set", port, "master", "br0")
         self.sh(namespace, "ip", "addr", "add", f"{ip}/24", "dev", device)
 
+    def _limit(self, namespace: str, device: str, mbit: float) -> None:
+        """``device``'s egress in ``namespace`` limited to ``mbit`` by tbf: the bucket holds 10 ms at the
+        rate (at least 16 KiB, so a GSO burst of veth is segmented, never dropped whole), the queue
+        at most 100 ms."""
+        burst = max(16 * 1024, int(mbit * 1e6 / 8 * 0.010))
+        self.sh(namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{mbit}mbit",
+                "burst", str(burst), "latency", "100ms")
+
 
 @dataclass
 class SmallInternet(Namespaces):
@@ -178,21 +188,31 @@ class SmallInternet(Namespaces):
     homes: int = 1
     public_ips: dict[str, str] = field(default_factory=dict)  # namespace -> address
     home_ips: dict[str, str] = field(default_factory=dict)
+    mbit: float | None = None  # every public host's and router's link to the bridge, each way; None: unlimited
 
     def __post_init__(self) -> None:
         if not (1 <= self.publics <= MAX_HOSTS and 0 <= self.homes <= MAX_HOSTS):
             raise ValueError(f"between 1 and {MAX_HOSTS} public hosts and at most {MAX_HOSTS} homes")
+        if self.mbit is not None and not 0.1 <= self.mbit <= 10_000:
+            raise ValueError("a link rate of 0.1 to 10000 Mbit/s")
+
+    def _uplink(self, wan: str, port: str, namespace: str, ip: str) -> None:
+        """``namespace`` on the wan bridge at ``ip``, its link limited both ways when ``mbit`` is set."""
+        self._plug(wan, port, namespace, "up0", ip)
+        if self.mbit is not None:
+            self._limit(namespace, "up0", self.mbit)
+            self._limit(wan, port, self.mbit)
 
     def _build(self) -> None:
         wan = self._bridge("wan")
         for i in range(self.publics):
             namespace = self._add(f"pub{i}")
             ip = f"198.18.0.{2 + i}"
-            self._plug(wan, f"p{i}", namespace, "up0", ip)
+            self._uplink(wan, f"p{i}", namespace, ip)
             self.public_ips[namespace] = ip
         for n in range(1, self.homes + 1):
             router, home = self._add(f"nat{n}"), self._add(f"home{n}")
-            self._plug(wan, f"p{100 + n}", router, "up0", f"198.18.0.{10 + n}")
+            self._uplink(wan, f"p{100 + n}", router, f"198.18.0.{10 + n}")
             self._veth(router, "down0", home, "eth0")
             self.sh(router, "ip", "addr", "add", f"198.19.{n}.1/24", "dev", "down0")
             self.sh(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -215,9 +235,8 @@ class LimitedSwitch(Namespaces):
     """``hosts`` namespaces on one bridge, each through a link of ``mbit`` Mbit/s each way.
 
     A host's traffic crosses two tbf queues (its own uplink's egress, and the bridge port's egress
-    towards the other host), so a transfer between two hosts runs at ``mbit``. The bucket holds
-    10 ms at the rate (at least 16 KiB, so a GSO burst of veth is segmented, never dropped whole),
-    and the queue at most 100 ms; no delay is added."""
+    towards the other host), so a transfer between two hosts runs at ``mbit`` (``Namespaces._limit``);
+    no delay is added."""
 
     hosts: int = 2
     mbit: float = 100.0
@@ -228,17 +247,12 @@ class LimitedSwitch(Namespaces):
         if not (2 <= self.hosts <= MAX_HOSTS and 0.1 <= self.mbit <= 10_000):
             raise ValueError(f"between 2 and {MAX_HOSTS} hosts and a rate of 0.1 to 10000 Mbit/s")
 
-    def _limit(self, namespace: str, device: str) -> None:
-        burst = max(16 * 1024, int(self.mbit * 1e6 / 8 * 0.010))
-        self.sh(namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", f"{self.mbit}mbit",
-                "burst", str(burst), "latency", "100ms")
-
     def _build(self) -> None:
         switch = self._bridge("switch")
         for i in range(self.hosts):
             host = self._add(f"host{i}")
             ip = f"198.18.0.{2 + i}"
             self._plug(switch, f"p{i}", host, "eth0", ip)
-            self._limit(host, "eth0")
-            self._limit(switch, f"p{i}")
+            self._limit(host, "eth0", self.mbit)
+            self._limit(switch, f"p{i}", self.mbit)
             self.ips[host] = ip
