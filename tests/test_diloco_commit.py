@@ -12,25 +12,44 @@ from types import SimpleNamespace
 
 import pytest
 
-from intellect_node.node.diloco.commit import commit_key, decide, read_outcomes
+import torch
+
+from intellect_node.node.diloco.commit import SPAN_DIGEST, commit_key, decide, differing_spans, read_outcomes, span_digests
 
 A, B, C = b"a" * 8, b"b" * 8, b"c" * 8
+D1, D2 = b"1" * 32, b"2" * 32  # two members' span digests (two spans of 16 bytes)
 
 
-def test_every_member_must_say_it_completed() -> None:
-    assert decide([A, B, C], {A: True, B: True, C: True}) is True
-    assert decide([A, B, C], {A: True, B: True}) is None
-    assert decide([A, B, C], {A: True, B: True, C: False}) is False
-    assert decide([A, B, C], {A: True, C: False}) is False  # one failure decides before the rest say
+def test_every_member_must_say_it_completed_with_the_same_average() -> None:
+    assert decide([A, B, C], {A: D1, B: D1, C: D1}) is True
+    assert decide([A, B, C], {A: D1, B: D1}) is None
+    assert decide([A, B, C], {A: D1, B: D1, C: False}) is False
+    assert decide([A, B, C], {A: D1, C: False}) is False  # one failure decides before the rest say
+    # two members that recovered different sums: nobody applies, even before the third says
+    assert decide([A, B, C], {A: D1, B: D2}) is False
     # an outsider's entry neither completes nor fails an attempt it is not in
-    assert decide([A, B], {A: True, B: True, C: False}) is True
-    assert decide([A, B], {A: True, C: True}) is None
+    assert decide([A, B], {A: D1, B: D1, C: False}) is True
+    assert decide([A, B], {A: D1, B: D1, C: D2}) is True
+    assert decide([A, B], {A: D1, C: D1}) is None
+
+
+def test_span_digests_name_the_reducer_whose_sums_differ() -> None:
+    sums = torch.arange(10, dtype=torch.int32)
+    spans = [(0, 4), (4, 10), (10, 10)]  # the third reducer got no part
+    mine = span_digests(sums, spans)
+    assert len(mine) == 3 * SPAN_DIGEST and span_digests(sums.clone(), spans) == mine
+    told_otherwise = sums.clone()
+    told_otherwise[5] += 1  # the second reducer replied one sum differently to this member
+    theirs = span_digests(told_otherwise, spans)
+    assert differing_spans(mine, theirs) == [1]
+    assert differing_spans(mine, theirs[:SPAN_DIGEST]) == [0, 1, 2]  # a malformed length differs everywhere
 
 
 def test_malformed_entries_are_skipped() -> None:
     entry = SimpleNamespace
-    stored = entry(value={A: entry(value=True), B: entry(value="yes"), "c": entry(value=True), C: entry(value=False)})
-    assert read_outcomes(stored) == {A: True, C: False}
+    stored = entry(value={A: entry(value=D1), B: entry(value="yes"), "c": entry(value=D1), C: entry(value=False),
+                          b"d": entry(value=True), b"e": entry(value=b"x" * 15), b"f": entry(value=b"")})
+    assert read_outcomes(stored) == {A: D1, C: False}
     assert read_outcomes(None) == {} and read_outcomes(entry(value=[1, 2])) == {}
 
 
@@ -55,7 +74,7 @@ SCENARIOS = textwrap.dedent("""
         if outcome is not None:
             await post(dhts[i], key, names[i], outcome)
         try:
-            await await_commit(dhts[i], key, names, timeout_s)
+            await await_commit(dhts[i], key, names, outcome or b"", timeout_s)
             result = "commit"
         except CommitRefused as exc:
             result = "refused: " + str(exc)
@@ -67,10 +86,12 @@ SCENARIOS = textwrap.dedent("""
         return await asyncio.gather(*sides)
 
     async def main():
+        same, other = b"s" * 48, b"s" * 16 + b"t" * 16 + b"s" * 16  # the second reducer's span differs
         return {
-            "all": await scenario("t.commit.01", [True, True, True]),
-            "one_failed": await scenario("t.commit.02", [True, True, False]),
-            "one_silent": await scenario("t.commit.03", [True, True, None], timeout_s=2.0),
+            "all": await scenario("t.commit.01", [same, same, same]),
+            "one_failed": await scenario("t.commit.02", [same, same, False]),
+            "one_silent": await scenario("t.commit.03", [same, same, None], timeout_s=2.0),
+            "told_otherwise": await scenario("t.commit.04", [same, other, same]),
         }
 
     print(json.dumps(asyncio.run(main())))
@@ -80,16 +101,20 @@ SCENARIOS = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_three_dhts_commit_only_when_every_member_completed() -> None:
+def test_three_dhts_commit_only_when_every_member_completed_with_the_same_average() -> None:
     done = subprocess.run([sys.executable, "-c", SCENARIOS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert [r for r, _ in out["all"]] == ["commit"] * 3
     # the member that failed is named to the others, who learn it from its post, not the deadline
     failed = out["one_failed"]
-    assert all(r.startswith("refused") and "6d656d6265722d32" in r for r, _ in failed), failed
+    assert all(r.startswith("refused") and "KJHFXAX8tz5" in r for r, _ in failed), failed
     assert all(seconds < 2.5 for _, seconds in failed[:2]), failed
     # silence fails the attempt at the deadline, naming the silent member
     silent = out["one_silent"]
-    assert all(r.startswith("refused") and "did not say" in r and "6d656d6265722d32" in r for r, _ in silent), silent
+    assert all(r.startswith("refused") and "did not say" in r and "KJHFXAX8tz5" in r for r, _ in silent), silent
     assert all(1.9 <= seconds < 6.0 for _, seconds in silent), silent
+    # a member told other sums by the second reducer: every side refuses, naming that reducer
+    told = out["told_otherwise"]
+    assert all(r.startswith("refused: members hold different averages") and "KJHFXAX8tz4" in r
+               for r, _ in told), told

@@ -59,7 +59,8 @@ class Child:
             frames.validate(message, {})
             return {"type": "status", "peer_id": self.peer_id(), "maddrs": self.maddrs(), "rounds": self.rounds,
                     "libp2p_loaded": "libp2p" in sys.modules,
-                    "refused_parts": self.averager.refused_parts.value if self.averager is not None else 0}
+                    "refused_parts": self.averager.refused_parts.value if self.averager is not None else 0,
+                    "refused_replies": self.averager.refused_replies.value if self.averager is not None else 0}
         if kind == "shutdown":
             frames.validate(message, {})
             self.stop.set()

@@ -1,5 +1,6 @@
 """The commit step of an all-reduce attempt (specs/diloco.md section 2): a member applies the
-group's average only when every member of the attempt says that its own side completed.
+group's average only when every member of the attempt says that its own side completed, with the
+same average.
 
 Why: hivemind's all-reduce has no commit of its own. A member whose part and replies all arrived
 finishes, while a groupmate that timed out waiting on that (slow) member fails, matches again
@@ -8,6 +9,13 @@ different peers (seen under load: group sizes 3, 2, 2 in one round). With this s
 completed posts ``True`` under the attempt's key, one that failed posts ``False``, and each waits
 for the others: one ``False`` or silence until the deadline fails the attempt on every side, and
 hivemind matches the survivors again from their raw values.
+
+A completed member posts the digest of the sums it recovered, one 16-byte digest per reducer's
+span (``span_digests``), not a bare ``True``: a reducer that replies different sums to different
+members (which no bound on values can see) makes the digests differ, and the attempt fails on
+every side instead of leaving members on different states; each member logs which reducer's span
+differs from its own. Nobody is banned for it: digests are posted unsigned, so a member could post
+under another's name and frame an honest reducer.
 
 The key names the attempt's group id, which only its members hold (the leader draws it at
 random), so no outsider can post there; a member can lie here as it can in the all-reduce
@@ -19,14 +27,21 @@ the decision is testable on its own.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import base58
+import torch
+
 COMMIT_S = 10.0  # how long a member that completed waits for the others' outcomes
 POLL_S = (0.05, 0.1, 0.2, 0.4)  # the waits between reads, then the last one repeated
 OUTCOME_LIFETIME_S = 120.0  # the DHT keeps an outcome this long after it was posted
+SPAN_DIGEST = 16  # bytes of sha256 per reducer's span
+MAX_DIGESTS = 4096  # spans an outcome may name (a group is far smaller)
+Outcome = bytes | bool  # the digests of a completed side, or False for a failed one
 
 
 class CommitRefused(Exception):
@@ -37,50 +52,86 @@ def commit_key(prefix: str, group_id: bytes) -> str:
     return f"{prefix}.commit.{group_id.hex()}"
 
 
-def decide(members: Sequence[bytes], outcomes: Mapping[bytes, bool]) -> bool | None:
-    """True when every member posted success, False once one posted failure, None while waiting.
-    Entries of non-members are ignored (they cannot change an attempt they are not in)."""
-    if any(outcomes.get(m) is False for m in members):
+def peer_name(member: bytes) -> str:
+    """A member as hivemind and its logs write a peer id (base58 of its bytes)."""
+    return base58.b58encode(member).decode()
+
+
+def span_digests(sums: torch.Tensor, spans: Sequence[tuple[int, int]]) -> bytes:
+    """What a completed member posts: for each reducer's span of the flat vector, in the group's
+    order, the first 16 bytes of sha256 over its exact sums (int32, little-endian)."""
+    data = sums.to(torch.int32).numpy().astype("<i4")
+    return b"".join(hashlib.sha256(data[start:end].tobytes()).digest()[:SPAN_DIGEST] for start, end in spans)
+
+
+def differing_spans(mine: bytes, theirs: bytes) -> list[int]:
+    """Indices of the reducers' spans whose digests differ (all of them if the lengths differ)."""
+    if len(mine) != len(theirs):
+        return list(range(max(len(mine), len(theirs)) // SPAN_DIGEST))
+    return [i // SPAN_DIGEST for i in range(0, len(mine), SPAN_DIGEST)
+            if mine[i:i + SPAN_DIGEST] != theirs[i:i + SPAN_DIGEST]]
+
+
+def decide(members: Sequence[bytes], outcomes: Mapping[bytes, Outcome]) -> bool | None:
+    """True when every member posted the same digests, False once one posted failure or two
+    posted different digests, None while waiting. Entries of non-members are ignored (they cannot
+    change an attempt they are not in)."""
+    posted = [outcomes.get(m) for m in members]
+    if any(p is False for p in posted):
         return False
-    if all(outcomes.get(m) is True for m in members):
+    if len({p for p in posted if isinstance(p, bytes)}) > 1:
+        return False
+    if all(isinstance(p, bytes) for p in posted):
         return True
     return None
 
 
-def read_outcomes(stored: Any) -> dict[bytes, bool]:
-    """The DHT's entry for a commit key as {member: outcome}; anything malformed is skipped."""
+def read_outcomes(stored: Any) -> dict[bytes, Outcome]:
+    """The DHT's entry for a commit key as {member: digests or False}; anything malformed is skipped."""
     value = getattr(stored, "value", None)
     if not isinstance(value, dict):
         return {}
-    out = {}
+    out: dict[bytes, Outcome] = {}
     for subkey, entry in value.items():
         outcome = getattr(entry, "value", None)
-        if isinstance(subkey, bytes) and isinstance(outcome, bool):
+        if not isinstance(subkey, bytes):
+            continue
+        if outcome is False or (isinstance(outcome, bytes) and 0 < len(outcome) <= MAX_DIGESTS * SPAN_DIGEST
+                                and len(outcome) % SPAN_DIGEST == 0):
             out[subkey] = outcome
     return out
 
 
-async def post(dht: Any, key: str, member: bytes, completed: bool) -> None:
-    """Say how this member's side of the attempt ended (best effort: silence reads as failure)."""
+async def post(dht: Any, key: str, member: bytes, outcome: Outcome) -> None:
+    """Say how this member's side of the attempt ended: its digests, or False (best effort:
+    silence reads as failure)."""
     expiration = time.time() + OUTCOME_LIFETIME_S
-    await dht.store(key=key, subkey=member, value=completed, expiration_time=expiration, return_future=True)
+    await dht.store(key=key, subkey=member, value=outcome, expiration_time=expiration, return_future=True)
 
 
-async def await_commit(dht: Any, key: str, members: Sequence[bytes], timeout_s: float = COMMIT_S) -> None:
-    """Return once every member posted success; CommitRefused on a failure or at the deadline."""
+async def await_commit(dht: Any, key: str, members: Sequence[bytes], mine: bytes,
+                       timeout_s: float = COMMIT_S) -> None:
+    """Return once every member posted the digests ``mine``; CommitRefused on a failure, on
+    different digests (naming the reducers whose spans differ from ours) or at the deadline."""
     deadline = time.monotonic() + timeout_s
-    outcomes: dict[bytes, bool] = {}
+    outcomes: dict[bytes, Outcome] = {}
     for attempt in itertools.count():
         outcomes = read_outcomes(await dht.get(key, latest=True, return_future=True))
         verdict = decide(members, outcomes)
-        if verdict is True:
+        if verdict is True and outcomes[members[0]] == mine:
             return
-        if verdict is False:
-            failed = [m.hex()[:16] for m in members if outcomes.get(m) is False]
-            raise CommitRefused(f"members {failed} did not complete their side of the attempt")
+        if verdict is False or verdict is True:
+            failed = [peer_name(m) for m in members if outcomes.get(m) is False]
+            if failed:
+                raise CommitRefused(f"members {failed} did not complete their side of the attempt")
+            spans = sorted({i for m in members if isinstance(outcomes.get(m), bytes)
+                            for i in differing_spans(mine, outcomes[m])})  # type: ignore[arg-type]
+            reducers = [peer_name(members[i]) if i < len(members) else f"#{i}" for i in spans]
+            raise CommitRefused(f"members hold different averages: the spans reduced by {reducers} differ "
+                                f"from this member's")
         left = deadline - time.monotonic()
         if left <= 0:
             break
         await asyncio.sleep(min(POLL_S[min(attempt, len(POLL_S) - 1)], left))
-    silent = [m.hex()[:16] for m in members if m not in outcomes]
+    silent = [peer_name(m) for m in members if m not in outcomes]
     raise CommitRefused(f"members {silent} did not say within {timeout_s:.0f} s whether they completed")

@@ -11,10 +11,17 @@ specs/diloco.md sections 2 and 4:
   hivemind matches again with the survivors instead of handing back a mixed result.
 - An attempt is applied only when every member posted that its side completed (``commit``):
   hivemind's all-reduce can complete on a slow member while its groupmates time out on it.
+- What comes back is checked too: the sums recovered from each reducer's replies must be sums of
+  ``n`` honest contributions (``grid.sums_error``), or that reducer lied about the average, is
+  counted, never grouped with again and the attempt fails; and every member posts the digests of
+  the sums of each reducer's span in the commit, so a reducer that told members different sums
+  fails the attempt everywhere instead of splitting the group's state.
 - The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
   group would send survivors of a failed attempt to different keys.
 - The parts and deltas travel packed (``GridWire``, ``packing``): int8 up and scaled int16 down
   for the int8 and int4 grids, exactly, instead of fp32 both ways; the bytes sent are counted.
+- Every member reduces an equal share of the vector: a member that claims a bandwidth (hivemind
+  would hand it a larger share, all of it for a large enough claim) is refused like a bad payload.
 - A leader refuses the join of a peer whose run digest (model layout and data, ``Layout.run_digest``)
   differs from its own, and a member that finds one in its group fails the attempt.
 - Every part a member sends this reducer is checked before it is summed (``BoundedReducer``):
@@ -52,7 +59,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.timed_storage import get_dht_time
 
 from intellect_node.node.diloco import grid
-from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, post
+from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, post, span_digests
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import disagreement, refusal
@@ -82,7 +89,23 @@ SPARSE_K = 0  # values per chunk a member may send in a sparse run; 0: a dense r
 COMPRESSION_RATIO = 0.25  # GridWire's estimate: hivemind then cuts parts of 2^19 elements
 # hivemind cuts the flat vector into parts of DEFAULT_PART_SIZE_BYTES / (4 * ratio) elements and hands
 # whole parts to reducers, so every part starts on a chunk boundary: the k-per-chunk checks rely on it
-assert int(DEFAULT_PART_SIZE_BYTES / (4 * COMPRESSION_RATIO)) % CHUNK == 0
+PART_ELEMENTS = int(DEFAULT_PART_SIZE_BYTES / (4 * COMPRESSION_RATIO))
+assert PART_ELEMENTS % CHUNK == 0
+
+
+class LyingReducer(AllreduceException):
+    """The sums a reducer replied cannot be the sum of the group's contributions."""
+
+
+def reducer_spans(parts_by_reducer: tuple[int, ...], elements: int) -> list[tuple[int, int]]:
+    """[start, end) of the flat vector each member reduced, in the group's order (hivemind hands
+    each reducer consecutive whole parts of ``PART_ELEMENTS``)."""
+    spans, start = [], 0
+    for parts in parts_by_reducer:
+        end = min(start + parts * PART_ELEMENTS, elements)
+        spans.append((start, end))
+        start = end
+    return spans
 
 
 class PoisonedPart(AllreduceException):
@@ -138,10 +161,12 @@ class GridWire(CompressionBase):
 def _decode(raw: bytes) -> dict[str, Any]:
     """One member's gather payload, checked against the schema (FrameError otherwise)."""
     try:
-        _, _, user_bytes = DecentralizedAverager.serializer.loads(raw)
+        bandwidth, _, user_bytes = DecentralizedAverager.serializer.loads(raw)
         payload = DecentralizedAverager.serializer.loads(user_bytes)
     except (ValueError, TypeError) as exc:
         raise FrameError(f"undecodable payload: {exc}") from None
+    if bandwidth is not None:  # hivemind splits the vector between reducers by the bandwidths members claim
+        raise FrameError(f"a claimed bandwidth ({bandwidth!r}): every member reduces an equal share")
     if not isinstance(payload, dict):
         raise FrameError("the payload is not a map")
     return validate({"type": "gather"} | payload, gather_payload(CHUNKS))
@@ -214,6 +239,8 @@ class ExactAverager(DecentralizedAverager):
         ALLOWLIST, CHUNKS, AGREEMENT, SPARSE_K = allowlist, layout.chunks, layout_digest, sparse_k
         self.sent = SENT = mp.Value("q", 0)
         self.refused_parts = mp.Value("q", 0)  # parts refused by this member as a reducer (BoundedReducer)
+        self.refused_replies = mp.Value("q", 0)  # reducers' replies this member refused (grid.sums_error)
+        self.digests = b""  # the span digests of the attempt that last completed here
         self.layout, self.layout_digest, self.levels, self.sparse_k = layout, layout_digest, levels, sparse_k
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
         super().__init__([torch.zeros(layout.elements)], allow_state_sharing=False, compression=GridWire(), **kwargs)
@@ -221,6 +248,7 @@ class ExactAverager(DecentralizedAverager):
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         """One attempt, applied only if every member's side completed (``commit``)."""
         key = commit_key(self.prefix, group_info.group_id)
+        self.digests = b""
         try:
             gathered = await self._checked_allreduce(group_info, min_vector_size, **kwargs)
         except asyncio.CancelledError:
@@ -228,16 +256,16 @@ class ExactAverager(DecentralizedAverager):
         except BaseException:
             await self._post_outcome(key, False)
             raise
-        await self._post_outcome(key, True)
+        await self._post_outcome(key, self.digests)
         try:
-            await await_commit(self.dht, key, [p.to_bytes() for p in group_info.peer_ids])
+            await await_commit(self.dht, key, [p.to_bytes() for p in group_info.peer_ids], self.digests)
         except CommitRefused as exc:
             raise PartialAllReduce(str(exc)) from None
         return gathered
 
-    async def _post_outcome(self, key: str, completed: bool) -> None:
+    async def _post_outcome(self, key: str, outcome: bytes | bool) -> None:
         try:
-            await asyncio.wait_for(post(self.dht, key, self.peer_id.to_bytes(), completed), COMMIT_S)
+            await asyncio.wait_for(post(self.dht, key, self.peer_id.to_bytes(), outcome), COMMIT_S)
         except Exception as exc:  # the others then read silence, which fails the attempt too
             logger.warning("could not post this member's outcome: %r", exc)
 
@@ -277,3 +305,20 @@ class ExactAverager(DecentralizedAverager):
         if runner.tensor_part_container.failed_size or runner.banned_senders:
             raise PartialAllReduce(f"{runner.tensor_part_container.failed_size} elements not averaged, "
                                    f"{len(runner.banned_senders)} senders dropped")
+        self.digests = self._audit(tensors[0], group_info.peer_ids, runner.tensor_part_container.num_parts_by_peer)
+
+    def _audit(self, averaged: torch.Tensor, reducers: Any, parts_by_reducer: tuple[int, ...]) -> bytes:
+        """The span digests of the sums every reducer replied, once each span is checked to be a sum
+        of honest contributions; a reducer whose span is not is refused (``LyingReducer``)."""
+        n = len(reducers)
+        sums = grid.recover_sums(averaged.view(-1), n)
+        spans = reducer_spans(parts_by_reducer, sums.numel())
+        for reducer, (start, end) in zip(reducers, spans, strict=True):
+            why = grid.sums_error(sums[start:end], n, self.levels, self.sparse_k)
+            if why is not None:
+                REFUSED.add(str(reducer))
+                with self.refused_replies.get_lock():
+                    self.refused_replies.value += 1
+                logger.warning("refused the replies of reducer %s (elements %d-%d): %s", reducer, start, end, why)
+                raise LyingReducer(f"reducer {reducer}: {why}")
+        return span_digests(sums, spans)

@@ -182,7 +182,8 @@ INIT = {"prefix": text(PREFIX, 64), "shapes": listing(shape, 65536), "layout": b
         "max_peers": integer(2, 256), "min_peers": integer(1, 256), "matchmaking_s": number(0.1, 60.0),
         "identity_path": text(max_len=4096), "allowlist": listing(text(max_len=64), 4096)}
 STATUS_REPLY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64),
-                "rounds": integer(0, 2**32), "libp2p_loaded": boolean, "refused_parts": integer(0, 2**62)}
+                "rounds": integer(0, 2**32), "libp2p_loaded": boolean, "refused_parts": integer(0, 2**62),
+                "refused_replies": integer(0, 2**62)}
 READY = {"peer_id": text(max_len=128), "maddrs": listing(text(max_len=512), 64)}
 FAILED = {"round": integer(0, 2**32 - 1), "error": text(max_len=2000)}
 ERROR = {"error": text(max_len=2000)}

@@ -142,6 +142,20 @@ def contribution_error(part: torch.Tensor, weight: float, levels: int, k: int) -
     return None
 
 
+def sums_error(sums: torch.Tensor, group_size: int, levels: int, k: int) -> str | None:
+    """Why the exact sums of one reducer's span (as a member recovered them from that reducer's
+    replies) cannot be the sum of ``group_size`` honest contributions, or None. Spans start on chunk
+    boundaries (section 4a). A reducer that replies anything else lies about the group's average."""
+    peak = int(sums.abs().max()) if sums.numel() else 0
+    if peak > group_size * levels:
+        return f"a sum of magnitude {peak}, over {group_size} members x {levels} levels"
+    if k:
+        most = int((_chunked(sums) != 0).sum(dim=1).max()) if sums.numel() else 0
+        if most > group_size * k:
+            return f"{most} nonzero sums in one chunk, over {group_size} members x k = {k}"
+    return None
+
+
 def recover_sums(returned: torch.Tensor, group_size: int) -> torch.Tensor:
     """The exact integer sums from hivemind's averaged fp32 values over ``group_size`` members."""
     return torch.round(returned.to(torch.float64) * group_size).to(torch.int32)
