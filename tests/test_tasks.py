@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from intellect_node.node.roles.trainer.evaluation import held_out_tasks
 from intellect_node.node.tasks.code_verifier import extract_code, verify_code
 from intellect_node.node.tasks.math_verifier import last_boxed, verify_math
 from intellect_node.node.tasks.sandbox import SandboxLimits, run_python
 from intellect_node.node.tasks.schema import Task, filter_by_solve_rate, load_tasks, save_tasks, with_length_target
 from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
-from intellect_node.node.tasks.toy import generate_toy_tasks, verify_toy
+from intellect_node.node.tasks.toy import SMALL_MODEL_KINDS, generate_toy_tasks, is_held_out, verify_toy
 from intellect_node.node.tasks.verify import task_reward
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256)
@@ -103,6 +104,29 @@ def test_toy_tasks_are_seeded_and_correct() -> None:
         else:
             digits = task.prompt.removeprefix("Reverse the digits ").rstrip(".")
             assert digits.isdigit() and info["answer"] == digits[::-1]
+
+
+def test_held_out_problems_of_small_model_kinds_are_never_trained_on() -> None:
+    """One-digit sums and products are so few that any two seeded sets share most of them: the
+    evaluation draws only from a fixed quarter no training set of any seed draws from."""
+    kinds = SMALL_MODEL_KINDS
+    held_out = held_out_tasks(200, kinds)
+    assert held_out == held_out_tasks(200, kinds) and {t.verification_info["kind"] for t in held_out} == set(kinds)
+    evaluated = {t.prompt for t in held_out}
+    for seed in range(5):
+        trained = {t.prompt for t in load_task_spec(f"toy:seed={seed},count=2000,kinds={'+'.join(kinds)}")}
+        assert not trained & evaluated
+        assert all(not is_held_out(t.verification_info["kind"], t.prompt)
+                   for t in load_task_spec(f"toy:seed={seed},count=200,kinds={'+'.join(kinds)}"))
+    # both splits together are every problem of the kind: a quarter-ish is held out, none lost
+    sums = {t.prompt for t in generate_toy_tasks(0, 2000, ("add1",))} | \
+        {t.prompt for t in generate_toy_tasks(0, 2000, ("add1",), split="held_out")}
+    assert len(sums) == 81
+    assert 0.1 < sum(is_held_out("add1", p) for p in sums) / 81 < 0.4
+    # the tiny model's kinds keep one split: the same tasks either way
+    assert generate_toy_tasks(4, 30) == generate_toy_tasks(4, 30, split="held_out")
+    with pytest.raises(ValueError, match="unknown split"):
+        generate_toy_tasks(0, 1, split="test")
 
 
 def test_small_model_kinds_ask_for_only_the_number_and_carry_its_answer() -> None:

