@@ -19,6 +19,13 @@ Targets (issue 20): swarm async >= 0.8 held-out accuracy at 10 minutes and >= 0.
 process's at the same wall time; async ahead of sync.
 
     .venv/bin/python bench/learning.py [--quick] [--minutes 10] [--runs async,sync,single] [--out DIR]
+    .venv/bin/python bench/learning.py --model smollm2 --minutes 30 --runs async,single   # issue 34
+
+``--model smollm2``: the demo's SmolLM2-135M-Instruct recipe (``DemoOptions.for_model``: one-digit
+sums and products, temperature 0.7, 32 tokens, lr 2e-5, 8 groups a step) in both the swarm and the
+single process. Its headline is on the held-out gain (end - start), as issue 34 asks:
+``learning_smollm2: ours=<swarm gain> peer=<single-process gain> ratio=<x> target=0.8 ok|short``
+(ok: the swarm gains >= 0.15 and >= 0.8x the single process).
 
 What staleness alone costs per step (bench/RESULTS.md, "Staleness per step"): the single run with
 ``--single-lag N`` generates with the weights of N steps before; ``--single-steps`` and
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import dataclasses
 import json
 import random
 import sys
@@ -44,10 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions, run_demo, summarize  # noqa: E402
+from intellect_node.node.demo.swarm import DEMO_MODELS, DemoOptions, prepare_model, run_demo, summarize  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
@@ -62,7 +69,8 @@ from intellect_node.node.tasks.verify import (
 
 TARGET_ACCURACY = 0.8
 TARGET_RATIO = 0.9
-MARKS_MIN = (1, 2, 5, 10)
+REAL_MODEL_GAIN, REAL_MODEL_RATIO = 0.15, 0.8  # issue 34: held-out gain of the swarm, and its share of one process's
+MARKS_MIN = (1, 2, 5, 10, 20, 30)
 RUNS = ("async", "sync", "single")
 
 Lines = list[dict[str, Any]]
@@ -75,10 +83,11 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
 
 
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
-              groups_per_step: int | None, lr: float, lr_decay_steps: int) -> tuple[dict[str, Any], Lines]:
-    options = DemoOptions(steps=None, minutes=minutes, out=out, async_level=async_level, dashboard=False,
-                          trainer_verify_fraction=verify_fraction, groups_per_step=groups_per_step, lr=lr,
-                          lr_decay_steps=lr_decay_steps)
+              groups_per_step: int | None, lr: float, lr_decay_steps: int,
+              model: str = "tiny") -> tuple[dict[str, Any], Lines]:
+    options = DemoOptions.for_model(model, steps=None, minutes=minutes, out=out, async_level=async_level,
+                                    dashboard=False, trainer_verify_fraction=verify_fraction,
+                                    groups_per_step=groups_per_step, lr=lr, lr_decay_steps=lr_decay_steps)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -86,30 +95,35 @@ def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: floa
 
 def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, optim: OptimConfig | None = None,
                        batch_groups: int | None = None, lag: int = 0,
-                       steps: int | None = None) -> tuple[dict[str, Any], Lines]:
+                       steps: int | None = None, model: str = "tiny") -> tuple[dict[str, Any], Lines]:
     """The reference: the demo's model, tasks and recipe in one process, nothing between generation
     and training. Generation uses the weights being trained (``lag`` 0), so the behaviour logprobs
     are the sampling policy's by construction; ``lag`` n generates with the weights of n steps
     before, what an asynchronous swarm's trainer receives, so that one process can tell what
-    staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first."""
+    staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first.
+    ``model``: the demo's recipe for that model (tasks, sampling, lr, batch: ``DemoOptions.for_model``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    demo, trainer, rollouts = DemoOptions(), TrainerOptions(Path(), DEMO_TASKS, Path()), RolloutSettings()
-    model_dir = ensure_tiny_model(demo.model_cache)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    demo = DemoOptions.for_model(model)
+    trainer = TrainerOptions(Path(), demo.tasks, Path(), eval_tasks=demo.eval_tasks)
+    run = dict(demo.run_settings)  # what the demo writes into every node's [run]
+    rollouts = RolloutSettings(**{k: v for k, v in run.items() if k in RolloutSettings.__dataclass_fields__})
+    model_dir = prepare_model(demo, print)
+    module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tasks = load_task_spec(DEMO_TASKS)
+    tasks = load_task_spec(demo.tasks)
     kinds = sorted({t.verification_info["kind"] for t in tasks})
     eval_tasks = held_out_tasks(trainer.eval_tasks, kinds)
     batch_groups = batch_groups or demo.batch_groups
-    optim = optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps)
-    learner = GRPOLearner(model, int(tokenizer.pad_token_id), optim=optim,
+    optim = dataclasses.replace(optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps),
+                                max_tokens=rollouts.max_tokens)
+    learner = GRPOLearner(module, int(tokenizer.pad_token_id), optim=optim,
                           loss=trainer.loss, rewards=trainer.rewards, seed=seed)
-    evaluation_engine = TorchEngine(model, max_batch_rows=256)  # the learner's own module: the newest weights
-    behaviour = copy.deepcopy(model) if lag else model
+    evaluation_engine = TorchEngine(module, max_batch_rows=256)  # the learner's own module: the newest weights
+    behaviour = copy.deepcopy(module) if lag else module
     engine = TorchEngine(behaviour, max_batch_rows=256) if lag else evaluation_engine
-    past_weights = collections.deque([copy.deepcopy(model.state_dict())] if lag else [], maxlen=lag + 1)
+    past_weights = collections.deque([copy.deepcopy(module.state_dict())] if lag else [], maxlen=lag + 1)
     rng = random.Random(f"bench/learning/single/{seed}")
     started, cpu_started = time.monotonic(), time.process_time()
 
@@ -142,7 +156,7 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
         metrics = learner.step(groups)
         step = learner.updates
         if lag:
-            past_weights.append(copy.deepcopy(model.state_dict()))
+            past_weights.append(copy.deepcopy(module.state_dict()))
             behaviour.load_state_dict(past_weights[0])
         measured = step % trainer.eval_every == 0
         line = {"step": step, "wall_s": round(time.monotonic() - started, 3), "task_reward": metrics["task_reward"],
@@ -173,15 +187,21 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=None,
                         help="swarm runs: each worker's groups on one policy step before it waits for the next "
                              "(0: no limit) [default: the demo's, 1.5x its share of the trainer's batch]")
-    parser.add_argument("--lr", type=float, default=DemoOptions().lr, help="every run's learning rate")
-    parser.add_argument("--lr-decay-steps", type=int, default=DemoOptions().lr_decay_steps,
-                        help="every run's cosine lr decay, in steps (0: constant lr)")
+    parser.add_argument("--model", choices=DEMO_MODELS, default="tiny",
+                        help="the demo's model and its recipe: tiny (toy reversal) or smollm2 (issue 34)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="every run's learning rate [default: the model's recipe]")
+    parser.add_argument("--lr-decay-steps", type=int, default=None,
+                        help="every run's cosine lr decay, in steps (0: constant lr) [default: the model's recipe]")
     parser.add_argument("--single-lag", type=int, default=0,
                         help="single run: generate with the weights of this many steps before (staleness alone)")
     parser.add_argument("--single-seed", type=int, default=0, help="single run: seed of its tasks and learner")
     parser.add_argument("--single-steps", type=int, default=None, help="single run: stop at this step too")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
+    recipe = DemoOptions.for_model(args.model)
+    lr = recipe.lr if args.lr is None else args.lr
+    lr_decay_steps = recipe.lr_decay_steps if args.lr_decay_steps is None else args.lr_decay_steps
     minutes = 0.33 if args.quick else args.minutes
     runs = [name.strip() for name in args.runs.split(",") if name.strip()]
     if not runs or any(name not in RUNS for name in runs):
@@ -192,11 +212,11 @@ def main() -> None:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
-                                               optim=OptimConfig(lr=args.lr, decay_steps=args.lr_decay_steps),
-                                               lag=args.single_lag, steps=args.single_steps)
+                                               optim=OptimConfig(lr=lr, decay_steps=lr_decay_steps),
+                                               lag=args.single_lag, steps=args.single_steps, model=args.model)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, args.lr, args.lr_decay_steps)
+                                      args.groups_per_step, lr, lr_decay_steps, args.model)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")
@@ -215,11 +235,18 @@ def main() -> None:
     print(f"(accuracy: the newest held-out greedy accuracy measured by that time; busy: the swarm trainer's share "
           f"of time not waiting for rollouts; CPU s/step: every process's CPU time over the steps taken, which "
           f"the machine's load does not change; runs kept in {root})")
-    ours = results["async"][0]["eval_accuracy_end"] if "async" in results else None
-    peer = results["single"][0]["eval_accuracy_end"] if "single" in results else None
-    if ours is None or peer is None:
+    if "async" not in results or "single" not in results:
         print("learning: needs the async and single runs for the headline")
         return
+    if args.model != "tiny":
+        gains = [summary["eval_accuracy_end"] - summary["eval_accuracy_start"]
+                 for summary in (results["async"][0], results["single"][0])]
+        ratio = gains[0] / gains[1] if gains[1] > 0 else float("inf") if gains[0] > 0 else 0.0
+        verdict = "ok" if gains[0] >= REAL_MODEL_GAIN and ratio >= REAL_MODEL_RATIO else "short"
+        print(f"learning_{args.model}: ours={gains[0]:+.3f} peer={gains[1]:+.3f} ratio={ratio:.2f}x "
+              f"target={REAL_MODEL_RATIO} {verdict}")
+        return
+    ours, peer = results["async"][0]["eval_accuracy_end"], results["single"][0]["eval_accuracy_end"]
     ratio = ours / peer if peer > 0 else float("inf")
     ahead = "sync" not in results or ours >= results["sync"][0]["eval_accuracy_end"]
     verdict = "ok" if ratio >= TARGET_RATIO and ours >= TARGET_ACCURACY and ahead else "short"
