@@ -28,10 +28,12 @@ keeps up with training.
    that many one-peer AdamW steps on warm-up draws, rounds from ``WARMUP_ROUND`` under a key no peer
    has, and both arms start from that model, as DiLoCo starts from a pretrained checkpoint), and
    ``--long`` (the ``LONG`` preset of them, the regime bench/RESULTS.md found; fits 30 minutes on 2
-   shared cores); an explicit option overrides the preset.
+   shared cores); an explicit option overrides the preset. ``--genomes pyrodigal``: the four real
+   genomes in pyrodigal's test data (the demo's ``--genomes``) instead of the generated metagenome.
 
     .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
         [--rounds N] [--H N] [--inner-lr X] [--outer-lr X] [--outer-momentum X] [--warmup-steps N]
+        [--genomes generated|pyrodigal]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
 over Biopython SeqIO), ``metagene_learning_quarter: ours=<ppl> peer=<ppl> ratio=<x> target=0.85 ok|short``
@@ -344,7 +346,7 @@ def learning(args: argparse.Namespace) -> str:
     cfg = learning_config(args)
     peers, seq_len = 4, 128
     options = MetageneDemoOptions(reads_per_organism=cfg.reads_per_organism,
-                                  eval_reads_per_organism=cfg.eval_reads_per_organism)
+                                  eval_reads_per_organism=cfg.eval_reads_per_organism, genomes=args.genomes)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         store, tokenizer, eval_reads = prepare_data(options, Path(tmp))
@@ -402,6 +404,8 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=None, help="learning: outer momentum (0: averaging)")
     parser.add_argument("--warmup-steps", type=int, default=None,
                         help="learning: one-peer AdamW steps on warm-up draws before both arms start from them")
+    parser.add_argument("--genomes", choices=("generated", "pyrodigal"), default="generated",
+                        help="learning: the generated metagenome, or the four real genomes in pyrodigal's test data")
     args = parser.parse_args()
     if args.part in ("pipeline", "all"):
         print(pipeline(args), flush=True)

@@ -88,8 +88,57 @@ ADVERSARY_ATTEMPTS = 4 * ATTEMPTS
 EXPECTED = {
     "off_grid": ("a value of magnitude 1000, over the grid's 127", "refused_parts"),
     "inflate": ("over 3 members x 127 levels", "refused_replies"),
-    "equivocate": ("members hold different averages: the spans reduced by", None),
+    "equivocate": ("members hold different averages: the span reduced by", None),
 }
+
+
+SHARES = textwrap.dedent("""
+    import json, sys, torch
+    from hivemind.averaging import DecentralizedAverager
+    from hivemind.averaging.load_balancing import load_balance_peers
+    from hivemind.averaging.partition import TensorPartContainer
+    from intellect_node.node.diloco.exact_averager import PART_ELEMENTS, GridWire, _decode, reducer_spans
+    from intellect_node.node.diloco.frames import FrameError
+
+    out = {"spans": [], "refused": []}
+    for elements, n in json.loads(sys.argv[1]):
+        fractions = load_balance_peers(elements, [None] * n, 0)  # what members who claim nothing get
+        container = TensorPartContainer([torch.zeros(elements)], fractions, compression=GridWire())
+        spans = reducer_spans(container.num_parts_by_peer, elements)
+        parts = list(container.num_parts_by_peer)
+        out["spans"].append([spans, parts, PART_ELEMENTS])
+    payload = DecentralizedAverager.serializer.dumps({})  # empty: only the claims around it are judged
+    for bandwidth, mode in ((None, 0), (1e9, 0), (None, 1), (None, 2)):
+        raw = DecentralizedAverager.serializer.dumps([bandwidth, mode, payload])
+        try:
+            _decode(raw)
+            out["refused"].append(None)
+        except FrameError as exc:
+            out["refused"].append(str(exc))
+    print(json.dumps(out))
+""")
+
+
+def test_every_member_reduces_whole_parts_in_order_and_claims_are_refused() -> None:
+    """``reducer_spans`` against hivemind's own partitioning, for vectors under one part, under n
+    parts and over; and a gather payload claiming a bandwidth or a client or auxiliary mode is
+    refused (hivemind would hand its share to others or all of it to the claimant)."""
+    cases = [[1000, 3], [PART_ELEMENTS + 5, 3], [3 * PART_ELEMENTS, 3], [5 * PART_ELEMENTS + 7, 2]]
+    done = subprocess.run([sys.executable, "-c", SHARES, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for (elements, n), (spans, parts, part) in zip(cases, out["spans"], strict=True):
+        assert part == PART_ELEMENTS and len(spans) == n
+        assert spans[0][0] == 0 and spans[-1][1] == elements
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, in the group's order
+        assert all(end - start == min(count * part, max(0, elements - start)) for (start, end), count
+                   in zip(spans, parts))
+    assert out["spans"][0][1] == [1, 0, 0]  # under one part: the first member reduces it all
+    assert out["spans"][2][1] == [1, 1, 1]  # three parts, three members: one each
+    assert "missing fields" in out["refused"][0]  # no claim: it reached the payload's own schema
+    assert "claimed bandwidth" in out["refused"][1]
+    assert "averaging mode 1" in out["refused"][2] and "averaging mode 2" in out["refused"][3]
 
 
 @pytest.mark.slow

@@ -11,10 +11,16 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
-
 import torch
 
-from intellect_node.node.diloco.commit import SPAN_DIGEST, commit_key, decide, differing_spans, read_outcomes, span_digests
+from intellect_node.node.diloco.commit import (
+    SPAN_DIGEST,
+    commit_key,
+    decide,
+    differing_entries,
+    outcome_digests,
+    read_outcomes,
+)
 
 A, B, C = b"a" * 8, b"b" * 8, b"c" * 8
 D1, D2 = b"1" * 32, b"2" * 32  # two members' span digests (two spans of 16 bytes)
@@ -33,16 +39,19 @@ def test_every_member_must_say_it_completed_with_the_same_average() -> None:
     assert decide([A, B], {A: D1, C: D1}) is None
 
 
-def test_span_digests_name_the_reducer_whose_sums_differ() -> None:
+def test_outcome_digests_name_what_differs() -> None:
     sums = torch.arange(10, dtype=torch.int32)
     spans = [(0, 4), (4, 10), (10, 10)]  # the third reducer got no part
-    mine = span_digests(sums, spans)
-    assert len(mine) == 3 * SPAN_DIGEST and span_digests(sums.clone(), spans) == mine
+    shared = bytes([1, 2, 3])
+    mine = outcome_digests([A, B, C], shared, sums, spans)
+    assert len(mine) == 4 * SPAN_DIGEST and outcome_digests([A, B, C], shared, sums.clone(), spans) == mine
     told_otherwise = sums.clone()
     told_otherwise[5] += 1  # the second reducer replied one sum differently to this member
-    theirs = span_digests(told_otherwise, spans)
-    assert differing_spans(mine, theirs) == [1]
-    assert differing_spans(mine, theirs[:SPAN_DIGEST]) == [0, 1, 2]  # a malformed length differs everywhere
+    assert differing_entries(mine, outcome_digests([A, B, C], shared, told_otherwise, spans)) == [2]
+    # the leader relayed another order or other exponents to this member: the group entry differs
+    assert differing_entries(mine, outcome_digests([B, A, C], shared, sums, spans)) == [0]
+    assert differing_entries(mine, outcome_digests([A, B, C], bytes([1, 2, 4]), sums, spans)) == [0]
+    assert differing_entries(mine, mine[:SPAN_DIGEST]) == [0, 1, 2, 3]  # a malformed length differs everywhere
 
 
 def test_malformed_entries_are_skipped() -> None:
@@ -86,7 +95,7 @@ SCENARIOS = textwrap.dedent("""
         return await asyncio.gather(*sides)
 
     async def main():
-        same, other = b"s" * 48, b"s" * 16 + b"t" * 16 + b"s" * 16  # the second reducer's span differs
+        same, other = b"s" * 64, b"s" * 32 + b"t" * 16 + b"s" * 16  # the second member's span differs
         return {
             "all": await scenario("t.commit.01", [same, same, same]),
             "one_failed": await scenario("t.commit.02", [same, same, False]),
@@ -116,5 +125,5 @@ def test_three_dhts_commit_only_when_every_member_completed_with_the_same_averag
     assert all(1.9 <= seconds < 6.0 for _, seconds in silent), silent
     # a member told other sums by the second reducer: every side refuses, naming that reducer
     told = out["told_otherwise"]
-    assert all(r.startswith("refused: members hold different averages") and "KJHFXAX8tz4" in r
+    assert all(r.startswith("refused: members hold different averages: the span reduced by KJHFXAX8tz4")
                for r, _ in told), told

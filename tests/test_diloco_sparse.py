@@ -135,6 +135,26 @@ def test_a_contribution_off_the_grid_is_named() -> None:
     assert grid.contribution_error(dense * 7, 1.0, 7, 0) is None  # a dense int4 part
 
 
+def test_a_reducers_reply_past_what_n_members_sum_to_is_named() -> None:
+    """``grid.sums_error`` sees hivemind's average in a member's span (sums / n) before any integer
+    cast: n = 3 members on the int8 grid sum to at most 381 per element, k = 4 sparse ones to at
+    most 12 nonzero values per chunk."""
+    average = torch.zeros(2 * CHUNK)
+    average[:3] = torch.tensor([127.0, -127.0, 1 / 3])
+    assert grid.sums_error(average, 3, 127, 0) is None
+    assert "over 3 members x 127 levels" in grid.sums_error(average + 200, 3, 127, 0)
+    for poison in (float("nan"), float("inf"), -1e30, -2.0**31 / 3):  # would cast to INT_MIN, whose abs is itself
+        bad = average.clone()
+        bad[7] = poison
+        assert grid.sums_error(bad, 3, 127, 0) is not None, poison
+    sparse = torch.zeros(2 * CHUNK)
+    sparse[:12] = 2.0
+    assert grid.sums_error(sparse, 3, 2, 4) is None
+    sparse[CHUNK: CHUNK + 13] = 1.0
+    assert "13 nonzero sums in one chunk, over 3 members x k = 4" in grid.sums_error(sparse, 3, 2, 4)
+    assert grid.sums_error(torch.zeros(0), 3, 127, 0) is None  # a member that reduced nothing
+
+
 def test_sparse_needs_error_feedback() -> None:
     assert DilocoSettings(compression="topk64").sparse_k == 64
     with pytest.raises(Exception, match="error_feedback"):

@@ -1,21 +1,22 @@
 """The commit step of an all-reduce attempt (specs/diloco.md section 2): a member applies the
 group's average only when every member of the attempt says that its own side completed, with the
-same average.
+same group and the same sums.
 
 Why: hivemind's all-reduce has no commit of its own. A member whose part and replies all arrived
 finishes, while a groupmate that timed out waiting on that (slow) member fails, matches again
 without it and averages over fewer peers: the same round then ends with different states on
 different peers (seen under load: group sizes 3, 2, 2 in one round). With this step, a member that
-completed posts ``True`` under the attempt's key, one that failed posts ``False``, and each waits
-for the others: one ``False`` or silence until the deadline fails the attempt on every side, and
-hivemind matches the survivors again from their raw values.
+completed posts its digests under the attempt's key, one that failed posts ``False``, and each
+waits for the others: one ``False``, different digests, or silence until the deadline fails the
+attempt on every side, and hivemind matches the survivors again from their raw values.
 
-A completed member posts the digest of the sums it recovered, one 16-byte digest per reducer's
-span (``span_digests``), not a bare ``True``: a reducer that replies different sums to different
-members (which no bound on values can see) makes the digests differ, and the attempt fails on
-every side instead of leaving members on different states; each member logs which reducer's span
-differs from its own. Nobody is banned for it: digests are posted unsigned, so a member could post
-under another's name and frame an honest reducer.
+The digests (``outcome_digests``): 16 bytes over the group as this member saw it (its members in
+order and the shared exponents, both from payloads the leader relayed), then 16 per reducer's span
+over the sums this member recovered there. A leader that relayed different payloads to different
+followers, or a reducer that replied different sums to different members (which no bound on values
+can see), makes them differ, and the attempt fails on every side instead of leaving members on
+different states; each member logs what differs from its own. Nobody is banned for it: digests are
+posted unsigned, so a member could post under another's name and frame an honest reducer.
 
 The key names the attempt's group id, which only its members hold (the leader draws it at
 random), so no outsider can post there; a member can lie here as it can in the all-reduce
@@ -45,7 +46,7 @@ Outcome = bytes | bool  # the digests of a completed side, or False for a failed
 
 
 class CommitRefused(Exception):
-    """The attempt is not applied: a member failed its side, or did not say in time."""
+    """The attempt is not applied: a member failed its side, posted other digests, or did not say in time."""
 
 
 def commit_key(prefix: str, group_id: bytes) -> str:
@@ -57,15 +58,21 @@ def peer_name(member: bytes) -> str:
     return base58.b58encode(member).decode()
 
 
-def span_digests(sums: torch.Tensor, spans: Sequence[tuple[int, int]]) -> bytes:
-    """What a completed member posts: for each reducer's span of the flat vector, in the group's
-    order, the first 16 bytes of sha256 over its exact sums (int32, little-endian)."""
+def outcome_digests(members: Sequence[bytes], shared_exponents: bytes, sums: torch.Tensor,
+                    spans: Sequence[tuple[int, int]]) -> bytes:
+    """What a completed member posts: the first 16 bytes of sha256 over the group (each member id,
+    length-prefixed, in the group's order, then the shared exponents), then for each reducer's span
+    of the flat vector, in the group's order, the first 16 bytes of sha256 over its exact sums
+    (int32, little-endian)."""
+    group = b"".join(len(m).to_bytes(2, "big") + m for m in members) + shared_exponents
     data = sums.to(torch.int32).numpy().astype("<i4")
-    return b"".join(hashlib.sha256(data[start:end].tobytes()).digest()[:SPAN_DIGEST] for start, end in spans)
+    return hashlib.sha256(group).digest()[:SPAN_DIGEST] + b"".join(
+        hashlib.sha256(data[start:end].tobytes()).digest()[:SPAN_DIGEST] for start, end in spans)
 
 
-def differing_spans(mine: bytes, theirs: bytes) -> list[int]:
-    """Indices of the reducers' spans whose digests differ (all of them if the lengths differ)."""
+def differing_entries(mine: bytes, theirs: bytes) -> list[int]:
+    """Indices of the 16-byte entries that differ (all of them if the lengths differ): 0 is the
+    group, i >= 1 the span of the group's member i - 1."""
     if len(mine) != len(theirs):
         return list(range(max(len(mine), len(theirs)) // SPAN_DIGEST))
     return [i // SPAN_DIGEST for i in range(0, len(mine), SPAN_DIGEST)
@@ -124,11 +131,12 @@ async def await_commit(dht: Any, key: str, members: Sequence[bytes], mine: bytes
             failed = [peer_name(m) for m in members if outcomes.get(m) is False]
             if failed:
                 raise CommitRefused(f"members {failed} did not complete their side of the attempt")
-            spans = sorted({i for m in members if isinstance(outcomes.get(m), bytes)
-                            for i in differing_spans(mine, outcomes[m])})  # type: ignore[arg-type]
-            reducers = [peer_name(members[i]) if i < len(members) else f"#{i}" for i in spans]
-            raise CommitRefused(f"members hold different averages: the spans reduced by {reducers} differ "
-                                f"from this member's")
+            entries = sorted({i for m in members if isinstance(outcomes.get(m), bytes)
+                              for i in differing_entries(mine, outcomes[m])})  # type: ignore[arg-type]
+            what = ["the group (its order or shared grid: the leader's relay)" if i == 0 else
+                    f"the span reduced by {peer_name(members[i - 1])}" if i <= len(members) else f"entry {i}"
+                    for i in entries]
+            raise CommitRefused(f"members hold different averages: {', '.join(what)} differ from this member's")
         left = deadline - time.monotonic()
         if left <= 0:
             break

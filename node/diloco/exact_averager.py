@@ -13,15 +13,17 @@ specs/diloco.md sections 2 and 4:
   hivemind's all-reduce can complete on a slow member while its groupmates time out on it.
 - What comes back is checked too: the sums recovered from each reducer's replies must be sums of
   ``n`` honest contributions (``grid.sums_error``), or that reducer lied about the average, is
-  counted, never grouped with again and the attempt fails; and every member posts the digests of
-  the sums of each reducer's span in the commit, so a reducer that told members different sums
-  fails the attempt everywhere instead of splitting the group's state.
+  counted, never grouped with again and the attempt fails; and every member posts digests of the
+  group it saw (members in order, shared exponents) and of each reducer's span in the commit, so a
+  leader that relayed different payloads, or a reducer that told members different sums, fails the
+  attempt everywhere instead of splitting the group's state.
 - The group key is the round (``RoundKeys``): hivemind's Moshpit reshuffle of the key after each
   group would send survivors of a failed attempt to different keys.
 - The parts and deltas travel packed (``GridWire``, ``packing``): int8 up and scaled int16 down
   for the int8 and int4 grids, exactly, instead of fp32 both ways; the bytes sent are counted.
-- Every member reduces an equal share of the vector: a member that claims a bandwidth (hivemind
-  would hand it a larger share, all of it for a large enough claim) is refused like a bad payload.
+- Every member reduces an equal share of the vector's parts: a member that claims a bandwidth
+  (hivemind would hand it a larger share, all of it for a large enough claim) or another averaging
+  mode (a client reduces nothing) is refused like a bad payload.
 - A leader refuses the join of a peer whose run digest (model layout and data, ``Layout.run_digest``)
   differs from its own, and a member that finds one in its group fails the attempt.
 - Every part a member sends this reducer is checked before it is summed (``BoundedReducer``):
@@ -59,7 +61,7 @@ from hivemind.utils.asyncio import as_aiter, azip
 from hivemind.utils.timed_storage import get_dht_time
 
 from intellect_node.node.diloco import grid
-from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, post, span_digests
+from intellect_node.node.diloco.commit import COMMIT_S, CommitRefused, await_commit, commit_key, outcome_digests, post
 from intellect_node.node.diloco.frames import FrameError, gather_payload, validate
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import disagreement, refusal
@@ -98,8 +100,10 @@ class LyingReducer(AllreduceException):
 
 
 def reducer_spans(parts_by_reducer: tuple[int, ...], elements: int) -> list[tuple[int, int]]:
-    """[start, end) of the flat vector each member reduced, in the group's order (hivemind hands
-    each reducer consecutive whole parts of ``PART_ELEMENTS``)."""
+    """[start, end) of the flat vector each member reduced, in the group's order. hivemind's
+    ``TensorPartContainer`` hands each reducer consecutive whole parts of ``PART_ELEMENTS`` (our
+    averager holds one tensor and keeps hivemind's part size), so a vector under n parts leaves the
+    last members an empty span, and one under a part is reduced by the first member alone."""
     spans, start = [], 0
     for parts in parts_by_reducer:
         end = min(start + parts * PART_ELEMENTS, elements)
@@ -161,12 +165,14 @@ class GridWire(CompressionBase):
 def _decode(raw: bytes) -> dict[str, Any]:
     """One member's gather payload, checked against the schema (FrameError otherwise)."""
     try:
-        bandwidth, _, user_bytes = DecentralizedAverager.serializer.loads(raw)
+        bandwidth, mode, user_bytes = DecentralizedAverager.serializer.loads(raw)
         payload = DecentralizedAverager.serializer.loads(user_bytes)
     except (ValueError, TypeError) as exc:
         raise FrameError(f"undecodable payload: {exc}") from None
     if bandwidth is not None:  # hivemind splits the vector between reducers by the bandwidths members claim
         raise FrameError(f"a claimed bandwidth ({bandwidth!r}): every member reduces an equal share")
+    if mode != AveragingMode.NODE.value:  # a client reduces nothing, which hands its share to the others
+        raise FrameError(f"averaging mode {mode!r}: every member is a full node")
     if not isinstance(payload, dict):
         raise FrameError("the payload is not a map")
     return validate({"type": "gather"} | payload, gather_payload(CHUNKS))
@@ -240,7 +246,8 @@ class ExactAverager(DecentralizedAverager):
         self.sent = SENT = mp.Value("q", 0)
         self.refused_parts = mp.Value("q", 0)  # parts refused by this member as a reducer (BoundedReducer)
         self.refused_replies = mp.Value("q", 0)  # reducers' replies this member refused (grid.sums_error)
-        self.digests = b""  # the span digests of the attempt that last completed here
+        self.shared: dict[bytes, torch.Tensor] = {}  # group id -> the shared exponents of its attempt
+        self.digests: dict[bytes, bytes] = {}  # group id -> this member's digests of its completed attempt
         self.layout, self.layout_digest, self.levels, self.sparse_k = layout, layout_digest, levels, sparse_k
         self.raw = torch.zeros(layout.elements).share_memory_()  # this member's x, set before each step
         super().__init__([torch.zeros(layout.elements)], allow_state_sharing=False, compression=GridWire(), **kwargs)
@@ -248,17 +255,20 @@ class ExactAverager(DecentralizedAverager):
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         """One attempt, applied only if every member's side completed (``commit``)."""
         key = commit_key(self.prefix, group_info.group_id)
-        self.digests = b""
         try:
             gathered = await self._checked_allreduce(group_info, min_vector_size, **kwargs)
+            digests = self.digests.pop(group_info.group_id)
         except asyncio.CancelledError:
             raise
         except BaseException:
             await self._post_outcome(key, False)
             raise
-        await self._post_outcome(key, self.digests)
+        finally:
+            self.shared.pop(group_info.group_id, None)
+            self.digests.pop(group_info.group_id, None)
+        await self._post_outcome(key, digests)
         try:
-            await await_commit(self.dht, key, [p.to_bytes() for p in group_info.peer_ids], self.digests)
+            await await_commit(self.dht, key, [p.to_bytes() for p in group_info.peer_ids], digests)
         except CommitRefused as exc:
             raise PartialAllReduce(str(exc)) from None
         return gathered
@@ -281,6 +291,7 @@ class ExactAverager(DecentralizedAverager):
             raise PartialAllReduce(f"a group of {len(payloads)} is over this grid's exact limit")
         shared = grid.shared_exponents([torch.frombuffer(bytearray(p["exponents"]), dtype=torch.int8)
                                         for p in payloads.values()])
+        self.shared[group_info.group_id] = shared
         global GROUP_SIZE
         GROUP_SIZE = len(payloads)
         with self.get_tensors() as tensors:
@@ -296,8 +307,6 @@ class ExactAverager(DecentralizedAverager):
         runner.tensor_part_reducer = BoundedReducer(runner.tensor_part_reducer.part_shapes, runner.sender_peer_ids,
                                                     self.levels, self.refused_parts)
         self._running_groups[group_id].set_result(runner)
-        if runner.modes[group_info.peer_ids.index(self.peer_id)] == AveragingMode.AUX:
-            raise PartialAllReduce("auxiliary peers take no part in DiLoCo rounds")
         async for tensor, update in azip(as_aiter(*tensors), runner):
             tensor.add_(update, alpha=self._averaging_alpha)
             self.last_updated = get_dht_time()
@@ -305,20 +314,24 @@ class ExactAverager(DecentralizedAverager):
         if runner.tensor_part_container.failed_size or runner.banned_senders:
             raise PartialAllReduce(f"{runner.tensor_part_container.failed_size} elements not averaged, "
                                    f"{len(runner.banned_senders)} senders dropped")
-        self.digests = self._audit(tensors[0], group_info.peer_ids, runner.tensor_part_container.num_parts_by_peer)
+        self.digests[group_id] = self._audit(tensors[0], group_info.peer_ids, self.shared[group_id],
+                                             runner.tensor_part_container.num_parts_by_peer)
 
-    def _audit(self, averaged: torch.Tensor, reducers: Any, parts_by_reducer: tuple[int, ...]) -> bytes:
-        """The span digests of the sums every reducer replied, once each span is checked to be a sum
-        of honest contributions; a reducer whose span is not is refused (``LyingReducer``)."""
+    def _audit(self, averaged: torch.Tensor, reducers: Any, shared: torch.Tensor,
+               parts_by_reducer: tuple[int, ...]) -> bytes:
+        """This member's commit digests (``commit.outcome_digests``), once every reducer's span is
+        checked to hold an average of honest contributions; a reducer whose span does not is refused
+        (``LyingReducer``)."""
         n = len(reducers)
-        sums = grid.recover_sums(averaged.view(-1), n)
-        spans = reducer_spans(parts_by_reducer, sums.numel())
+        returned = averaged.view(-1)
+        spans = reducer_spans(parts_by_reducer, returned.numel())
         for reducer, (start, end) in zip(reducers, spans, strict=True):
-            why = grid.sums_error(sums[start:end], n, self.levels, self.sparse_k)
+            why = grid.sums_error(returned[start:end], n, self.levels, self.sparse_k)
             if why is not None:
                 REFUSED.add(str(reducer))
                 with self.refused_replies.get_lock():
                     self.refused_replies.value += 1
                 logger.warning("refused the replies of reducer %s (elements %d-%d): %s", reducer, start, end, why)
                 raise LyingReducer(f"reducer {reducer}: {why}")
-        return span_digests(sums, spans)
+        return outcome_digests([p.to_bytes() for p in reducers], shared.numpy().tobytes(),
+                               grid.recover_sums(returned, n), spans)

@@ -68,7 +68,7 @@ def sparse_k(compression: str) -> int:
 def agreement(run_digest: bytes, levels: int, k: int) -> bytes:
     """What the members of a round sign and compare (the gather payload's ``layout``): the run
     digest bound to the grid, so members on another compression never share a round."""
-    return hashlib.sha256(b"intellect-node/diloco-grid/v1\0" + run_digest + struct.pack(">HH", levels, k)).digest()
+    return hashlib.sha256(b"intellect-node/diloco-grid/v2\0" + run_digest + struct.pack(">HH", levels, k)).digest()
 
 
 def max_group(levels: int) -> int:
@@ -142,15 +142,20 @@ def contribution_error(part: torch.Tensor, weight: float, levels: int, k: int) -
     return None
 
 
-def sums_error(sums: torch.Tensor, group_size: int, levels: int, k: int) -> str | None:
-    """Why the exact sums of one reducer's span (as a member recovered them from that reducer's
-    replies) cannot be the sum of ``group_size`` honest contributions, or None. Spans start on chunk
-    boundaries (section 4a). A reducer that replies anything else lies about the group's average."""
-    peak = int(sums.abs().max()) if sums.numel() else 0
-    if peak > group_size * levels:
-        return f"a sum of magnitude {peak}, over {group_size} members x {levels} levels"
+def sums_error(returned: torch.Tensor, group_size: int, levels: int, k: int) -> str | None:
+    """Why the values one reducer's replies left in a member's span (hivemind's average, before
+    ``recover_sums``) cannot be the average of ``group_size`` honest contributions, or None. Checked
+    in fp64 before any integer cast: a NaN, an infinity or a huge value would otherwise become some
+    int32 (INT_MIN, whose ``abs`` is itself) that passes a bound. Spans start on chunk boundaries
+    (section 4a). A reducer that replies anything else lies about the group's average."""
+    scaled = returned.to(torch.float64) * group_size
+    if not bool(torch.isfinite(scaled).all()):
+        return "sums that are not finite"
+    peak = float(scaled.abs().max()) if scaled.numel() else 0.0
+    if peak > group_size * levels + 0.5:  # an honest sum rounds to at most n * Q
+        return f"a sum of magnitude {peak:g}, over {group_size} members x {levels} levels"
     if k:
-        most = int((_chunked(sums) != 0).sum(dim=1).max()) if sums.numel() else 0
+        most = int((_chunked(torch.round(scaled)) != 0).sum(dim=1).max()) if scaled.numel() else 0
         if most > group_size * k:
             return f"{most} nonzero sums in one chunk, over {group_size} members x k = {k}"
     return None
