@@ -116,6 +116,19 @@ async def post(dht: Any, key: str, member: bytes, outcome: Outcome) -> None:
     await dht.store(key=key, subkey=member, value=outcome, expiration_time=expiration, return_future=True)
 
 
+def _refusal(members: Sequence[bytes], outcomes: Mapping[bytes, Outcome], mine: bytes) -> CommitRefused:
+    """Why a decided attempt is not applied here: who failed, else what differs from ``mine``."""
+    failed = [peer_name(m) for m in members if outcomes.get(m) is False]
+    if failed:
+        return CommitRefused(f"members {failed} did not complete their side of the attempt")
+    entries = sorted({i for m in members if isinstance(posted := outcomes.get(m), bytes)
+                      for i in differing_entries(mine, posted)})
+    what = ["the group (its order or shared grid: the leader's relay)" if i == 0 else
+            f"the span reduced by {peer_name(members[i - 1])}" if i <= len(members) else f"entry {i}"
+            for i in entries]
+    return CommitRefused(f"members hold different averages: {', '.join(what)} differ from this member's")
+
+
 async def await_commit(dht: Any, key: str, members: Sequence[bytes], mine: bytes,
                        timeout_s: float = COMMIT_S) -> None:
     """Return once every member posted the digests ``mine``; CommitRefused on a failure, on
@@ -127,16 +140,8 @@ async def await_commit(dht: Any, key: str, members: Sequence[bytes], mine: bytes
         verdict = decide(members, outcomes)
         if verdict is True and outcomes[members[0]] == mine:
             return
-        if verdict is False or verdict is True:
-            failed = [peer_name(m) for m in members if outcomes.get(m) is False]
-            if failed:
-                raise CommitRefused(f"members {failed} did not complete their side of the attempt")
-            entries = sorted({i for m in members if isinstance(outcomes.get(m), bytes)
-                              for i in differing_entries(mine, outcomes[m])})  # type: ignore[arg-type]
-            what = ["the group (its order or shared grid: the leader's relay)" if i == 0 else
-                    f"the span reduced by {peer_name(members[i - 1])}" if i <= len(members) else f"entry {i}"
-                    for i in entries]
-            raise CommitRefused(f"members hold different averages: {', '.join(what)} differ from this member's")
+        if verdict is not None:  # a failure, or digests that differ (maybe all equal, but not to ours)
+            raise _refusal(members, outcomes, mine)
         left = deadline - time.monotonic()
         if left <= 0:
             break

@@ -314,8 +314,10 @@ class ExactAverager(DecentralizedAverager):
         if runner.tensor_part_container.failed_size or runner.banned_senders:
             raise PartialAllReduce(f"{runner.tensor_part_container.failed_size} elements not averaged, "
                                    f"{len(runner.banned_senders)} senders dropped")
-        self.digests[group_id] = self._audit(tensors[0], group_info.peer_ids, self.shared[group_id],
-                                             runner.tensor_part_container.num_parts_by_peer)
+        # a pass over the whole vector (checks, fp64 sums, sha256): off the averager's event loop
+        self.digests[group_id] = await asyncio.get_running_loop().run_in_executor(
+            None, self._audit, tensors[0], group_info.peer_ids, self.shared[group_id],
+            runner.tensor_part_container.num_parts_by_peer)
 
     def _audit(self, averaged: torch.Tensor, reducers: Any, shared: torch.Tensor,
                parts_by_reducer: tuple[int, ...]) -> bytes:
