@@ -329,3 +329,34 @@ def test_data_is_a_function_of_seed_round_and_peer() -> None:
     assert len({tuple(row.tolist()) for row in one_round}) == len({tuple(row.tolist()) for row in corpus})  # no repeats
     with pytest.raises(ValueError, match="needs 260 samples"):
         round_batch(corpus, 0, 2, a, 64, 4)
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk128"])
+@pytest.mark.parametrize("outer", [(0.7, 0.9), (1.0, 0.0)])
+def test_eager_point_starts_an_overlapped_round_near_the_groups_next_parameters(compression, outer) -> None:
+    """Two members' pseudo-gradients share a direction and differ by noise; the overlapped round of
+    member 0 starts at ``eager_point``. It must land nearer the group's real θ_{r+1} than member
+    0's own end point θ - x (the old start) wherever that end point is off (momentum, sparse), and
+    leave the global state untouched."""
+    from intellect_node.node.diloco.peer import eager_point
+
+    torch.manual_seed(3)
+    layout = Layout(("w",), ((3 * CHUNK,),))
+    state = GlobalState(layout, torch.randn(3 * CHUNK), torch.randn(3 * CHUNK) * 1e-2, 5)
+    before = (state.params.clone(), state.momentum.clone(), state.round)
+    s = DilocoSettings(compression=compression, outer_lr=outer[0], outer_momentum=outer[1])
+    common = torch.randn(3 * CHUNK) * 1e-2
+    xs = [common + torch.randn(3 * CHUNK) * 5e-3 for _ in range(2)]
+    shared = grid.shared_exponents([grid.exponents(x, s.levels) for x in xs])
+    sums = sum(grid.quantize(x, shared, s.levels, s.sparse_k) for x in xs).to(torch.int32)
+    group = GlobalState(layout, state.params.clone(), state.momentum.clone(), state.round)
+    outer_step(group, grid.average(sums, shared, 2), s.outer_lr, s.outer_momentum)
+
+    eager = eager_point(state, xs[0], s)
+    end = state.params - xs[0]
+    assert torch.equal(state.params, before[0]) and torch.equal(state.momentum, before[1]) and state.round == before[2]
+    gap, old_gap = float((eager - group.params).norm()), float((end - group.params).norm())
+    if compression == "int8" and outer == (1.0, 0.0):  # the end point is already the group's step but for noise
+        assert gap < 1.01 * old_gap
+    else:
+        assert gap < 0.7 * old_gap, (gap, old_gap)

@@ -37,6 +37,24 @@ from intellect_node.node.metagene.recipe import Recipe, make_optimizer
 log = logging.getLogger(__name__)
 
 
+def eager_point(state: GlobalState, x: torch.Tensor, s: DilocoSettings) -> torch.Tensor:
+    """Where the outer parameters would go if the group's average were this peer's own
+    pseudo-gradient ``x`` on the grid: an overlapped peer trains its next round from here while
+    the real average travels (``state`` is untouched).
+
+    Why not from the round's own end point: that round's progress is later put on top of the real
+    θ_{r+1}, so it should be made near there, and the end point is far from it wherever the outer
+    step is not plain averaging of nearly all of ``x``: Nesterov momentum, or a sparse grid (a few
+    values per chunk sent, the rest left in the residual). The own average as the proxy of the
+    group's is Kale, Douillard and Donchev's "eager updates" (arXiv 2502.12996), here for the local
+    parameters only: the global state stays exact."""
+    shared = grid.exponents(x, s.levels)
+    own = grid.average(grid.quantize(x, shared, s.levels, s.sparse_k).to(torch.int32), shared, 1)
+    preview = GlobalState(state.layout, state.params.clone(), state.momentum.clone(), state.round)
+    outer_step(preview, own, s.outer_lr, s.outer_momentum)
+    return preview.params
+
+
 @dataclass
 class RoundRecord:
     """What one round did: a metrics.jsonl line and the progress line's fields."""
@@ -131,7 +149,7 @@ class DilocoPeer:
         self._load_global()
         self.diverged = False  # our last round was solo or our hash disagreed: the swarm's state wins
         self.pending: Pending | None = None  # overlap: the previous round's averaging, in flight
-        self.anchor = self.layout.flatten(self.named)  # overlap: local params when that round was sent
+        self.anchor = self.layout.flatten(self.named)  # overlap: where the round in flight's successor started
 
     def adopt(self, theirs: GlobalState | None) -> bool:
         """Take ``theirs`` (the state most live members vouch for, fetched through the overlay and
@@ -246,9 +264,9 @@ class DilocoPeer:
     def _overlapped_round(self, report: Callable[[dict[str, Any]], None]) -> RoundRecord | None:
         """One-round-delayed outer step: the average of round r travels while round r+1 trains.
 
-        Round r+1's inner steps start from round r's local end point instead of waiting for
-        θ_{r+1}; when θ_{r+1} arrives, the progress made meanwhile is kept on top of it
-        (local := θ_{r+1} + (φ - φ_sent)), and round r+1's pseudo-gradient is that progress. The
+        Round r+1's inner steps start at once, from an estimate of θ_{r+1} (``_eager_point``)
+        instead of waiting for it; when θ_{r+1} arrives, the progress made meanwhile is kept on
+        top of it (local := θ_{r+1} + (φ - φ_start)), and round r+1's pseudo-gradient is that progress. The
         outer state (θ, m, round) is still the same bits on every peer; only local params lag.
         Returns the record of the outer step applied now, or None on the first call."""
         training = self.state.round + (1 if self.pending is not None else 0)
@@ -272,8 +290,12 @@ class DilocoPeer:
                 for name, view in self.layout.views(self.state.params + progress).items():
                     self.named[name].copy_(view)
             record = self._record(applied, losses, train_s, outcome, digest, waited_s)
-        self.anchor = self.layout.flatten(self.named)
-        self.pending = Pending(self._average, self._pseudo_gradient())
+        x = self._pseudo_gradient()
+        self.pending = Pending(self._average, x)
+        self.anchor = eager_point(self.state, x, self.settings)
+        with torch.no_grad():
+            for name, view in self.layout.views(self.anchor).items():
+                self.named[name].copy_(view)
         return record
     def _save(self) -> bytes:
         if self.checkpoint is None:
