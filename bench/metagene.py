@@ -23,7 +23,10 @@ keeps up with training.
 
    Knobs of the learning part (defaults: 20 rounds of H 20, ``DilocoSettings``' inner lr 4e-4 and outer
    Nesterov lr 0.7 momentum 0.9, no warm-up; ``--quick``: 4 rounds of H 10 on 600 reads per organism):
-   ``--rounds``, ``--H``, ``--inner-lr`` (the one peer's AdamW uses the same lr), ``--outer-lr``,
+   ``--rounds``, ``--H``, ``--inner-lr`` (the one peer's AdamW uses the same lr unless
+   ``--baseline-lrs`` names others: then each one-peer arm trains at each of them and the best
+   held-out perplexity of each arm is the one compared, so neither baseline loses by a lr tuned
+   for DiLoCo), ``--outer-lr``,
    ``--outer-momentum`` (0: plain averaging at ``--outer-lr``), ``--warmup-steps`` (θ0 is first trained
    that many one-peer AdamW steps on warm-up draws, rounds from ``WARMUP_ROUND`` under a key no peer
    has, and both arms start from that model, as DiLoCo starts from a pretrained checkpoint), and
@@ -32,8 +35,8 @@ keeps up with training.
    genomes in pyrodigal's test data (the demo's ``--genomes``) instead of the generated metagenome.
 
     .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
-        [--rounds N] [--H N] [--inner-lr X] [--outer-lr X] [--outer-momentum X] [--warmup-steps N]
-        [--genomes generated|pyrodigal]
+        [--rounds N] [--H N] [--inner-lr X] [--baseline-lrs X,X,..] [--outer-lr X] [--outer-momentum X]
+        [--warmup-steps N] [--genomes generated|pyrodigal]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
 over Biopython SeqIO), ``metagene_learning_quarter: ours=<ppl> peer=<ppl> ratio=<x> target=0.85 ok|short``
@@ -46,6 +49,7 @@ is the headline of the last part run (``all``: learning, against all the tokens)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import sys
 import tempfile
@@ -224,12 +228,15 @@ class LearningConfig:
     outer_lr: float
     outer_momentum: float
     warmup_steps: int  # one-peer AdamW steps from the seed's model before both arms start (0: none)
+    baseline_lrs: tuple[float, ...]  # the one-peer arms' lrs, each arm at its best of them (empty: the inner lr)
     reads_per_organism: int
     eval_reads_per_organism: int
 
 
-# --long: fits in 30 minutes on 2 shared cores (bench/RESULTS.md, "DiLoCo's regime on METAGENE", 2026-11-27)
-LONG = {"rounds": 60, "H": 20, "inner_lr": 2e-3, "outer_lr": 1.0, "outer_momentum": 0.0, "warmup_steps": 0}
+# --long: fits in 30 minutes on 2 shared cores (bench/RESULTS.md, "DiLoCo's regime on METAGENE" and "Against
+# each baseline at its best lr", 2026-11-27): 120 rounds, and the baselines at the three lrs that bracket their best
+LONG = {"rounds": 120, "H": 20, "inner_lr": 2e-3, "outer_lr": 1.0, "outer_momentum": 0.0, "warmup_steps": 0,
+        "baseline_lrs": (5e-4, 1e-3, 2e-3)}
 WARMUP_ROUND = 1_000_000  # warm-up draws use rounds from here on, under a key no peer has: not the arms' batches
 WARMUP_KEY = 0
 
@@ -240,7 +247,7 @@ def learning_config(args: argparse.Namespace) -> LearningConfig:
 
     d = DilocoSettings()
     base: dict[str, Any] = {"rounds": 20, "H": 20, "inner_lr": d.inner_lr, "outer_lr": d.outer_lr,
-                            "outer_momentum": d.outer_momentum, "warmup_steps": 0}
+                            "outer_momentum": d.outer_momentum, "warmup_steps": 0, "baseline_lrs": ()}
     if args.quick:
         base |= {"rounds": 4, "H": 10}
     if args.long:
@@ -326,6 +333,24 @@ def one_peer(settings: Any, data: Any, weights: dict[str, Any], keys: list[int],
     return model, tokens, time.perf_counter() - started
 
 
+def best_one_peer(settings: Any, data: Any, weights: dict[str, Any], keys: list[int], rounds: int,
+                  lrs: tuple[float, ...],
+                  scored: Callable[[Any], dict[str, Any]]) -> tuple[dict[str, Any], int, float, float]:
+    """``one_peer`` at each lr of ``lrs``; the metrics, tokens and seconds of the lowest held-out perplexity,
+    and its lr. Each lr's perplexity is printed: the reader sees how flat the best is."""
+    best: tuple[dict[str, Any], int, float, float] | None = None
+    for lr in lrs:
+        model, tokens, seconds = one_peer(dataclasses.replace(settings, inner_lr=lr), data, weights, keys, rounds)
+        metrics = scored(model)
+        if len(lrs) > 1:
+            print(f"  one peer on {len(keys)} peer(s)' batches at lr {lr:g}: held-out perplexity "
+                  f"{metrics['perplexity']:.3f}", flush=True)
+        if best is None or metrics["perplexity"] < best[0]["perplexity"]:
+            best = (metrics, tokens, seconds, lr)
+    assert best is not None, "no baseline lr"
+    return best
+
+
 def headline(name: str, ours: float, peer: float, target: float) -> str:
     """The project's headline: ok when ours is at most ``target`` times the peer's perplexity."""
     ratio = ours / peer
@@ -371,18 +396,21 @@ def learning(args: argparse.Namespace) -> str:
         before = scored(build_preset_model(settings, weights))
         model, keys, diloco_tokens, diloco_s = run_diloco(settings, data, weights, peers, cfg.rounds)
         ours = scored(model)
-        model, single_tokens, single_s = one_peer(settings, data, weights, keys, cfg.rounds)
-        peer = scored(model)
-        model, alone_tokens, alone_s = one_peer(settings, data, weights, keys[:1], cfg.rounds)
-        alone = scored(model)
+        lrs = cfg.baseline_lrs or (cfg.inner_lr,)
+        peer, single_tokens, single_s, single_lr = best_one_peer(settings, data, weights, keys, cfg.rounds, lrs, scored)
+        alone, alone_tokens, alone_s, alone_lr = best_one_peer(settings, data, weights, keys[:1], cfg.rounds, lrs,
+                                                               scored)
 
-    print(f"  {'':28} {'perplexity':>10} {'bits/bp':>8} {'probe MCC':>9} {'4-mer MCC':>9} {'tokens':>9} {'train s':>7}")
+    def at(lr: float) -> str:  # a baseline's lr, named where it is not the inner lr
+        return "" if lr == cfg.inner_lr else f" (lr {lr:g})"
+
+    print(f"  {'':34} {'perplexity':>10} {'bits/bp':>8} {'probe MCC':>9} {'4-mer MCC':>9} {'tokens':>9} {'train s':>7}")
     start_name = f"theta0 ({cfg.warmup_steps} warm-up steps)" if cfg.warmup_steps else "before training (theta0)"
     for name, m, tokens, seconds in ((start_name, before, 0, warm_s),
                                      (f"DiLoCo, {peers} peers", ours, diloco_tokens, diloco_s),
-                                     ("one peer, same batches", peer, single_tokens, single_s),
-                                     ("one peer, a quarter of them", alone, alone_tokens, alone_s)):
-        print(f"  {name:28} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} "
+                                     (f"one peer, same batches{at(single_lr)}", peer, single_tokens, single_s),
+                                     (f"one peer, a quarter{at(alone_lr)}", alone, alone_tokens, alone_s)):
+        print(f"  {name:34} {m['perplexity']:>10.3f} {m['bits_per_bp']:>8.4f} {m['probe_mcc']:>9.3f} "
               f"{m['kmer_mcc']:>9.3f} {tokens:>9,} {seconds:>7.1f}")
     print("  per organism (DiLoCo / one peer): " + ", ".join(
         f"{k} {v:.3f}/{peer['perplexity_per_organism'][k]:.3f}" for k, v in ours["perplexity_per_organism"].items()))
@@ -400,6 +428,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="learning: outer rounds")
     parser.add_argument("--H", type=int, default=None, help="learning: inner steps per round")
     parser.add_argument("--inner-lr", type=float, default=None, help="learning: inner AdamW lr (the one peer's too)")
+    parser.add_argument("--baseline-lrs", type=lambda s: tuple(float(x) for x in s.split(",")), default=None,
+                        help="learning: the one-peer arms' AdamW lrs, each arm at its best (default: --inner-lr)")
     parser.add_argument("--outer-lr", type=float, default=None, help="learning: outer Nesterov lr")
     parser.add_argument("--outer-momentum", type=float, default=None, help="learning: outer momentum (0: averaging)")
     parser.add_argument("--warmup-steps", type=int, default=None,
