@@ -50,6 +50,22 @@ def test_sparse_contribution_keeps_k_per_chunk_as_two_bit_codes() -> None:
     assert grid.sparse_k("topk64") == 64 and grid.sparse_k("int8") == 0
 
 
+@pytest.mark.parametrize("kind", ["distinct", "ties", "zeros"])
+@pytest.mark.parametrize("k", [16, 128, 256])
+def test_top_k_keeps_the_largest_and_breaks_ties_toward_the_lower_index(kind: str, k: int) -> None:
+    """The mask equals the definition (a stable descending sort of each chunk's ``|x|``, first k),
+    also where most values tie (few distinct integers, all zeros) and in the short last chunk."""
+    torch.manual_seed(k)
+    n = 3 * CHUNK + 1000
+    x = {"distinct": torch.randn(n), "ties": torch.randint(-3, 4, (n,)).float(), "zeros": torch.zeros(n)}[kind]
+    mask = grid._top_k_mask(x, k)
+    padded = torch.nn.functional.pad(x.abs(), (0, (-n) % CHUNK)).view(-1, CHUNK)
+    first_k = torch.argsort(padded, dim=1, descending=True, stable=True)[:, :k]
+    expected = torch.zeros_like(padded, dtype=torch.bool).scatter_(1, first_k, True).view(-1)[:n]
+    assert torch.equal(mask, expected)
+    assert int(mask[:CHUNK].sum()) == k
+
+
 def test_error_feedback_carries_a_coordinate_never_sent_until_it_is_sent() -> None:
     g = torch.zeros(CHUNK)
     g[:K] = 1.0  # K large coordinates fill the chunk's top-k every round ...

