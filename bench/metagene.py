@@ -33,10 +33,13 @@ keeps up with training.
    ``--long`` (the ``LONG`` preset of them, the regime bench/RESULTS.md found; fits 30 minutes on 2
    shared cores); an explicit option overrides the preset. ``--genomes pyrodigal``: the four real
    genomes in pyrodigal's test data (the demo's ``--genomes``) instead of the generated metagenome.
+   ``--held-out region``: held-out reads from the last tenth of each genome, which no training read
+   covers (default ``reads``: other reads of the whole genomes, which a small genome's training reads
+   cover many times over).
 
     .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
         [--rounds N] [--H N] [--inner-lr X] [--baseline-lrs X,X,..] [--outer-lr X] [--outer-momentum X]
-        [--warmup-steps N] [--genomes generated|pyrodigal]
+        [--warmup-steps N] [--genomes generated|pyrodigal] [--held-out reads|region]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
 over Biopython SeqIO), ``metagene_learning_quarter: ours=<ppl> peer=<ppl> ratio=<x> target=0.85 ok|short``
@@ -371,7 +374,8 @@ def learning(args: argparse.Namespace) -> str:
     cfg = learning_config(args)
     peers, seq_len = 4, 128
     options = MetageneDemoOptions(reads_per_organism=cfg.reads_per_organism,
-                                  eval_reads_per_organism=cfg.eval_reads_per_organism, genomes=args.genomes)
+                                  eval_reads_per_organism=cfg.eval_reads_per_organism, genomes=args.genomes,
+                                  held_out=args.held_out)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         store, tokenizer, eval_reads = prepare_data(options, Path(tmp))
@@ -436,6 +440,9 @@ def main() -> None:
                         help="learning: one-peer AdamW steps on warm-up draws before both arms start from them")
     parser.add_argument("--genomes", choices=("generated", "pyrodigal"), default="generated",
                         help="learning: the generated metagenome, or the four real genomes in pyrodigal's test data")
+    parser.add_argument("--held-out", choices=("reads", "region"), default="reads",
+                        help="learning: held-out reads from the whole genomes, or from a tenth of each that no "
+                             "training read covers (node/demo/metagene.py split_genomes)")
     args = parser.parse_args()
     if args.part in ("pipeline", "all"):
         print(pipeline(args), flush=True)

@@ -73,3 +73,30 @@ def test_synth_command_writes_a_real_metagenome_and_refuses_an_unknown_source(tm
     assert result.exit_code == 2 and "unknown genome source 'hub'" in result.output
     result = CliRunner().invoke(app, ["demo", "--workload", "metagene", "--genomes", "hub"])
     assert result.exit_code == 2 and "--genomes 'hub'" in result.output
+
+
+def test_a_held_out_region_is_never_covered_by_training_reads(tmp_path) -> None:
+    """``held_out = "region"``: the training genomes are the first nine tenths, the held-out ones the
+    rest, for the real genomes too; every training read (errors aside) lies inside the training part.
+    ``reads`` keeps one genome for both; an unknown split or a genome too short to split is refused."""
+    from intellect_node.node.demo.metagene import MetageneDemoOptions, split_genomes
+
+    organisms = pyrodigal_genomes()
+    training, held = split_genomes(organisms, "region")
+    for whole, train, rest in zip(organisms, training, held, strict=True):
+        assert train.name == rest.name == whole.name
+        assert train.genome + rest.genome == whole.genome
+        assert len(rest.genome) == len(whole.genome) - int(len(whole.genome) * 0.9)
+    assert split_genomes(organisms, "reads") == (organisms, organisms)
+    write_metagenome(tmp_path, seed=3, reads_per_organism=40, genomes=training[:1])
+    rest = held[0].genome
+    complement = str.maketrans("ACGT", "TGCA")
+    for read in iter_reads(tmp_path):
+        kmers = {read.sequence[i:i + 24] for i in range(0, len(read.sequence) - 24, 24)}
+        kmers |= {k.translate(complement)[::-1] for k in kmers}
+        assert not any(k in rest for k in kmers if "N" not in k and len(set(k)) > 2)
+    with pytest.raises(ValueError, match="held_out"):
+        MetageneDemoOptions(held_out="genome")
+    short = type(organisms[0])("tiny", organisms[0].genome[:1000])
+    with pytest.raises(ValueError, match="too short"):
+        split_genomes([short], "region")
