@@ -40,6 +40,7 @@ keeps up with training.
     .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
         [--rounds N] [--H N] [--inner-lr X] [--baseline-lrs X,X,..] [--outer-lr X] [--outer-momentum X]
         [--warmup-steps N] [--genomes generated|pyrodigal] [--held-out reads|region]
+        [--reads-per-organism N] [--genome-length BP]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
 over Biopython SeqIO), ``metagene_learning_quarter: ours=<ppl> peer=<ppl> ratio=<x> target=0.85 ok|short``
@@ -258,7 +259,7 @@ def learning_config(args: argparse.Namespace) -> LearningConfig:
     for name in base:
         if getattr(args, name, None) is not None:
             base[name] = getattr(args, name)
-    return LearningConfig(**base, reads_per_organism=600 if args.quick else 2000,
+    return LearningConfig(**base, reads_per_organism=args.reads_per_organism or (600 if args.quick else 2000),
                           eval_reads_per_organism=60 if args.quick else 100)
 
 
@@ -375,7 +376,7 @@ def learning(args: argparse.Namespace) -> str:
     peers, seq_len = 4, 128
     options = MetageneDemoOptions(reads_per_organism=cfg.reads_per_organism,
                                   eval_reads_per_organism=cfg.eval_reads_per_organism, genomes=args.genomes,
-                                  held_out=args.held_out)
+                                  held_out=args.held_out, genome_length=args.genome_length)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         store, tokenizer, eval_reads = prepare_data(options, Path(tmp))
@@ -440,6 +441,10 @@ def main() -> None:
                         help="learning: one-peer AdamW steps on warm-up draws before both arms start from them")
     parser.add_argument("--genomes", choices=("generated", "pyrodigal"), default="generated",
                         help="learning: the generated metagenome, or the four real genomes in pyrodigal's test data")
+    parser.add_argument("--reads-per-organism", type=int, default=None,
+                        help="learning: training reads per organism (default 2000; quick 600)")
+    parser.add_argument("--genome-length", type=int, default=20_000,
+                        help="learning: bp per generated genome (more than reads x 150 bp: no base seen twice)")
     parser.add_argument("--held-out", choices=("reads", "region"), default="reads",
                         help="learning: held-out reads from the whole genomes, or from a tenth of each that no "
                              "training read covers (node/demo/metagene.py split_genomes)")
