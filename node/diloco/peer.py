@@ -37,6 +37,12 @@ from intellect_node.node.metagene.recipe import Recipe, make_optimizer
 log = logging.getLogger(__name__)
 
 
+def own_contribution(x: torch.Tensor, s: DilocoSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """This peer's grid alone, as a group of one would use it: (its own exponents, its int32 values)."""
+    shared = grid.exponents(x, s.levels)
+    return shared, grid.quantize(x, shared, s.levels, s.sparse_k).to(torch.int32)
+
+
 def eager_point(state: GlobalState, x: torch.Tensor, s: DilocoSettings) -> torch.Tensor:
     """Where the outer parameters would go if the group's average were this peer's own
     pseudo-gradient ``x`` on the grid: an overlapped peer trains its next round from here while
@@ -48,10 +54,9 @@ def eager_point(state: GlobalState, x: torch.Tensor, s: DilocoSettings) -> torch
     values per chunk sent, the rest left in the residual). The own average as the proxy of the
     group's is Kale, Douillard and Donchev's "eager updates" (arXiv 2502.12996), here for the local
     parameters only: the global state stays exact."""
-    shared = grid.exponents(x, s.levels)
-    own = grid.average(grid.quantize(x, shared, s.levels, s.sparse_k).to(torch.int32), shared, 1)
+    shared, own = own_contribution(x, s)
     preview = GlobalState(state.layout, state.params.clone(), state.momentum.clone(), state.round)
-    outer_step(preview, own, s.outer_lr, s.outer_momentum)
+    outer_step(preview, grid.average(own, shared, 1), s.outer_lr, s.outer_momentum)
     return preview.params
 
 
@@ -168,8 +173,12 @@ class DilocoPeer:
         return True
 
     def _load_global(self) -> None:
+        self._load(self.state.params)
+
+    def _load(self, flat: torch.Tensor) -> None:
+        """The model's parameters := ``flat`` (layout order)."""
         with torch.no_grad():
-            for name, view in self.layout.views(self.state.params).items():
+            for name, view in self.layout.views(flat).items():
                 self.named[name].copy_(view)
 
     def _train(self, round_: int, report: Callable[[dict[str, Any]], None]) -> list[float]:
@@ -209,8 +218,7 @@ class DilocoPeer:
             if self.stopping.is_set():
                 raise Stopped(f"stopped in round {r} while averaging") from None
             log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, exc)
-            shared = grid.exponents(x, s.levels)
-            own = grid.quantize(x, shared, s.levels, s.sparse_k).to(torch.int32)
+            shared, own = own_contribution(x, s)
             return Outcome(x, shared, own, 1, str(exc)[:500], None, 0, time.perf_counter() - started)
 
     def _apply(self, outcome: Outcome) -> bytes:
@@ -256,9 +264,7 @@ class DilocoPeer:
         applied = self.state.round
         progress = self.layout.flatten(self.named) - self.anchor
         digest = self._apply(outcome)
-        with torch.no_grad():
-            for name, view in self.layout.views(self.state.params + progress).items():
-                self.named[name].copy_(view)
+        self._load(self.state.params + progress)
         return self._record(applied, [float("nan")], 0.0, outcome, digest, time.perf_counter() - waited)
 
     def _overlapped_round(self, report: Callable[[dict[str, Any]], None]) -> RoundRecord | None:
@@ -286,16 +292,12 @@ class DilocoPeer:
             if self.diverged:  # start over from θ; the next round re-syncs before it launches anything
                 self._load_global()
                 return self._record(applied, losses, train_s, outcome, digest, waited_s)
-            with torch.no_grad():
-                for name, view in self.layout.views(self.state.params + progress).items():
-                    self.named[name].copy_(view)
+            self._load(self.state.params + progress)
             record = self._record(applied, losses, train_s, outcome, digest, waited_s)
         x = self._pseudo_gradient()
         self.pending = Pending(self._average, x)
         self.anchor = eager_point(self.state, x, self.settings)
-        with torch.no_grad():
-            for name, view in self.layout.views(self.anchor).items():
-                self.named[name].copy_(view)
+        self._load(self.anchor)
         return record
     def _save(self) -> bytes:
         if self.checkpoint is None:
