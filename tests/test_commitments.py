@@ -120,3 +120,28 @@ def test_the_worker_generates_only_committed_counters_and_sizes_by_its_rate() ->
     plan.forget_before(5)
     assert sorted(plan.steps) == [6]
     assert CommitmentPlan(groups_per_batch=4, groups_per_step=9, async_window=2).size(0, 0) == 20  # 2 x 9, batches
+
+
+def test_a_worker_that_missed_the_newest_steps_commitment_generates_an_older_committed_step() -> None:
+    """A trainer resuming from its pool can publish steps 4 and 5 at once: a worker that committed
+    for 3 and 4 only must generate step 4's committed groups, not wait for a step 6 that the
+    trainer can only make from its groups."""
+    plan = CommitmentPlan(groups_per_batch=4, groups_per_step=0, async_window=2)
+    for step, groups in ((3, 8), (4, 16)):
+        plan.to_send(step, ["t"], groups=groups)
+        plan.answered(step, "t", "stored")
+    made = {3: 8, 4: 4}
+    never_done = lambda step: False  # noqa: E731
+    assert plan.step_to_generate([5, 4, 3], made.__getitem__, never_done) == 4
+    made[4] = 16  # step 4's commitment used up; step 3's too
+    assert plan.step_to_generate([5, 4, 3], made.__getitem__, never_done) == 5  # nothing owed: pace on 5
+    made[4] = 4
+    assert plan.step_to_generate([5, 4, 3], made.__getitem__, lambda step: step == 4) == 5  # share done
+    plan.to_send(5, ["t"], groups=4)
+    plan.answered(5, "t", "stored")
+    assert plan.step_to_generate([5, 4, 3], made.__getitem__, never_done) == 5  # committed: the newest
+    plan.to_send(6, ["t"], groups=4)
+    plan.answered(6, "t", "late")  # the trainer knew 6 first: refused, so 6 counts as missed
+    assert plan.step_to_generate([6, 5, 4], lambda step: 0, never_done) == 5
+    assert plan.step_to_generate([1, 0], lambda step: 0, never_done) == 0  # step 0 is warm-up, never bound
+    assert plan.step_to_generate([0], lambda step: 0, never_done) == 0

@@ -66,6 +66,11 @@ class PolicyFollower:
     def newest_complete(self) -> Checkpoint | None:
         return self.shards.store.newest_complete()
 
+    def complete_since(self, step: int) -> list[Checkpoint]:
+        """The complete checkpoints held of ``step`` and later, newest first."""
+        held = [c for c in list(self.shards.store.checkpoints.values()) if c.complete and c.step >= step]
+        return sorted(held, key=lambda c: c.step, reverse=True)
+
     def newest_known_step(self, node: NodeContext) -> int:
         """The run's newest step as far as this node knows: held here, or advertised by a trainer."""
         newest = self.newest_complete()

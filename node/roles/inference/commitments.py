@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
@@ -93,6 +94,23 @@ class CommitmentPlan:
         entry = self.steps.get(step)
         total = entry.covered() if entry is not None else 0
         return None if total is None else max(0, total - next_counter)
+
+    def step_to_generate(self, held: Sequence[int], next_counter: Callable[[int], int],
+                         share_done: Callable[[int], bool]) -> int:
+        """The step to generate on, of ``held`` (the complete steps of the async window, newest
+        first): the newest, unless no judge holds this worker's commitment for it (it learned of
+        that step only after the judges did: a trainer resuming from its pool publishes several
+        steps at once). Then the newest older step with committed counters left and its share not
+        done, so that trainer and worker do not wait for each other (the trainer for groups, the
+        worker for a step it committed to). Those counters are owed anyway: undelivered, they are
+        settled as reward 0."""
+        newest = held[0]
+        if newest == WARM_UP_STEP or self.covered(newest, 0) != 0:
+            return newest
+        for step in held[1:]:
+            if self.covered(step, next_counter(step)) != 0 and not share_done(step):
+                return step
+        return newest
 
     def forget_before(self, step: int) -> None:
         self.steps = {s: e for s, e in self.steps.items() if s >= step}

@@ -11,7 +11,9 @@ counters (which validators treat as replays).
 
 Commitments (specs/rollouts.md, "Committed assignments"): as soon as the worker holds checkpoint
 ``s`` it commits for ``s + 1`` to every judge it delivers to, before anyone knows that step's
-tasks, and it generates on a step >= 1 only the counters some judge stored a commitment for.
+tasks, and it generates on a step >= 1 only the counters some judge stored a commitment for. When
+it learned of the newest step too late to commit for it, it generates the committed counters of an
+older step of the window instead of waiting for a step that needs its groups first.
 Step 0 is warm-up (no commitment can precede it) and is paced by ``groups_per_step`` alone.
 """
 
@@ -157,11 +159,12 @@ class InferenceWorker:
 
     async def _generate_forever(self, engine: Engine) -> None:
         while True:
-            checkpoint = self._usable_checkpoint()
-            if checkpoint is None:
+            newest = self._usable_checkpoint()
+            if newest is None:
                 await trio.sleep(IDLE_POLL_S)
                 continue
-            await self._commit_ahead(checkpoint.step)
+            await self._commit_ahead(newest.step)
+            checkpoint = self._checkpoint_to_generate_on(newest)
             tally = self._steps.get(checkpoint.step) or StepTally()
             covered = self.commitments.covered(checkpoint.step, tally.next_counter)
             if covered == 0 or self._share_done(checkpoint.step):
@@ -191,6 +194,19 @@ class InferenceWorker:
                     self.commitments.answered(target, judge, answer)
                 log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
                          self.commitments.steps[target].answers)
+
+    def _checkpoint_to_generate_on(self, newest: Checkpoint) -> Checkpoint:
+        """``newest``, or an older checkpoint of the window when this worker missed committing
+        for ``newest`` (CommitmentPlan.step_to_generate says when and why)."""
+        held = {c.step: c for c in self.policy.complete_since(self.policy.newest_known_step(self.node)
+                                                              - self.async_window)}
+        held.setdefault(newest.step, newest)
+        step = self.commitments.step_to_generate(
+            sorted(held, reverse=True), lambda s: (self._steps.get(s) or StepTally()).next_counter, self._share_done)
+        if step != newest.step and step != self.policy.loaded_step:
+            log.info("no commitment of this worker stands for step %d: generating its committed groups of step %d",
+                     newest.step, step)
+        return held[step]
 
     def _share_done(self, step: int) -> bool:
         """This worker generated ``groups_per_step`` informative groups on ``step`` (and the pace
