@@ -39,7 +39,7 @@ keeps up with training.
 
     .venv/bin/python bench/metagene.py [--quick] [--part pipeline|learning|all] [--long]
         [--rounds N] [--H N] [--inner-lr X] [--baseline-lrs X,X,..] [--outer-lr X] [--outer-momentum X]
-        [--warmup-steps N] [--genomes generated|pyrodigal] [--held-out reads|region]
+        [--warmup-steps N] [--preset tiny|small] [--genomes generated|genic|pyrodigal] [--held-out reads|region]
         [--reads-per-organism N] [--genome-length BP]
 
 Headlines: ``metagene: ours=<reads/s> peer=<reads/s> ratio=<x> target=5 ok|short`` (parsing, ours
@@ -67,6 +67,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from intellect_node.node.metagene.genomes import GENOME_SOURCES  # noqa: E402
 
 TARGET = 5.0
 LEARNING_TARGET = 1.1  # DiLoCo's held-out perplexity at most 10% above the one peer's, same tokens
@@ -376,7 +378,7 @@ def learning(args: argparse.Namespace) -> str:
     peers, seq_len = 4, 128
     options = MetageneDemoOptions(reads_per_organism=cfg.reads_per_organism,
                                   eval_reads_per_organism=cfg.eval_reads_per_organism, genomes=args.genomes,
-                                  held_out=args.held_out, genome_length=args.genome_length)
+                                  held_out=args.held_out, genome_length=args.genome_length, preset=args.preset)
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         store, tokenizer, eval_reads = prepare_data(options, Path(tmp))
@@ -439,8 +441,11 @@ def main() -> None:
     parser.add_argument("--outer-momentum", type=float, default=None, help="learning: outer momentum (0: averaging)")
     parser.add_argument("--warmup-steps", type=int, default=None,
                         help="learning: one-peer AdamW steps on warm-up draws before both arms start from them")
-    parser.add_argument("--genomes", choices=("generated", "pyrodigal"), default="generated",
-                        help="learning: the generated metagenome, or the four real genomes in pyrodigal's test data")
+    parser.add_argument("--preset", choices=("tiny", "small"), default="tiny",
+                        help="learning: the model preset (node/metagene/presets.py; small is ~18x tiny's compute)")
+    parser.add_argument("--genomes", choices=GENOME_SOURCES, default="generated",
+                        help="learning: the generated metagenome (order-2 Markov genomes), genic (generated genomes of "
+                             "genes, node/metagene/genic.py), or the four real genomes in pyrodigal's test data")
     parser.add_argument("--reads-per-organism", type=int, default=None,
                         help="learning: training reads per organism (default 2000; quick 600)")
     parser.add_argument("--genome-length", type=int, default=20_000,

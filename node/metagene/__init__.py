@@ -6,7 +6,10 @@
 - ``synthetic``: a seeded generated metagenome (organisms of distinct composition, reads with
   errors) for tests, the bench and ``metagene synth``.
 - ``tokenizer``: the BPE tokenizer (vocabulary 1024, METAGENE-1's specials), HF layout, bp/token.
-- ``genomes``: real genomes from installed packages, the organisms of an offline metagenome.
+- ``genomes``: real genomes from installed packages, the organisms of an offline metagenome
+  (or generated ones: ``synthetic`` or ``genic``).
+- ``genic``: generated genomes of genes: protein families shared across organisms, each
+  organism's codon usage (where more data keeps teaching a model, unlike order-2 genomes).
 - ``build``: reads -> tokenizer and reads -> tokenized store (``metagene tokenizer``, ``metagene store``).
 - ``digest``: the content hash of a tokenized store, which the DiLoCo peers of one run must share.
 - ``job``: the ``[metagene]`` config section: which reads a DiLoCo node pretrains on.

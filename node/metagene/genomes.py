@@ -19,9 +19,10 @@ import gzip
 import re
 from importlib import resources
 
+from intellect_node.node.metagene.genic import make_genic_organisms
 from intellect_node.node.metagene.synthetic import Organism, make_organisms
 
-GENOME_SOURCES = ("generated", "pyrodigal")
+GENOME_SOURCES = ("generated", "genic", "pyrodigal")
 PYRODIGAL_GENOMES = {  # organism name -> file in pyrodigal/tests/data
     "c_diphtheriae": "GCF_001457455.1_NCTC11397_genomic.fna.gz",
     "e_coli": "MIIJ01000039.fna.gz",
@@ -74,10 +75,13 @@ def read_genome(compressed: bytes, label: str) -> str:
 
 
 def organisms_from(source: str, seed: int, count: int, genome_length: int) -> list[Organism]:
-    """The organisms of a metagenome: ``generated`` (``count`` seeded genomes) or ``pyrodigal``
-    (its four real ones; ``count`` and ``genome_length`` do not apply)."""
+    """The organisms of a metagenome: ``generated`` (``count`` seeded order-2 Markov genomes),
+    ``genic`` (``count`` seeded genomes of genes, node/metagene/genic.py) or ``pyrodigal`` (its four
+    real ones; ``count`` and ``genome_length`` do not apply)."""
     if source == "generated":
         return make_organisms(seed, count, genome_length)
+    if source == "genic":
+        return make_genic_organisms(seed, count, genome_length)
     if source == "pyrodigal":
         return pyrodigal_genomes()
     raise GenomeSourceError(f"unknown genome source {source!r}; choose one of {GENOME_SOURCES}")

@@ -27,19 +27,28 @@ class Organism:
     genome: str
 
 
-def random_genome(rng: random.Random, length: int) -> str:
-    """An order-2 Markov genome with a random GC content and random context preferences."""
-    gc = rng.uniform(0.3, 0.7)
+def markov_table(rng: random.Random, gc: float) -> dict[str, list[float]]:
+    """An order-2 chain's next-base weights per two-base context: ``gc`` content, random tilts."""
     base_weights = [(1 - gc) / 2, gc / 2, gc / 2, (1 - gc) / 2]
-    table = {}
-    for a in BASES:
-        for b in BASES:
-            tilt = [w * rng.uniform(0.3, 1.7) for w in base_weights]
-            table[a + b] = tilt
+    return {a + b: [w * rng.uniform(0.3, 1.7) for w in base_weights] for a in BASES for b in BASES}
+
+
+def markov_run(rng: random.Random, table: dict[str, list[float]], length: int) -> str:
+    """``length`` bases of the chain ``table``."""
     out = [rng.choice(BASES), rng.choice(BASES)]
     for _ in range(length - 2):
         out.append(rng.choices(BASES, weights=table[out[-2] + out[-1]])[0])
-    return "".join(out)
+    return "".join(out)[:length]
+
+
+def reverse_complement(sequence: str) -> str:
+    return sequence.translate(_COMPLEMENT)[::-1]
+
+
+def random_genome(rng: random.Random, length: int) -> str:
+    """An order-2 Markov genome with a random GC content and random context preferences."""
+    gc = rng.uniform(0.3, 0.7)
+    return markov_run(rng, markov_table(rng, gc), length)
 
 
 def make_organisms(seed: int, count: int = 4, genome_length: int = 20_000) -> list[Organism]:
@@ -58,7 +67,7 @@ def cut_reads(organism: Organism, rng: random.Random, count: int, length: int = 
         start = rng.randrange(0, len(genome) - length)
         seq = genome[start:start + length]
         if rng.random() < 0.5:
-            seq = seq.translate(_COMPLEMENT)[::-1]
+            seq = reverse_complement(seq)
         letters, quals = [], []
         for base in seq:
             roll = rng.random()
