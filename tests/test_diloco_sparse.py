@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from intellect_node.node.diloco import grid, packing
+from intellect_node.node.diloco import grid, packing, sparse_indices
 from intellect_node.node.diloco.client import Averaged, AveragerClient, ChildSettings
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -24,16 +24,20 @@ from tests.support.diloco_helpers import identity, make_peer, rounds_in_step, se
 K = 16
 
 
-def _sparse_part(counts: list[int], indices: list[int], codes: list[int], pad_code: int = 0) -> bytes:
-    """A tag-6 part written field by field, so a test can break exactly one field."""
+def _sparse_part(counts: list[int], indices: list[int], codes: list[int], pad_code: int = 0,
+                 numel: int = CHUNK + 904) -> bytes:
+    """A tag-8 part written field by field (its blocks those of ``numel`` elements), so a test can
+    break exactly one field."""
+    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(len(counts)))
     out = bytes([packing.TAG_SPARSE2]) + np.array(counts, dtype="<u2").tobytes()
-    idx = indices + [0] * (len(indices) % 2)
-    for a, b in zip(idx[0::2], idx[1::2], strict=True):
-        pair = a | b << 12
-        out += bytes([pair & 0xFF, pair >> 8 & 0xFF, pair >> 16])
+    out += sparse_indices.encode(np.array(indices, dtype=np.int64), np.array(counts), lengths)
     padded = codes + [pad_code] * ((-len(codes)) % 4)
     return out + bytes(padded[i] | padded[i + 1] << 2 | padded[i + 2] << 4 | padded[i + 3] << 6
                        for i in range(0, len(padded), 4))
+
+
+def _flip(buffer: bytes, byte: int, bit: int) -> bytes:
+    return buffer[:byte] + bytes([buffer[byte] ^ (1 << bit)]) + buffer[byte + 1:]
 
 
 def test_sparse_contribution_keeps_k_per_chunk_as_two_bit_codes() -> None:
@@ -95,8 +99,10 @@ def test_sparse_parts_travel_exactly_and_small() -> None:
     up = packing.pack(q, 0, 64)
     nonzero = int((q != 0).sum())
     assert up[0] == packing.TAG_SPARSE2 and torch.equal(packing.unpack(up, q.numel(), 0, 64), q)
-    assert len(up) == 1 + 2 * 6 + 3 * ((nonzero + 1) // 2) + (nonzero + 3) // 4  # 1.75 bytes per value sent
-    assert len(up) < q.numel() / 30  # int4 would take q.numel() / 2
+    # 64 kept of a chunk of 4,096: 6 low bits and 2 bits of high bitmap an index, a 2-bit code
+    assert len(up) <= 1 + 2 * 6 + (nonzero * (6 + 2) + 7) // 8 + 6 + (nonzero + 3) // 4
+    twelve_bit_indices = 1 + 2 * 6 + 3 * ((nonzero + 1) // 2) + (nonzero + 3) // 4  # tags 6 and 7, retired
+    assert len(up) < 0.75 * twelve_bit_indices and len(up) < q.numel() / 45  # int4 would take q.numel() / 2
     # a reducer's reply S/n - q over a union of indices: int8 multiples of 1/n, exact
     reply = (torch.randint(-8, 9, (q.numel(),)) * (torch.rand(q.numel()) < 0.05)).float() / 3
     down = packing.pack(reply, 3, 64)
@@ -105,25 +111,35 @@ def test_sparse_parts_travel_exactly_and_small() -> None:
     assert packing.pack(dense_reply, 3, 64)[0] == packing.TAG_SCALED8
 
 
+GOOD = _sparse_part([2, 1], [5, 9, 903], [0, 3, 1])
+
+
 @pytest.mark.parametrize(("buffer", "numel", "error"), [
-    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1]), CHUNK + 904, None),
+    (GOOD, CHUNK + 904, None),
     (_sparse_part([2, 1], [5, 9, 904], [0, 3, 1]), CHUNK + 904, "index out of range: 904"),
     (_sparse_part([2, 0], [9, 9], [0, 3]), CHUNK + 904, "duplicate or unsorted"),
     (_sparse_part([2, 0], [9, 5], [0, 3]), CHUNK + 904, "duplicate or unsorted"),
     (_sparse_part([3, 0], [1, 2, 3], [0, 0, 0]), CHUNK + 904, "k too large: a chunk lists 3 values, over k = 2"),
     (_sparse_part([1, 0], [1], [0], pad_code=1), CHUNK + 904, "bad code"),
+    # the index section, bytes 5-9: chunk 0's high bitmap in bits 0-3 of byte 5 (indices 5 and 9 set
+    # bits 0 and 1), chunk 1's in bits 4-6 (903 sets bit 5); then 11 + 11 + 9 low bits; 2 pad bits
+    (_flip(_flip(GOOD, 5, 5), 5, 2), CHUNK + 904, "the high bits of chunk 0 mark 3 indices, its count is 2"),
+    (_flip(GOOD, 5, 1), CHUNK + 904, "the high bits of chunk 0 mark 1 indices, its count is 2"),
+    (_flip(GOOD, 5, 6), CHUNK + 904, "the high bits of chunk 1 mark 2 indices, its count is 1"),
+    (_flip(GOOD, 9, 7), CHUNK + 904, "the padding bits after the indices are not zero"),
     # 3 chunks, 2 counts sent: the third count is read from the indices, and found impossible
-    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1]), 2 * CHUNK + 904, "a chunk lists 36869 values, more than its 904"),
+    (GOOD, 2 * CHUNK + 904, "k too large: a chunk lists 675 values"),
     (_sparse_part([2, 1, 0], [5, 9, 903], [0, 3, 1]), CHUNK + 904,
-     "sparse part of 14 bytes, expected 12 for 2 chunks and 3 values"),
-    (_sparse_part([2, 1], [5, 9, 903], [0, 3, 1])[:-1], CHUNK + 904, "expected"),
-    (_sparse_part([905, 0], [], []), 904, "more than its 904"),
+     "sparse part of 13 bytes, expected 11 for 2 chunks and 3 values"),
+    (GOOD[:-1], CHUNK + 904, "expected"),
+    (bytes([6]) + GOOD[1:], CHUNK + 904, "unknown packing tag 6"),  # the retired 12-bit-index format
+    (bytes([packing.TAG_SPARSE2]) + np.array([905], dtype="<u2").tobytes(), 904, "more than its 904"),
 ])
 def test_sparse_parts_are_refused_naming_what_is_wrong(buffer: bytes, numel: int, error: str | None) -> None:
     if error is None:
         values = packing.unpack(buffer, numel, 0, 2)
         assert values[5] == -2 and values[9] == 2 and values[CHUNK + 903] == -1 and int((values != 0).sum()) == 3
-        with pytest.raises(ValueError, match="a sparse part \\(tag 6\\) in a dense run"):
+        with pytest.raises(ValueError, match="a sparse part \\(tag 8\\) in a dense run"):
             packing.unpack(buffer, numel, 0, 0)
         return
     with pytest.raises(ValueError, match=error):
@@ -301,3 +317,43 @@ def test_members_on_another_grid_sign_and_compare_another_digest(tmp_path: Path)
 
     assert len({signed(127, 0), signed(7, 0), signed(2, 64), signed(2, 128)}) == 4
     assert signed(2, 128) == signed(2, 128)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_elias_fano_indices_round_trip_at_every_density(seed: int) -> None:
+    """Any ascending block-local indices come back exactly, from empty chunks to full ones and a
+    short last chunk, and the section never exceeds 2 + log2(U / n) bits an index."""
+    rng = np.random.default_rng(seed)
+    numel = int(rng.integers(1, 9)) * CHUNK + int(rng.integers(0, CHUNK))
+    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(-(-numel // CHUNK)))
+    counts = np.array([int(rng.choice([0, 1, 2, 16, 128, 700, length])) if length else 0 for length in lengths])
+    counts = np.minimum(counts, lengths)
+    local = np.concatenate([np.sort(rng.choice(length, count, replace=False))
+                            for count, length in zip(counts, lengths)]).astype(np.int64)
+    section = sparse_indices.encode(local, counts, lengths)
+    assert len(section) == sparse_indices.coded_size(counts, lengths)
+    assert np.array_equal(sparse_indices.decode(section, counts, lengths), local)
+    bound = sum(n * (2 + np.log2(u / n)) for n, u in zip(counts, lengths) if n)
+    assert 8 * len(section) <= bound + 8
+
+
+def test_random_damage_to_a_sparse_part_is_refused_or_harmless() -> None:
+    """Flipped bits and cut bytes anywhere in a real part give a ValueError or a part that still
+    obeys the grid (k per chunk, codes in [-2, 2]): never another exception, never a crash."""
+    torch.manual_seed(3)
+    x = torch.randn(3 * CHUNK + 333)
+    q = grid.quantize(x, grid.exponents(x, 2), 2, 64)
+    part = packing.pack(q, 0, 64)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        damaged = bytearray(part)
+        for _ in range(int(rng.integers(1, 4))):
+            damaged[int(rng.integers(1, len(damaged)))] ^= 1 << int(rng.integers(0, 8))
+        if rng.random() < 0.2:
+            damaged = damaged[:int(rng.integers(1, len(damaged)))]
+        try:
+            values = packing.unpack(bytes(damaged), q.numel(), 0, 64)
+        except ValueError:
+            continue
+        chunks = torch.nn.functional.pad(values, (0, (-values.numel()) % CHUNK)).view(-1, CHUNK)
+        assert ((chunks != 0).sum(dim=1) <= 64).all() and values.abs().max() <= 2

@@ -17,10 +17,12 @@ half a byte and, in groups of up to 9, comes back in one; the fp16 grid goes up 
 in groups of up to 9, comes back in 2.
 
 Sparse runs (``sparse_k`` > 0, grid.SPARSE) add two tags whose parts list only nonzero values:
-tag 6, grid codes -2, -1, 1, 2 in 2 bits each (going up: at most ``k`` per chunk); tag 7, int8
+tag 8, grid codes -2, -1, 1, 2 in 2 bits each (going up: at most ``k`` per chunk); tag 9, int8
 values of ``v·n`` (the reply ``S/n - q``, nonzero over the union of the members' indices). Both
-start with one u16 count per block of ``CHUNK`` elements, then the sorted block-local indices in 12
-bits each; every field is checked before a value is used (specs/diloco.md section 4a).
+start with one u16 count per block of ``CHUNK`` elements, then the sorted block-local indices,
+Elias-Fano coded (``sparse_indices``); every field is checked before a value is used
+(specs/diloco.md section 4a). Tags 6 and 7, the same with 12-bit indices, are retired: refused as
+unknown, so a peer of the older format fails its attempt with that error instead of misreading.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from intellect_node.node.diloco import sparse_indices
 from intellect_node.node.diloco.layout import CHUNK
 
 TAG_INT8, TAG_SCALED16, TAG_FP32, TAG_INT4, TAG_SCALED8, TAG_FP16 = 0, 1, 2, 3, 4, 5
-TAG_SPARSE2, TAG_SPARSE_SCALED8 = 6, 7
+TAG_SPARSE2, TAG_SPARSE_SCALED8 = 8, 9
 SPARSE_TAGS = (TAG_SPARSE2, TAG_SPARSE_SCALED8)
 _DTYPES = {TAG_INT8: torch.int8, TAG_SCALED8: torch.int8, TAG_SCALED16: torch.int16, TAG_FP32: torch.float32,
            TAG_FP16: torch.float16}
@@ -64,20 +67,22 @@ def _blocks(numel: int) -> int:
     return -(-numel // CHUNK)
 
 
-def _sparse_size(tag: int, nonzeros: int, numel: int) -> int:
+def _lengths(numel: int) -> np.ndarray:
+    """The element count of each block of a part (the last one shorter)."""
+    return np.minimum(CHUNK, numel - CHUNK * np.arange(_blocks(numel))).astype(np.int64)
+
+
+def _sparse_size(tag: int, counts: np.ndarray, numel: int) -> int:
+    nonzeros = int(counts.sum())
     values = (nonzeros + 3) // 4 if tag == TAG_SPARSE2 else nonzeros
-    return 1 + 2 * _blocks(numel) + 3 * ((nonzeros + 1) // 2) + values
+    return 1 + 2 * counts.size + sparse_indices.coded_size(counts, _lengths(numel)) + values
 
 
 def _pack_sparse(tag: int, v: torch.Tensor) -> bytes:
-    """``tag || counts (u16 LE per block) || indices (12 bits, two per 3 bytes) || values``."""
+    """``tag || counts (u16 LE per block) || indices (Elias-Fano) || values``."""
     where = torch.nonzero(v).flatten()
-    counts = torch.bincount(where // CHUNK, minlength=_blocks(v.numel())).numpy().astype("<u2")
-    local = (where % CHUNK).numpy().astype(np.uint32)
-    if local.size % 2:
-        local = np.append(local, np.uint32(0))
-    pairs = local[0::2] | (local[1::2] << 12)
-    indices = np.stack([pairs & 0xFF, (pairs >> 8) & 0xFF, pairs >> 16], axis=1).astype(np.uint8).tobytes()
+    counts = torch.bincount(where // CHUNK, minlength=_blocks(v.numel())).numpy().astype(np.int64)
+    indices = sparse_indices.encode((where % CHUNK).numpy(), counts, _lengths(v.numel()))
     nonzero = v[where]
     if tag == TAG_SPARSE2:
         codes = torch.where(nonzero < 0, nonzero + 2, nonzero + 1).to(torch.uint8).numpy()
@@ -85,11 +90,11 @@ def _pack_sparse(tag: int, v: torch.Tensor) -> bytes:
         values = (codes[:, 0] | codes[:, 1] << 2 | codes[:, 2] << 4 | codes[:, 3] << 6).astype(np.uint8).tobytes()
     else:
         values = nonzero.to(torch.int8).numpy().tobytes()
-    return bytes([tag]) + counts.tobytes() + indices + values
+    return bytes([tag]) + counts.astype("<u2").tobytes() + indices + values
 
 
 def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) -> torch.Tensor:
-    """The dense fp32 values of a tag-6 or tag-7 part; ValueError naming the first thing wrong."""
+    """The dense fp32 values of a tag-8 or tag-9 part; ValueError naming the first thing wrong."""
     tag, blocks = buffer[0], _blocks(numel)
     if not sparse_k:
         raise ValueError(f"a sparse part (tag {tag}) in a dense run")
@@ -98,29 +103,20 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
     if len(buffer) < 1 + 2 * blocks:
         raise ValueError(f"sparse part of {len(buffer)} bytes cannot hold the counts of its {blocks} chunks")
     counts = np.frombuffer(buffer, dtype="<u2", count=blocks, offset=1).astype(np.int64)
-    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(blocks))
+    lengths = _lengths(numel)
     if (counts > lengths).any():
         raise ValueError(f"a chunk lists {int(counts.max())} values, more than its {int(lengths[counts > lengths][0])}")
     if tag == TAG_SPARSE2 and (counts > sparse_k).any():
         raise ValueError(f"k too large: a chunk lists {int(counts.max())} values, over k = {sparse_k}")
     m = int(counts.sum())
-    expected = _sparse_size(tag, m, numel)
+    expected = _sparse_size(tag, counts, numel)
     if len(buffer) != expected:
         raise ValueError(f"sparse part of {len(buffer)} bytes, expected {expected} for {blocks} chunks and {m} values")
     start = 1 + 2 * blocks
-    triples = np.frombuffer(buffer, dtype=np.uint8, count=3 * ((m + 1) // 2), offset=start).reshape(-1, 3)
-    pairs = triples[:, 0].astype(np.int64) | triples[:, 1].astype(np.int64) << 8 | triples[:, 2].astype(np.int64) << 16
-    local = np.stack([pairs & 0xFFF, pairs >> 12], axis=1).reshape(-1)
-    if m % 2 and local[m] != 0:
-        raise ValueError("the padding index of an odd count is not zero")
-    local, block = local[:m], np.repeat(np.arange(blocks), counts)
-    if (local >= lengths[block]).any():
-        raise ValueError(f"index out of range: {int(local[local >= lengths[block]][0])} in a chunk of "
-                         f"{int(lengths[block][local >= lengths[block]][0])}")
-    where = block * CHUNK + local
-    if (np.diff(where) <= 0).any():
-        raise ValueError("duplicate or unsorted index within a chunk")
-    raw = np.frombuffer(buffer, dtype=np.uint8, offset=start + 3 * ((m + 1) // 2))
+    end = start + sparse_indices.coded_size(counts, lengths)
+    local = sparse_indices.decode(buffer[start:end], counts, lengths)
+    where = np.repeat(np.arange(blocks), counts) * CHUNK + local
+    raw = np.frombuffer(buffer, dtype=np.uint8, offset=end)
     if tag == TAG_SPARSE2:
         codes = np.stack([raw & 3, raw >> 2 & 3, raw >> 4 & 3, raw >> 6], axis=1).reshape(-1)
         if codes[m:].any():
@@ -137,16 +133,15 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
 
 
 def _pack_sparse_run(v: torch.Tensor, group_size: int, sparse_k: int) -> bytes | None:
-    """A sparse run's part as tag 6 or 7 when that holds it exactly and is the smaller; else None."""
-    nonzeros = int((v != 0).sum())
-    if bool((v == v.round()).all()) and float(v.abs().max()) <= 2:
-        if int(torch.bincount(torch.nonzero(v).flatten() // CHUNK, minlength=1).max()) <= sparse_k:
-            return _pack_sparse(TAG_SPARSE2, v)
+    """A sparse run's part as tag 8 or 9 when that holds it exactly and is the smaller; else None."""
+    counts = torch.bincount(torch.nonzero(v).flatten() // CHUNK, minlength=_blocks(v.numel())).numpy()
+    if bool((v == v.round()).all()) and float(v.abs().max()) <= 2 and int(counts.max()) <= sparse_k:
+        return _pack_sparse(TAG_SPARSE2, v)
     if group_size > 0:
         scaled = v.to(torch.float64) * group_size
         k = scaled.round()
         if float((scaled - k).abs().max()) <= SCALED_TOLERANCE and float(k.abs().max()) <= 127 \
-                and _sparse_size(TAG_SPARSE_SCALED8, nonzeros, v.numel()) < 1 + v.numel():
+                and _sparse_size(TAG_SPARSE_SCALED8, counts.astype(np.int64), v.numel()) < 1 + v.numel():
             return _pack_sparse(TAG_SPARSE_SCALED8, k.to(torch.float32))
     return None
 
