@@ -15,6 +15,8 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   durably, with every field checked on load.
 - ``packing``: how the grid's numbers travel inside hivemind's all-reduce, the exact packed format
   (dense tags, and the sparse index-and-code tags, each field checked on the way in).
+- ``sparse_indices``: the Elias-Fano coding of a sparse part's block-local indices (about 7 bits
+  an index at top-128 of 4,096), whole-array in and out.
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
