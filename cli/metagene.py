@@ -179,8 +179,9 @@ def synth(out: Annotated[Path, typer.Option("--out", help="Directory for one .fa
           reads: Annotated[int, typer.Option("--reads", help="Reads per organism", min=2)] = 500,
           seed: Annotated[int, typer.Option(min=0)] = 0,
           genomes: Annotated[str, typer.Option(
-              help="generated: seeded genomes of distinct composition; pyrodigal: "
-                   "the four real genomes in an installed pyrodigal's test data")] = "generated") -> None:
+              help="generated: seeded genomes of distinct composition; genic: seeded genomes of genes "
+                   "(shared protein families); pyrodigal: the four real genomes in an installed pyrodigal's "
+                   "test data")] = "generated") -> None:
     """Write a metagenome: reads with Illumina-like errors cut from generated or real genomes."""
     from intellect_node.node.metagene.genomes import GenomeSourceError, organisms_from
     from intellect_node.node.metagene.synthetic import write_metagenome
