@@ -72,10 +72,10 @@ def _lengths(numel: int) -> np.ndarray:
     return np.minimum(CHUNK, numel - CHUNK * np.arange(_blocks(numel))).astype(np.int64)
 
 
-def _sparse_size(tag: int, counts: np.ndarray, numel: int) -> int:
+def _sparse_size(tag: int, counts: np.ndarray, index_bytes: int) -> int:
     nonzeros = int(counts.sum())
     values = (nonzeros + 3) // 4 if tag == TAG_SPARSE2 else nonzeros
-    return 1 + 2 * counts.size + sparse_indices.coded_size(counts, _lengths(numel)) + values
+    return 1 + 2 * counts.size + index_bytes + values
 
 
 def _pack_sparse(tag: int, v: torch.Tensor) -> bytes:
@@ -108,12 +108,12 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
         raise ValueError(f"a chunk lists {int(counts.max())} values, more than its {int(lengths[counts > lengths][0])}")
     if tag == TAG_SPARSE2 and (counts > sparse_k).any():
         raise ValueError(f"k too large: a chunk lists {int(counts.max())} values, over k = {sparse_k}")
-    m = int(counts.sum())
-    expected = _sparse_size(tag, counts, numel)
+    m, index_bytes = int(counts.sum()), sparse_indices.coded_size(counts, lengths)
+    expected = _sparse_size(tag, counts, index_bytes)
     if len(buffer) != expected:
         raise ValueError(f"sparse part of {len(buffer)} bytes, expected {expected} for {blocks} chunks and {m} values")
     start = 1 + 2 * blocks
-    end = start + sparse_indices.coded_size(counts, lengths)
+    end = start + index_bytes
     local = sparse_indices.decode(buffer[start:end], counts, lengths)
     where = np.repeat(np.arange(blocks), counts) * CHUNK + local
     raw = np.frombuffer(buffer, dtype=np.uint8, offset=end)
@@ -135,14 +135,16 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
 def _pack_sparse_run(v: torch.Tensor, group_size: int, sparse_k: int) -> bytes | None:
     """A sparse run's part as tag 8 or 9 when that holds it exactly and is the smaller; else None."""
     counts = torch.bincount(torch.nonzero(v).flatten() // CHUNK, minlength=_blocks(v.numel())).numpy()
+    counts = counts.astype(np.int64)
     if bool((v == v.round()).all()) and float(v.abs().max()) <= 2 and int(counts.max()) <= sparse_k:
         return _pack_sparse(TAG_SPARSE2, v)
     if group_size > 0:
         scaled = v.to(torch.float64) * group_size
         k = scaled.round()
-        if float((scaled - k).abs().max()) <= SCALED_TOLERANCE and float(k.abs().max()) <= 127 \
-                and _sparse_size(TAG_SPARSE_SCALED8, counts.astype(np.int64), v.numel()) < 1 + v.numel():
-            return _pack_sparse(TAG_SPARSE_SCALED8, k.to(torch.float32))
+        if float((scaled - k).abs().max()) <= SCALED_TOLERANCE and float(k.abs().max()) <= 127:
+            size = _sparse_size(TAG_SPARSE_SCALED8, counts, sparse_indices.coded_size(counts, _lengths(v.numel())))
+            if size < 1 + v.numel():  # else the dense tag 4 is smaller
+                return _pack_sparse(TAG_SPARSE_SCALED8, k.to(torch.float32))
     return None
 
 

@@ -33,19 +33,20 @@ def low_bits(counts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return (np.frexp(ratio.astype(np.float64))[1] - 1).astype(np.int64)  # exact: frexp(x) = m * 2^e, m in [0.5, 1)
 
 
-def _layout(counts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Per block: low bits, high-bitmap start, low-bits start (in the stream); the stream's bits."""
+def _layout(counts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Per block: low bits, high-bitmap start, low-bits start (in the stream); then where the
+    high bitmaps end and the stream's bits."""
     low = low_bits(counts, lengths)
     high = np.where(counts > 0, counts + ((lengths - 1) >> low) + 1, 0)
     high_start = np.concatenate([[0], np.cumsum(high)[:-1]]).astype(np.int64)
-    low_sizes = counts * low
-    low_start = int(high.sum()) + np.concatenate([[0], np.cumsum(low_sizes)[:-1]]).astype(np.int64)
-    return low, high_start, low_start, int(high.sum() + low_sizes.sum())
+    high_end, low_sizes = int(high.sum()), counts * low
+    low_start = high_end + np.concatenate([[0], np.cumsum(low_sizes)[:-1]]).astype(np.int64)
+    return low, high_start, low_start, high_end, high_end + int(low_sizes.sum())
 
 
 def coded_size(counts: np.ndarray, lengths: np.ndarray) -> int:
     """Bytes of the index section for blocks of ``lengths`` holding ``counts`` indices."""
-    return (_layout(counts, lengths)[3] + 7) // 8
+    return (_layout(counts, lengths)[4] + 7) // 8
 
 
 def _ranks(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +60,7 @@ def encode(local: np.ndarray, counts: np.ndarray, lengths: np.ndarray) -> bytes:
     """The index section of block-local indices ``local`` (ascending within each block, blocks in
     order, ``counts[b]`` of them in block ``b``)."""
     local = local.astype(np.int64)
-    low, high_start, low_start, total = _layout(counts, lengths)
+    low, high_start, low_start, _, total = _layout(counts, lengths)
     bits = np.zeros(total + (-total) % 8, dtype=np.uint8)
     block, rank = _ranks(counts)
     width = low[block]
@@ -74,13 +75,12 @@ def encode(local: np.ndarray, counts: np.ndarray, lengths: np.ndarray) -> bytes:
 def decode(section: bytes, counts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The block-local indices of an index section (``coded_size`` bytes); ValueError naming the
     first thing wrong."""
-    low, high_start, low_start, total = _layout(counts, lengths)
+    low, high_start, low_start, high_end, total = _layout(counts, lengths)
     bits = np.unpackbits(np.frombuffer(section, dtype=np.uint8), bitorder="little")
     if bits.size != total + (-total) % 8:
         raise ValueError(f"index section of {len(section)} bytes, expected {(total + 7) // 8}")
     if bits[total:].any():
         raise ValueError("the padding bits after the indices are not zero")
-    high_end = int(low_start[0]) if counts.size else 0
     ones = np.flatnonzero(bits[:high_end])
     owner = np.searchsorted(high_start, ones, side="right") - 1
     found = np.bincount(owner, minlength=counts.size) if ones.size else np.zeros(counts.size, np.int64)

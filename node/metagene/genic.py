@@ -38,6 +38,7 @@ AMINO_ACID_PERCENT = {
     "I": 5.96, "L": 9.66, "K": 5.84, "M": 2.42, "F": 3.86, "P": 4.70, "S": 6.56, "T": 5.34, "W": 1.08,
     "Y": 2.92, "V": 6.87,
 }
+RESIDUES, RESIDUE_WEIGHTS = tuple(AMINO_ACID_PERCENT), tuple(AMINO_ACID_PERCENT.values())
 PROTEIN_LENGTHS = (80, 400)
 SPACER_LENGTHS = (30, 250)
 DIVERGENCE = (0.1, 0.3)  # of an organism's variant of a family from the family
@@ -46,8 +47,7 @@ BASES_PER_FAMILY = 4000  # the default family count: one per this many bases of 
 
 
 def random_protein(rng: random.Random, length: int) -> str:
-    residues, weights = zip(*AMINO_ACID_PERCENT.items())
-    return "M" + "".join(rng.choices(residues, weights=weights, k=length - 1))
+    return "M" + "".join(rng.choices(RESIDUES, weights=RESIDUE_WEIGHTS, k=length - 1))
 
 
 def protein_families(rng: random.Random, count: int) -> list[str]:
@@ -56,11 +56,10 @@ def protein_families(rng: random.Random, count: int) -> list[str]:
 
 def mutate(rng: random.Random, protein: str, rate: float) -> str:
     """``protein`` with a fraction ``rate`` of its residues after the start substituted at random."""
-    residues, weights = zip(*AMINO_ACID_PERCENT.items())
     out = list(protein)
     for i in range(1, len(out)):
         if rng.random() < rate:
-            out[i] = rng.choices(residues, weights=weights)[0]
+            out[i] = rng.choices(RESIDUES, weights=RESIDUE_WEIGHTS)[0]
     return "".join(out)
 
 
@@ -106,4 +105,3 @@ def make_genic_organisms(seed: int, count: int = 4, genome_length: int = 20_000,
     rng = random.Random(seed)
     shared = protein_families(rng, families or max(20, genome_length // BASES_PER_FAMILY))
     return [Organism(f"org{i}", genic_genome(rng, genome_length, shared)) for i in range(count)]
-

@@ -199,8 +199,7 @@ class InferenceWorker:
         """``newest``, or an older checkpoint of the window when this worker missed committing
         for ``newest`` (CommitmentPlan.step_to_generate says when and why)."""
         held = {c.step: c for c in self.policy.complete_since(self.policy.newest_known_step(self.node)
-                                                              - self.async_window)}
-        held.setdefault(newest.step, newest)
+                                                              - self.async_window)}  # newest among them
         step = self.commitments.step_to_generate(
             sorted(held, reverse=True), lambda s: (self._steps.get(s) or StepTally()).next_counter, self._share_done)
         if step != newest.step and step != self.policy.loaded_step:
