@@ -12,6 +12,7 @@ from intellect_node.node.app.config import load_config
 from intellect_node.node.app.join import JoinFlags, role_options
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.metagene.job import MetageneJob
+from tests.support.engine_helpers import quick_tiny_model
 
 TASKS = "toy:seed=0,count=4"
 
@@ -25,12 +26,9 @@ def options(home: Path, toml: str, environ: dict[str, str], **flags):
 
 
 @pytest.fixture
-def model_dir(tmp_path: Path) -> Path:
-    """Enough of an HF-layout directory for the checks made before a node starts."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    return model
+def model_dir() -> Path:
+    """A model for the checks made before a node starts (its config, its tokenizer on the tasks)."""
+    return quick_tiny_model()
 
 
 def test_role_sections_layer_file_then_environment_then_flags(tmp_path: Path, model_dir: Path) -> None:
@@ -117,3 +115,16 @@ def test_run_section_reads_the_environment(tmp_path: Path) -> None:
     assert (config.run.async_level, config.run.max_tokens) == (0, 32)
     with pytest.raises(ConfigError, match="group_size from environment"):
         load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RUN_GROUP_SIZE": "eight"})
+
+
+def test_tasks_whose_prompts_leave_no_room_for_a_completion_are_refused_before_the_node_starts(
+        tmp_path: Path, model_dir: Path) -> None:
+    """A worker cannot choose its tasks: one it cannot generate would come back after every restart."""
+    long_tasks = "math:seed=3,count=64"  # word problems: some prompts pass 192 of the tiny model's 256 positions
+    for roles in (("inference",), ("validator",), ("trainer",)):
+        with pytest.raises(ConfigError, match=r"prompts leave fewer than \[run\] max_tokens = 64 of the model's 256"):
+            options(tmp_path, "", {}, roles=roles, model=str(model_dir), tasks=long_tasks)
+    # with room for the completions they are taken
+    _, roles, _ = options(tmp_path, "[run]\nmax_tokens = 16\n", {}, roles=("inference",), model=str(model_dir),
+                          tasks=long_tasks)
+    assert roles.inference.task_spec == long_tasks

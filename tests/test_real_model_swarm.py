@@ -36,7 +36,7 @@ from intellect_node.node.shards.store import DATA_FILE
 from intellect_node.node.tasks.humaneval import humaneval_task, read_humaneval
 from intellect_node.node.tasks.schema import save_tasks
 from tests.support.engine_helpers import smollm2_import
-from tests.support.trainer_runs import ENV, TIMING, read_jsonl, trained_steps
+from tests.support.trainer_runs import ENV, TIMING, published_steps, read_jsonl, trained_steps
 
 RUN_ID = "real-model-test"
 STEPS = 1  # one step, published, fetched and generated on: a second shows nothing more (about 40 s of CI)
@@ -85,12 +85,12 @@ def test_three_roles_train_a_real_model_with_long_completions(tmp_path: Path) ->
 
         def switched_and_judged() -> bool:
             """The trainer is done and the validator judged a batch the worker made on step 1."""
-            return (len(trained_steps(trainer.home)) >= STEPS
+            return (len(published_steps(trainer.home)) >= STEPS
                     and any(r["step"] >= 1 and r["worker"] == worker.peer_id for r in _judged(validator.home)))
 
         swarm.wait_until(switched_and_judged, timeout_s=1200, poll_s=1.0)
 
-        assert trained_steps(trainer.home) == list(range(1, STEPS + 1))
+        assert published_steps(trainer.home) == list(range(1, STEPS + 1)) and trained_steps(trainer.home)
         metrics = [line for line in read_jsonl(trainer.home / "trainer" / "metrics.jsonl") if "task_reward" in line]
         assert metrics[-1]["verdict_conflicts"] == 0
         assert max(line["completion_tokens_mean"] for line in metrics) > 32  # several TOPLOC chunks a row

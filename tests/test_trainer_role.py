@@ -20,7 +20,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import demo_tiny_model
-from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_steps
+from tests.support.trainer_runs import ENV, TASKS, TIMING, published_steps, read_jsonl, trained_steps
 
 # longer than one delivery's retries (about 16 s) and than the worker needs to use up the counters it
 # committed for the step: what it made meanwhile must reach the trainer when it is back
@@ -49,16 +49,16 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
     swarm.kill("trainer")
     pooled = {p.name.removesuffix(".group").replace("-", ":") for p in (home / "trainer" / "pool").glob("*.group")}
     inbox = {p.name.removesuffix(".batch") for p in (home / "inbox").glob("*.batch")}
-    before = trained_steps(home)
+    before = published_steps(home)
     time.sleep(TRAINER_DOWN_S)  # the worker's batches of this time outlive deliver()'s own retries
 
     restarted = swarm.start("trainer", [*trainer_args[:4], "--bootstrap", swarm.nodes["worker"].addr,
                                         *trainer_args[4:]], ENV)
     assert restarted.peer_id == trainer.peer_id  # same key: still the run's manifest authority
-    swarm.wait_until(lambda: len(trained_steps(home)) >= len(before) + 3, timeout_s=240, poll_s=0.5)
+    swarm.wait_until(lambda: len(published_steps(home)) >= len(before) + 3, timeout_s=240, poll_s=0.5)
     swarm.kill("trainer")
 
-    after = trained_steps(home)
+    after = published_steps(home)
     resumed = after[len(before):]
     assert resumed[0] in (before[-1], before[-1] + 1)  # the killed step is redone or the next one follows
     assert resumed == list(range(resumed[0], resumed[0] + len(resumed)))
@@ -122,7 +122,7 @@ def test_a_trainer_sharded_over_two_processes_trains_publishes_and_stops_without
     swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr, "--trainer", trainer.peer_id,
                            "--model", str(model), "--tasks", TASKS], ENV)
     swarm.wait_until(lambda: len(trained_steps(trainer.home)) >= 2, timeout_s=300, poll_s=0.5)
-    assert trained_steps(trainer.home)[:2] == [1, 2]
+    assert published_steps(trainer.home)[:2] == [1, 2]
     status = trainer.status()
     assert status["peer_id"] == trainer.peer_id and status["services"]["trainer"]["step"] >= 2
     swarm.wait_until(lambda: (swarm.nodes["worker"].status().get("policy_step") or 0) >= 1

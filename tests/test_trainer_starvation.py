@@ -1,12 +1,25 @@
-"""A trainer step never waits forever for a full batch (node/roles/trainer/service.py STARVED_S).
+"""A trainer step never waits forever: for a full batch (node/roles/trainer/service.py STARVED_S),
+nor for groups nobody may make (``bridge_due``: the bridge step, specs/rollouts.md).
 
 Workers generate a step only on counters committed before its checkpoint existed; when most of
 their groups teach nothing, the commitments run out before the trainer holds ``batch_groups``
 groups, the workers wait for the next step and the trainer for groups. Seen in the demo (stuck
 at step 84 with 14 of 16 groups): once nothing new arrives for STARVED_S, the step takes what
-is pooled."""
+is pooled. When nothing is pooled and no committed counter of the window is left, the same weights
+are published as the next step once workers wait to generate on it."""
 
-from intellect_node.node.roles.trainer.service import STARVED_S, groups_to_take
+import pytest
+import torch
+
+from intellect_node.node.roles.trainer.learner import GRPOLearner
+from intellect_node.node.roles.trainer.service import (
+    BRIDGE_OWED_FACTOR,
+    STARVED_S,
+    TrainerOptions,
+    bridge_due,
+    groups_to_take,
+)
+from tests.support.grpo_groups import small_model
 
 
 def test_a_full_batch_is_taken_at_once_and_no_more() -> None:
@@ -23,3 +36,33 @@ def test_a_starved_step_takes_what_is_pooled_but_never_nothing() -> None:
     assert groups_to_take(14, 16, STARVED_S, STARVED_S) == 14
     assert groups_to_take(1, 16, 10 * STARVED_S, STARVED_S) == 1
     assert groups_to_take(0, 16, 10 * STARVED_S, STARVED_S) == 0
+
+
+def test_a_bridge_comes_only_after_the_wait_and_only_for_waiting_workers() -> None:
+    assert not bridge_due(59.9, True, 0, 60.0)
+    assert bridge_due(60.0, True, 0, 60.0)
+    # nobody committed for the next step: a trainer without workers does not step, however long it waits
+    assert not bridge_due(1e6, False, 0, 60.0)
+
+
+def test_owed_counters_of_the_window_defer_a_bridge_but_do_not_block_it() -> None:
+    """A slow worker still generating its committed counters gets longer; a dead one does not stop the run."""
+    assert not bridge_due(60.0 * BRIDGE_OWED_FACTOR - 0.1, True, 3, 60.0)
+    assert bridge_due(60.0 * BRIDGE_OWED_FACTOR, True, 3, 60.0)
+
+
+def test_a_bridge_step_counts_a_step_and_changes_no_weight() -> None:
+    learner = GRPOLearner(small_model(), pad_id=0)
+    before = {k: v.clone() for k, v in learner.weights().items()}
+    learner.bridge()
+    assert learner.updates == 1
+    assert all(torch.equal(before[k], v) for k, v in learner.weights().items())
+    restored = GRPOLearner(small_model(), pad_id=0)
+    restored.load_state_dict(learner.state_dict())
+    assert restored.updates == 1
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_a_bridge_wait_must_be_positive(value: float, tmp_path) -> None:
+    with pytest.raises(ValueError, match="bridge_after_s"):
+        TrainerOptions(model_dir=tmp_path, task_spec="toy:seed=0,count=4", publish_dir=tmp_path, bridge_after_s=value)

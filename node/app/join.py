@@ -119,7 +119,7 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 
     try:
-        load_task_spec(tasks)
+        task_list = load_task_spec(tasks)
     except (TaskSpecError, ValueError) as exc:
         raise ConfigError(f"--tasks: {exc}") from None
     try:
@@ -135,7 +135,25 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():
             raise ConfigError(f"--model {model_dir} is not an HF-layout model directory")
+    _check_tasks_fit(task_list, model_dir, cfg.run.max_tokens, tasks)
     return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
+
+
+def _check_tasks_fit(task_list: list[Any], model_dir: Path, max_tokens: int, spec: str) -> None:
+    """Every task's prompt leaves the model ``max_tokens`` positions (node/tasks/fit.py)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
+    from intellect_node.node.tasks.fit import unfit_tasks
+
+    positions = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
+    unfit = unfit_tasks(task_list, AutoTokenizer.from_pretrained(model_dir), positions, max_tokens,
+                        DEFAULT_LENGTH_TARGETS)
+    if unfit:
+        named = ", ".join(f"{problem_id} ({tokens} tokens)" for problem_id, tokens in unfit[:5])
+        raise ConfigError(f"--tasks {spec}: {len(unfit)} of {len(task_list)} prompts leave fewer than [run] max_tokens "
+                          f"= {max_tokens} of the model's {positions} positions, so no worker could generate them: "
+                          f"{named}{', ...' if len(unfit) > 5 else ''}; drop or shorten them, or lower max_tokens")
 
 
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: JoinFlags,

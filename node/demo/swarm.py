@@ -205,6 +205,7 @@ def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> d
     last = trained[-1] if trained else {}
     return {
         "steps": last.get("step", 0), "seconds": round(seconds, 1), "stopped_by": stopped_by,
+        "bridge_steps": sum(bool(line.get("bridge")) for line in lines),
         "eval_accuracy_start": measured[0]["eval_accuracy"] if measured else None,
         "eval_accuracy_end": measured[-1]["eval_accuracy"] if measured else None,
         "eval_accuracy_best": max((m["eval_accuracy"] for m in measured), default=None),
@@ -290,8 +291,8 @@ def _watch(demo: DemoSwarm, options: DemoOptions, started: float) -> str:
         while True:
             lines = demo.metrics()
             dashboard.update(lines, demo.swarm, time.monotonic() - started)
-            trained = [line for line in lines if "task_reward" in line]
-            if trained and options.steps is not None and trained[-1]["step"] >= options.steps:
+            published = [line for line in lines if "task_reward" in line or line.get("bridge")]
+            if published and options.steps is not None and published[-1]["step"] >= options.steps:
                 return "steps"
             died = death_report(demo.swarm.nodes.values())
             if died:

@@ -16,6 +16,7 @@
 - ``intellect_node.node.tasks._sandbox_boot``: the first code a sandboxed interpreter runs (limits, then
   run, serve or check); read as text and passed to ``python -c``, never imported.
 - ``intellect_node.node.tasks.assert_check``: assert tests judged in a second sandbox from plain values.
+- ``intellect_node.node.tasks.fit``: the tasks whose prompt leaves a model too few positions for a completion.
 - ``intellect_node.node.tasks.verify``: ``task_reward(task, completion)``, dispatching on the task type.
 - ``intellect_node.node.tasks.solve_rate``: measure solve rates with a model, for the offline filter.
 

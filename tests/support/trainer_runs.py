@@ -27,3 +27,10 @@ def read_jsonl(path: Path) -> list[dict]:
 def trained_steps(home: Path) -> list[int]:
     """The steps the trainer in ``home`` logged a training metric for."""
     return [line["step"] for line in read_jsonl(home / "trainer" / "metrics.jsonl") if "task_reward" in line]
+
+
+def published_steps(home: Path) -> list[int]:
+    """The steps the trainer in ``home`` published: trained ones and bridge steps (the same weights
+    again, published when nothing could be trained on while workers waited for a step)."""
+    return [line["step"] for line in read_jsonl(home / "trainer" / "metrics.jsonl")
+            if "task_reward" in line or line.get("bridge")]

@@ -192,6 +192,11 @@ class GRPOLearner:
         """The policy as a plain module to generate with (evaluation)."""
         return self.model
 
+    def bridge(self) -> None:
+        """Count a step that trains nothing: the trainer's bridge step (service.py), whose
+        checkpoint carries these same weights under the next step number."""
+        self.updates += 1
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -2,7 +2,7 @@
 
 The rest of the node sees one trainer: only rank 0 runs the node (key, networking, verification,
 pool, state file, publishing). Its ``TrainerService`` holds a ``LeadLearner``, which announces
-every call that touches the weights (step, state, weights, load) to the followers before running
+every call that touches the weights or the step (step, bridge, state, weights, load) to the followers before running
 it, so all ranks issue the same collectives in the same order; a follower only repeats them.
 
 Announcements travel on a process group of their own with a long timeout: a follower waits for
@@ -87,6 +87,10 @@ class LeadLearner:
         _announce(("step", list(groups)))
         return self.learner.step(groups)
 
+    def bridge(self) -> None:
+        _announce(("bridge", None))
+        self.learner.bridge()
+
     def state_dict(self) -> dict[str, Any]:
         _announce(("state_dict", None))
         return self.learner.state_dict()
@@ -147,6 +151,8 @@ def follow() -> None:
         command, groups = message
         if command == "step":
             learner.step(groups)
+        elif command == "bridge":
+            learner.bridge()
         elif command == "state_dict":
             learner.state_dict()
         elif command == "weights":

@@ -10,6 +10,14 @@
   window (``policy_step >= step - async_level``), waiting while there are too few (but taking
   what is there once nothing new arrived for ``STARVED_S``); staler groups are dropped. The
   learner trains on them in a worker thread.
+- A step with nothing to train on while workers wait for it is a *bridge*: once no usable group
+  arrived for ``bridge_after_s`` (``BRIDGE_OWED_FACTOR`` times that while a committed counter of
+  the window is still owed), and some worker's commitment for the next step is in this trainer's
+  book, the same weights are published as the next step. Workers generate a step only on the
+  counters they committed before its checkpoint existed, so a trainer that got ahead of every
+  commitment (resuming from its pool after an outage publishes several steps at once) or whose
+  window's commitments all taught nothing would otherwise wait for groups that nobody may make
+  (specs/rollouts.md, "Bridge steps").
 - Then, in this order: the ledger notes which groups the step trained on, one line goes to
   ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
   consumed groups leave the pool, and the new weights are written to the publish directory where
@@ -80,6 +88,9 @@ STARVED_S = 30.0  # longer than a worker's pacing wait (10 s) and a batch of a s
 METRICS_FILE = "metrics.jsonl"
 LEDGER_FILE = "ledger.jsonl"
 CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any async window anyway
+# a committed counter of the window still owed (a worker generating it, or gone) defers a bridge this many
+# times longer: a slow honest worker's groups should not age out of the window behind bridges
+BRIDGE_OWED_FACTOR = 5
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,7 @@ class TrainerOptions:
     engine: str = "torch"  # for verification
     trusted: tuple[str, ...] = ()
     verify_fraction: float = 1.0  # the rest waits for agreeing trusted verdicts (node/roles/validator/verdict_trust.py)
+    bridge_after_s: float = 60.0  # no usable group for this long while workers wait for the next step: bridge step
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
     rewards: RewardConfig = RewardConfig()
@@ -103,6 +115,8 @@ class TrainerOptions:
     def __post_init__(self) -> None:
         if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
             raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
+        if not self.bridge_after_s > 0:
+            raise ValueError("bridge_after_s must be > 0")
         if not 0.0 <= self.verify_fraction <= 1.0:
             raise ValueError("verify_fraction must be in [0, 1]")
         if self.verify_fraction < 1.0 and not self.trusted:
@@ -116,6 +130,7 @@ class TrainerCounters:
     filtered_groups: int = 0  # all-equal task rewards: accepted, or not verified (check 17)
     stale_groups: int = 0
     banned_groups: int = 0  # accepted, then dropped unused: their worker was banned in the window
+    bridge_steps: int = 0  # steps published with unchanged weights (nothing to train on, workers waiting)
     train_s: float = 0.0
     wait_s: float = 0.0
     elapsed_s: float = 0.0  # wall time of the run before this process started
@@ -123,7 +138,8 @@ class TrainerCounters:
 
     def to_state(self) -> dict[str, Any]:
         return {"filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
-                "banned_groups": self.banned_groups, "train_s": self.train_s, "wait_s": self.wait_s,
+                "banned_groups": self.banned_groups, "bridge_steps": self.bridge_steps,
+                "train_s": self.train_s, "wait_s": self.wait_s,
                 "elapsed_s": self.elapsed_s,
                 "last_eval": self.last_eval}
 
@@ -223,7 +239,8 @@ class TrainerService:
         return {"step": self.step if self.learner is not None else None, "pooled_groups": len(self.pool),
                 "waiting_share": round(self.counters.wait_s / busy, 3) if busy else None,
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
-                "last_eval": self.counters.last_eval, "verification": self.validator.status()}
+                "bridge_steps": self.counters.bridge_steps, "last_eval": self.counters.last_eval,
+                "verification": self.validator.status()}
 
     def _write_checkpoint(self, step: int) -> None:
         """Hand the weights to the overlay: written aside, then renamed into the publish directory.
@@ -286,32 +303,48 @@ class TrainerService:
             self.pool.discard(stale + banned)
         return self.pool.newest_first()
 
-    async def _gather(self) -> list[TrainingGroup]:
+    async def _gather(self) -> list[TrainingGroup] | None:
+        """The next step's groups, or None when it is due to be a bridge step."""
         changed_at = time.monotonic()
         while True:
             self._pool_changed = trio.Event()
             usable = await self._usable()
-            take = groups_to_take(len(usable), self.options.batch_groups, time.monotonic() - changed_at, STARVED_S)
+            idle_s = time.monotonic() - changed_at
+            take = groups_to_take(len(usable), self.options.batch_groups, idle_s, STARVED_S)
             if take:
                 if take < self.options.batch_groups:
                     log.info("step %d takes %d of %d groups: none arrived for %.0f s (the workers' commitments for "
                              "this step may be used up)", self.step + 1, take, self.options.batch_groups, STARVED_S)
                 return usable[:take]
+            if not usable and bridge_due(idle_s, *self._commitments_around(), self.options.bridge_after_s):
+                return None
             with trio.move_on_after(1.0):
                 await self._pool_changed.wait()
             if self._pool_changed.is_set():
                 changed_at = time.monotonic()
+
+    def _commitments_around(self) -> tuple[bool, int]:
+        """From this trainer's own commitment book: whether some worker committed for the next step,
+        and how many committed counters of the window's steps are not credited yet."""
+        book, seen = self.validator.book, self.validator.seen
+        oldest = self.step - self.options.async_level
+        ahead = any(step == self.step + 1 for _, step in book.groups_of)
+        owed = sum(max(0, groups - seen.expected(worker, step)) for (worker, step), groups in book.groups_of.items()
+                   if oldest <= step <= self.step)
+        return ahead, owed
 
     async def _one_step(self) -> None:
         assert self.learner is not None
         waited = time.monotonic()
         groups = await self._gather()
         wait_s = time.monotonic() - waited
+        if groups is None:
+            await self._bridge(wait_s)
+            return
         started = time.monotonic()
         metrics = await trio.to_thread.run_sync(self.learner.step, groups)
         step = self.step
-        self.consumed[step] = [g.key for g in groups]
-        self.consumed = {s: keys for s, keys in self.consumed.items() if s > step - CONSUMED_KEPT_STEPS}
+        self._consume(step, [g.key for g in groups])
         evaluated = bool(self.eval_tasks) and step % self.options.eval_every == 0
         if evaluated:
             self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
@@ -332,18 +365,43 @@ class TrainerService:
                 "verdict_conflicts": self.validator.trusted_verdicts.conflicts,
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
                 "pooled_groups": len(self.pool) - len(groups)}
-        # written ahead of the state: a crash in between repeats a step's line, never loses one
-        await trio.to_thread.run_sync(self._write_ledger, {"step": step, "trained": self.consumed[step]})
+        await self._hand_over(step, line)
+        log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
+                 "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
+                 "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
+                 metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
+
+    async def _bridge(self, wait_s: float) -> None:
+        """Publish the weights unchanged as the next step (``bridge_due``): the beacon moves, so the
+        workers' commitments for it count and they generate again."""
+        assert self.learner is not None
+        await trio.to_thread.run_sync(self.learner.bridge)
+        step = self.step
+        self._consume(step, [])
+        self.counters.wait_s += wait_s
+        self.counters.bridge_steps += 1
+        log.warning("step %d is a bridge step (the weights of step %d): no group to train on for %.0f s while workers "
+                    "wait to generate on it", step, step - 1, wait_s)
+        await self._hand_over(step, {"step": step, "wall_s": round(self._elapsed(), 3), "bridge": True,
+                                     "wait_s": round(wait_s, 3), "eval_accuracy": self.counters.last_eval,
+                                     "eval_measured": False, "pooled_groups": len(self.pool)})
+
+    def _consume(self, step: int, keys: list[str]) -> None:
+        """Note the groups ``step`` trained on, at once: a batch re-verified meanwhile must not re-enter the pool."""
+        self.consumed[step] = keys
+        self.consumed = {s: kept for s, kept in self.consumed.items() if s > step - CONSUMED_KEPT_STEPS}
+
+    async def _hand_over(self, step: int, line: dict[str, Any]) -> None:
+        """Record ``step`` and publish it: ledger and metrics line first (a crash before the state is
+        saved repeats a step's lines, never loses one), then the state, the pool, the checkpoint."""
+        entry = {"step": step, "trained": self.consumed[step]} | ({"bridge": True} if line.get("bridge") else {})
+        await trio.to_thread.run_sync(self._write_ledger, entry)
         await trio.to_thread.run_sync(self._append_metrics, line)
         handing_over = time.monotonic()
         await trio.to_thread.run_sync(self._save)
         self.pool.discard(self.consumed[step])
         await trio.to_thread.run_sync(self._write_checkpoint, step)
         self.counters.train_s += time.monotonic() - handing_over  # busy, not waiting: in the next line's figure
-        log.info("step %d: task reward %.3f, eval %s, %d tokens, grad norm %.3f, clip %.3f, staleness %.1f, "
-                 "trained %.2f s after waiting %.2f s", step, metrics["task_reward"],
-                 "-" if self.counters.last_eval is None else f"{self.counters.last_eval:.3f}", int(metrics["tokens"]),
-                 metrics["grad_norm"], metrics["clip_fraction"], line["staleness_mean"], train_s, wait_s)
 
     def _write_ledger(self, entry: dict[str, Any]) -> None:
         append_durably(self.directory / LEDGER_FILE, json.dumps(entry))
@@ -355,6 +413,16 @@ class TrainerService:
         assert self.learner is not None
         engine = TorchEngine(self.learner.inference_model(), max_batch_rows=256)
         return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
+
+
+def bridge_due(idle_s: float, next_step_committed: bool, owed_in_window: int, bridge_after_s: float) -> bool:
+    """Whether a trainer with no usable group, none arrived for ``idle_s``, publishes a bridge step
+    now: only while some worker has committed for the next step (a trainer nobody works for has no
+    reason to step), after ``bridge_after_s``, or ``BRIDGE_OWED_FACTOR`` times that while
+    ``owed_in_window`` committed counters of the window may still come."""
+    if not next_step_committed:
+        return False
+    return idle_s >= bridge_after_s * (BRIDGE_OWED_FACTOR if owed_in_window else 1)
 
 
 def groups_to_take(usable: int, batch_groups: int, idle_s: float, starved_s: float) -> int:
