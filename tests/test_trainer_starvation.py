@@ -39,16 +39,22 @@ def test_a_starved_step_takes_what_is_pooled_but_never_nothing() -> None:
 
 
 def test_a_bridge_comes_only_after_the_wait_and_only_for_waiting_workers() -> None:
-    assert not bridge_due(59.9, True, 0, 60.0)
-    assert bridge_due(60.0, True, 0, 60.0)
+    assert not bridge_due(4, 59.9, True, 0, 60.0)
+    assert bridge_due(4, 60.0, True, 0, 60.0)
     # nobody committed for the next step: a trainer without workers does not step, however long it waits
-    assert not bridge_due(1e6, False, 0, 60.0)
+    assert not bridge_due(4, 1e6, False, 0, 60.0)
 
 
 def test_owed_counters_of_the_window_defer_a_bridge_but_do_not_block_it() -> None:
     """A slow worker still generating its committed counters gets longer; a dead one does not stop the run."""
-    assert not bridge_due(60.0 * BRIDGE_OWED_FACTOR - 0.1, True, 3, 60.0)
-    assert bridge_due(60.0 * BRIDGE_OWED_FACTOR, True, 3, 60.0)
+    assert not bridge_due(4, 60.0 * BRIDGE_OWED_FACTOR - 0.1, True, 3, 60.0)
+    assert bridge_due(4, 60.0 * BRIDGE_OWED_FACTOR, True, 3, 60.0)
+
+
+def test_step_0_never_bridges() -> None:
+    """Checkpoint 0's groups need no commitment: a slow worker's first batch (a real model on a CPU
+    takes minutes) is waited for, and nothing there waits on the trainer."""
+    assert not bridge_due(0, 1e6, True, 0, 60.0)
 
 
 def test_a_bridge_step_counts_a_step_and_changes_no_weight() -> None:

@@ -15,10 +15,14 @@ from typing import Any
 from intellect_node.node.engine.base import encode_prompt
 from intellect_node.node.tasks.schema import Task, with_length_target
 
+# the length instructions differ only in their number (a few digits), so their prompts' token counts differ
+# by less than this: a prompt this far inside the limit with one instruction fits with all of them
+INSTRUCTION_SLACK = 16
 
-def longest_prompt(task: Task, tokenizer: Any, length_targets: Sequence[int]) -> int:
-    """Tokens of ``task``'s prompt as a worker sends it, with the longest of the length instructions."""
-    return max(len(encode_prompt(tokenizer, with_length_target(task, target).prompt)) for target in length_targets)
+
+def prompt_tokens(task: Task, tokenizer: Any, target: int) -> int:
+    """Tokens of ``task``'s prompt as a worker sends it, with the length instruction for ``target``."""
+    return len(encode_prompt(tokenizer, with_length_target(task, target).prompt))
 
 
 def unfit_tasks(tasks: Sequence[Task], tokenizer: Any, positions: int, max_tokens: int,
@@ -27,7 +31,9 @@ def unfit_tasks(tasks: Sequence[Task], tokenizer: Any, positions: int, max_token
     the model's ``positions`` (the engines refuse such a prompt: torch_engine.generate)."""
     unfit = []
     for task in tasks:
-        tokens = longest_prompt(task, tokenizer, length_targets)
-        if tokens + max_tokens > positions:
-            unfit.append((task.problem_id, tokens))
+        tokens = prompt_tokens(task, tokenizer, max(length_targets))
+        if tokens + max_tokens + INSTRUCTION_SLACK > positions:  # near the limit: each instruction, exactly
+            tokens = max(prompt_tokens(task, tokenizer, target) for target in length_targets)
+            if tokens + max_tokens > positions:
+                unfit.append((task.problem_id, tokens))
     return unfit

@@ -10,10 +10,10 @@
   window (``policy_step >= step - async_level``), waiting while there are too few (but taking
   what is there once nothing new arrived for ``STARVED_S``); staler groups are dropped. The
   learner trains on them in a worker thread.
-- A step with nothing to train on while workers wait for it is a *bridge*: once no usable group
-  arrived for ``bridge_after_s`` (``BRIDGE_OWED_FACTOR`` times that while a committed counter of
-  the window is still owed), and some worker's commitment for the next step is in this trainer's
-  book, the same weights are published as the next step. Workers generate a step only on the
+- A step after step 0 with nothing to train on while workers wait for it is a *bridge*: once no
+  usable group arrived for ``bridge_after_s`` (``BRIDGE_OWED_FACTOR`` times that while a committed
+  counter of the window is still owed), and some worker's commitment for the next step is in this
+  trainer's book, the same weights are published as the next step. Workers generate a step only on the
   counters they committed before its checkpoint existed, so a trainer that got ahead of every
   commitment (resuming from its pool after an outage publishes several steps at once) or whose
   window's commitments all taught nothing would otherwise wait for groups that nobody may make
@@ -60,6 +60,7 @@ from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.state import load_state, save_state
+from intellect_node.node.roles.validator.commitments import WARM_UP_STEP
 from intellect_node.node.roles.validator.service import (
     ValidatorOptions,
     ValidatorService,
@@ -316,7 +317,7 @@ class TrainerService:
                     log.info("step %d takes %d of %d groups: none arrived for %.0f s (the workers' commitments for "
                              "this step may be used up)", self.step + 1, take, self.options.batch_groups, STARVED_S)
                 return usable[:take]
-            if not usable and bridge_due(idle_s, *self._commitments_around(), self.options.bridge_after_s):
+            if not usable and bridge_due(self.step, idle_s, *self._commitments_around(), self.options.bridge_after_s):
                 return None
             with trio.move_on_after(1.0):
                 await self._pool_changed.wait()
@@ -415,12 +416,15 @@ class TrainerService:
         return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
 
 
-def bridge_due(idle_s: float, next_step_committed: bool, owed_in_window: int, bridge_after_s: float) -> bool:
-    """Whether a trainer with no usable group, none arrived for ``idle_s``, publishes a bridge step
-    now: only while some worker has committed for the next step (a trainer nobody works for has no
-    reason to step), after ``bridge_after_s``, or ``BRIDGE_OWED_FACTOR`` times that while
-    ``owed_in_window`` committed counters of the window may still come."""
-    if not next_step_committed:
+def bridge_due(step: int, idle_s: float, next_step_committed: bool, owed_in_window: int,
+               bridge_after_s: float) -> bool:
+    """Whether a trainer at ``step`` with no usable group, none arrived for ``idle_s``, publishes a
+    bridge step now: never from step 0 (its groups need no commitment: any worker may still make
+    them, however slowly, so nothing waits on the trainer), only while some worker has committed for
+    the next step (a trainer nobody works for has no reason to step), after ``bridge_after_s``, or
+    ``BRIDGE_OWED_FACTOR`` times that while ``owed_in_window`` committed counters of the window may
+    still come."""
+    if step == WARM_UP_STEP or not next_step_committed:
         return False
     return idle_s >= bridge_after_s * (BRIDGE_OWED_FACTOR if owed_in_window else 1)
 
