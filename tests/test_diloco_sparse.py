@@ -17,7 +17,7 @@ import torch
 
 from intellect_node.node.diloco import grid, packing, sparse_indices
 from intellect_node.node.diloco.client import Averaged, AveragerClient, ChildSettings
-from intellect_node.node.diloco.layout import CHUNK, Layout
+from intellect_node.node.diloco.layout import CHUNK, Layout, chunk_lengths
 from intellect_node.node.diloco.settings import DilocoSettings
 from tests.support.diloco_helpers import identity, make_peer, rounds_in_step, settings
 
@@ -28,7 +28,7 @@ def _sparse_part(counts: list[int], indices: list[int], codes: list[int], pad_co
                  numel: int = CHUNK + 904) -> bytes:
     """A tag-8 part written field by field (its blocks those of ``numel`` elements), so a test can
     break exactly one field."""
-    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(len(counts)))
+    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(len(counts)))  # a count past numel's chunks too
     out = bytes([packing.TAG_SPARSE2]) + np.array(counts, dtype="<u2").tobytes()
     out += sparse_indices.encode(np.array(indices, dtype=np.int64), np.array(counts), lengths)
     padded = codes + [pad_code] * ((-len(codes)) % 4)
@@ -325,7 +325,7 @@ def test_elias_fano_indices_round_trip_at_every_density(seed: int) -> None:
     short last chunk, and the section never exceeds 2 + log2(U / n) bits an index."""
     rng = np.random.default_rng(seed)
     numel = int(rng.integers(1, 9)) * CHUNK + int(rng.integers(0, CHUNK))
-    lengths = np.minimum(CHUNK, numel - CHUNK * np.arange(-(-numel // CHUNK)))
+    lengths = chunk_lengths(numel)
     counts = np.array([int(rng.choice([0, 1, 2, 16, 128, 700, length])) if length else 0 for length in lengths])
     counts = np.minimum(counts, lengths)
     local = np.concatenate([np.sort(rng.choice(length, count, replace=False))

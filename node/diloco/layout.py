@@ -14,11 +14,17 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 CHUNK = 4096  # elements per grid chunk (specs/diloco.md section 4)
 MAX_TENSORS = 65536
 MAX_ELEMENTS = 2**31
+
+
+def chunk_lengths(numel: int) -> np.ndarray:
+    """The element count of each chunk of a vector of ``numel`` elements (the last one shorter)."""
+    return np.minimum(CHUNK, numel - CHUNK * np.arange(-(-numel // CHUNK))).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from intellect_node.node.diloco import sparse_indices
-from intellect_node.node.diloco.layout import CHUNK
+from intellect_node.node.diloco.layout import CHUNK, chunk_lengths
 
 TAG_INT8, TAG_SCALED16, TAG_FP32, TAG_INT4, TAG_SCALED8, TAG_FP16 = 0, 1, 2, 3, 4, 5
 TAG_SPARSE2, TAG_SPARSE_SCALED8 = 8, 9
@@ -67,11 +67,6 @@ def _blocks(numel: int) -> int:
     return -(-numel // CHUNK)
 
 
-def _lengths(numel: int) -> np.ndarray:
-    """The element count of each block of a part (the last one shorter)."""
-    return np.minimum(CHUNK, numel - CHUNK * np.arange(_blocks(numel))).astype(np.int64)
-
-
 def _sparse_size(tag: int, counts: np.ndarray, index_bytes: int) -> int:
     nonzeros = int(counts.sum())
     values = (nonzeros + 3) // 4 if tag == TAG_SPARSE2 else nonzeros
@@ -82,7 +77,7 @@ def _pack_sparse(tag: int, v: torch.Tensor) -> bytes:
     """``tag || counts (u16 LE per block) || indices (Elias-Fano) || values``."""
     where = torch.nonzero(v).flatten()
     counts = torch.bincount(where // CHUNK, minlength=_blocks(v.numel())).numpy().astype(np.int64)
-    indices = sparse_indices.encode((where % CHUNK).numpy(), counts, _lengths(v.numel()))
+    indices = sparse_indices.encode((where % CHUNK).numpy(), counts, chunk_lengths(v.numel()))
     nonzero = v[where]
     if tag == TAG_SPARSE2:
         codes = torch.where(nonzero < 0, nonzero + 2, nonzero + 1).to(torch.uint8).numpy()
@@ -103,7 +98,7 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
     if len(buffer) < 1 + 2 * blocks:
         raise ValueError(f"sparse part of {len(buffer)} bytes cannot hold the counts of its {blocks} chunks")
     counts = np.frombuffer(buffer, dtype="<u2", count=blocks, offset=1).astype(np.int64)
-    lengths = _lengths(numel)
+    lengths = chunk_lengths(numel)
     if (counts > lengths).any():
         raise ValueError(f"a chunk lists {int(counts.max())} values, more than its {int(lengths[counts > lengths][0])}")
     if tag == TAG_SPARSE2 and (counts > sparse_k).any():
@@ -134,15 +129,14 @@ def _unpack_sparse(buffer: bytes, numel: int, group_size: int, sparse_k: int) ->
 
 def _pack_sparse_run(v: torch.Tensor, group_size: int, sparse_k: int) -> bytes | None:
     """A sparse run's part as tag 8 or 9 when that holds it exactly and is the smaller; else None."""
-    counts = torch.bincount(torch.nonzero(v).flatten() // CHUNK, minlength=_blocks(v.numel())).numpy()
-    counts = counts.astype(np.int64)
+    counts = torch.bincount(torch.nonzero(v).flatten() // CHUNK, minlength=_blocks(v.numel())).numpy().astype(np.int64)
     if bool((v == v.round()).all()) and float(v.abs().max()) <= 2 and int(counts.max()) <= sparse_k:
         return _pack_sparse(TAG_SPARSE2, v)
     if group_size > 0:
         scaled = v.to(torch.float64) * group_size
         k = scaled.round()
         if float((scaled - k).abs().max()) <= SCALED_TOLERANCE and float(k.abs().max()) <= 127:
-            size = _sparse_size(TAG_SPARSE_SCALED8, counts, sparse_indices.coded_size(counts, _lengths(v.numel())))
+            size = _sparse_size(TAG_SPARSE_SCALED8, counts, sparse_indices.coded_size(counts, chunk_lengths(v.numel())))
             if size < 1 + v.numel():  # else the dense tag 4 is smaller
                 return _pack_sparse(TAG_SPARSE_SCALED8, k.to(torch.float32))
     return None
