@@ -54,6 +54,21 @@ def test_stored_only_before_the_beacon(tmp_path: Path) -> None:
     assert book.groups(WORKER.peer_id, 5) == 4 and book.groups(WORKER.peer_id, 6) == 0
 
 
+def test_what_a_trainer_reads_of_the_book_before_a_bridge_step() -> None:
+    """Whether anyone committed for a step, and what the window still owes (trainer/service.py bridge_due)."""
+    book = CommitmentBook(None, max_groups=8)
+    other = Identity.generate()
+    book.offer(commitment(step=5, groups=4), newest_known_step=4)
+    book.offer(commitment(step=5, groups=2, worker=other), newest_known_step=4)
+    book.offer(commitment(step=6, groups=4), newest_known_step=4)
+    assert book.has_step(5) and book.has_step(6) and not book.has_step(7)
+    state = JudgeState(commitments=book)
+    assert state.owed(range(5, 6)) == 6 and state.owed(range(3, 7)) == 10 and state.owed(range(7, 9)) == 0
+    state.credit(WORKER.peer_id, 5, [0, 1, 2])
+    assert state.owed(range(5, 6)) == 3
+    assert JudgeState().owed(range(0, 10)) == 0  # no book: nothing is owed
+
+
 def test_bounded_in_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(book_module, "MAX_COMMITMENTS", 2)
     book = CommitmentBook(None, max_groups=8)

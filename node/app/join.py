@@ -10,6 +10,7 @@ One node's roles agree: ``model``, ``tasks`` and ``engine`` come from a flag, el
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 
     try:
-        task_list = load_task_spec(tasks)
+        load_task_spec(tasks)
     except (TaskSpecError, ValueError) as exc:
         raise ConfigError(f"--tasks: {exc}") from None
     try:
@@ -135,17 +136,21 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():
             raise ConfigError(f"--model {model_dir} is not an HF-layout model directory")
-    _check_tasks_fit(task_list, model_dir, cfg.run.max_tokens, tasks)
+    _check_tasks_fit(tasks, model_dir, cfg.run.max_tokens)
     return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
 
 
-def _check_tasks_fit(task_list: list[Any], model_dir: Path, max_tokens: int, spec: str) -> None:
-    """Every task's prompt leaves the model ``max_tokens`` positions (node/tasks/fit.py)."""
+@functools.cache
+def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
+    """Every task's prompt leaves the model ``max_tokens`` positions (node/tasks/fit.py). Once per
+    node: the inference, validator and trainer roles share the model and the tasks."""
     from transformers import AutoConfig, AutoTokenizer
 
     from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
     from intellect_node.node.tasks.fit import unfit_tasks
+    from intellect_node.node.tasks.spec import load_task_spec
 
+    task_list = load_task_spec(spec)
     positions = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
     unfit = unfit_tasks(task_list, AutoTokenizer.from_pretrained(model_dir), positions, max_tokens,
                         DEFAULT_LENGTH_TARGETS)

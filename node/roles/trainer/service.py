@@ -327,12 +327,8 @@ class TrainerService:
     def _commitments_around(self) -> tuple[bool, int]:
         """From this trainer's own commitment book: whether some worker committed for the next step,
         and how many committed counters of the window's steps are not credited yet."""
-        book, seen = self.validator.book, self.validator.seen
-        oldest = self.step - self.options.async_level
-        ahead = any(step == self.step + 1 for _, step in book.groups_of)
-        owed = sum(max(0, groups - seen.expected(worker, step)) for (worker, step), groups in book.groups_of.items()
-                   if oldest <= step <= self.step)
-        return ahead, owed
+        window = range(self.step - self.options.async_level, self.step + 1)
+        return self.validator.book.has_step(self.step + 1), self.validator.seen.owed(window)
 
     async def _one_step(self) -> None:
         assert self.learner is not None

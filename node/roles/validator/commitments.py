@@ -78,6 +78,10 @@ class CommitmentBook:
         """Groups (worker, step) committed to; 0: none stored, every group is uncommitted."""
         return self.groups_of.get((worker, step), 0)
 
+    def has_step(self, step: int) -> bool:
+        """Whether some worker's commitment for ``step`` is stored."""
+        return any(stored == step for _, stored in self.groups_of)
+
     def covers(self, worker: str, step: int, counter: int) -> bool:
         """Whether ``counter`` of (worker, step) may be judged: under a stored commitment, or warm-up."""
         return step == WARM_UP_STEP or counter < self.groups(worker, step)

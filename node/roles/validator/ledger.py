@@ -60,6 +60,13 @@ class JudgeState:
     def expected(self, worker: str, step: int) -> int:
         return self.next_counter.get((worker, step), 0)
 
+    def owed(self, steps: range) -> int:
+        """Committed counters of ``steps`` not credited yet (0 without a commitment book)."""
+        if self.commitments is None:
+            return 0
+        return sum(max(0, groups - self.expected(worker, step))
+                   for (worker, step), groups in self.commitments.groups_of.items() if step in steps)
+
     def counter_problem(self, worker: str, step: int, counter: int, cap: int) -> str | None:
         """Why ``counter`` cannot be credited now, or None when it is the next one (then credited)."""
         if self.commitments is not None and not self.commitments.covers(worker, step, counter):
