@@ -1,24 +1,27 @@
-"""Honest groups refused when one precision generates and another judges (issue: GPU engines).
+"""Honest groups refused when one engine or precision generates and another judges (issue: GPU engines).
 
 The run spec has one ``EnginePair`` per (worker engine, validator engine) name, so a run that
 admits bf16 and fp32 torch workers and validators needs torch/torch tolerances that hold for every
-precision combination. This bench measures them on this machine's CPU and judges fresh honest
-groups under them:
+precision combination (and vllm/torch ones for vLLM workers). This bench measures them on this
+machine and judges fresh honest groups under them:
 
-1. calibration: for each combination (worker precision -> validator precision), honest
-   completions prefilled by both engines with replays (``node.engine.calibration.measure_pair``);
-   the torch/torch pair is ``calibrated_pair`` over the worst figures of all combinations;
-2. judging: fresh honest batches from each worker precision, judged by ``verify_batch`` on each
-   validator precision, under the calibrated pair ("ours") and under today's fixed torch/torch
-   tolerances ("peer": slack 1e-3, logprob 1e-3, calibrated fp32 against fp32 only).
+1. calibration: for each combination (worker -> validator), honest completions prefilled by both
+   engines with replays (``node.engine.calibration.measure_pair``); each engine-name pair is
+   ``calibrated_pair`` over the worst figures of its combinations;
+2. judging: fresh honest batches from each worker, judged by ``verify_batch`` on each validator,
+   under the calibrated pairs ("ours") and under today's fixed torch/torch tolerances ("peer":
+   slack 1e-3, logprob 1e-3, calibrated fp32 against fp32 only) given to every engine pair.
 
-The headline compares the worst combination's share of honest groups refused (a refusal proves a
-cheat and bans the worker): ours should be 0 (target: 0 of >= 2,000 groups per combination, the
-issue's bar), where the fixed pair refuses bf16 workers. Groups set aside as ``inconclusive``
-(a figure past the pair's tolerance but within the proof bound: not credited, not charged;
-specs/validation.md, "Two bounds") are counted and printed on their own line before the headline.
+Workers and validators are ``engine[:precision][@device]`` as ``--engine`` takes them
+(``torch:bfloat16@cuda``, ``vllm:bfloat16``); the default is torch fp32 and bf16 on this machine's
+CPU, both ways. The headline compares the worst combination's share of honest groups refused (a
+refusal proves a cheat and bans the worker): ours should be 0 (target: 0 of >= 2,000 groups per
+combination, the issue's bar), where the fixed pair refuses bf16 workers. Groups set aside as
+``inconclusive`` (a figure past the pair's tolerance but within the proof bound: not credited, not
+charged; specs/validation.md, "Two bounds") are counted and printed on their own line before the headline.
 
     .venv/bin/python bench/cross_engine.py [--quick] [--groups 2000] [--model DIR] [--threads 2]
+    python bench/cross_engine.py --workers vllm:bfloat16 --validators torch:float32@cuda,torch:float32@cpu  # a GPU
 
 The last line is ``cross_engine: ours=<refused share> peer=<refused share> ratio=<x> target=0 ok|short``.
 """
@@ -26,6 +29,7 @@ The last line is ``cross_engine: ours=<refused share> peer=<refused share> ratio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -39,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.validate import build, judge  # noqa: E402
 from intellect_node.crypto.identity import Identity  # noqa: E402
+from intellect_node.node.engine import build_engine  # noqa: E402
+from intellect_node.node.engine.base import Engine  # noqa: E402
 from intellect_node.node.engine.calibration import PairFigures, calibrated_pair  # noqa: E402
-from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.validator.calibrate import measure_engines  # noqa: E402
@@ -50,39 +55,54 @@ from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, build_run_spec  # noqa: E402
 from intellect_node.protocol.verdicts import INCONCLUSIVE  # noqa: E402
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
-COMBINATIONS = (("fp32", "fp32"), ("bf16", "fp32"), ("fp32", "bf16"), ("bf16", "bf16"))
+CPU_ENGINES = "torch:float32@cpu,torch:bfloat16@cpu"
 RUN = "bench"
 TARGET = 0.0
 
 
-def calibrate(engines: dict[str, TorchEngine], tokenizer: object, tasks: list, settings: RolloutSettings,
-              groups: int) -> tuple[EnginePair, dict[str, PairFigures]]:
-    """The torch/torch pair that covers every combination, from ``groups`` honest groups each."""
+def load_engines(specs: list[str], model: Path, vllm_memory: float) -> dict[str, Engine]:
+    """One engine per distinct ``engine[:precision][@device]``."""
+    engines: dict[str, Engine] = {}
+    for spec in specs:
+        if spec not in engines:
+            choice, _, device = spec.partition("@")
+            options = {"gpu_memory_utilization": vllm_memory} if choice.startswith("vllm") else {}
+            engines[spec] = build_engine(choice, model, device=device or None, **options)
+    return engines
+
+
+def calibrate(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object,
+              tasks: list, settings: RolloutSettings, groups: int) -> tuple[list[EnginePair], dict[str, PairFigures]]:
+    """One pair per (worker engine, validator engine) name covering each of its combinations, from
+    ``groups`` honest groups per combination."""
     figures = {f"{w}->{v}": measure_engines(engines[w], engines[v], tokenizer, tasks, settings, groups)
-               for w, v in COMBINATIONS}
-    return calibrated_pair("torch", "torch", PairFigures.worst_of(list(figures.values()))), figures
+               for w in workers for v in validators}
+    by_names: dict[tuple[str, str], list[PairFigures]] = {}
+    for w in workers:
+        for v in validators:
+            by_names.setdefault((engines[w].name, engines[v].name), []).append(figures[f"{w}->{v}"])
+    pairs = [calibrated_pair(w, v, PairFigures.worst_of(f)) for (w, v), f in by_names.items()]
+    return pairs, figures
 
 
-def refused(engines: dict[str, TorchEngine], tokenizer: object, tasks: list, settings: RolloutSettings,
-            groups: int, pairs: dict[str, EnginePair]) -> dict[str, dict[str, Counter]]:
+def refused(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object, tasks: list,
+            settings: RolloutSettings, groups: int,
+            pairs: dict[str, list[EnginePair]]) -> dict[str, dict[str, Counter]]:
     """Per spec name and combination, the refusal reasons of fresh honest groups."""
     runs = {name: RunContext(build_run_spec(run_id=RUN, authority="spec", tasks=tasks, settings=settings,
-                                            async_window=2, engines=(pair,)), tasks)
-            for name, pair in pairs.items()}
+                                            async_window=2, engines=tuple(spec_pairs)), tasks)
+            for name, spec_pairs in pairs.items()}
     tallies: dict[str, dict[str, Counter]] = {name: {} for name in pairs}
-    for worker_precision in PRECISIONS:
+    for w in workers:
         worker = Identity.generate()
-        states = {(name, v): JudgeState() for name in pairs for v in PRECISIONS}
+        states = {(name, v): JudgeState() for name in pairs for v in validators}
         for first in range(0, groups, settings.groups_per_batch):
-            built, cpu_s = build(engines[worker_precision], tokenizer, tasks, worker=worker, settings=settings,
-                                 first_counter=first)
-            for validator_precision in PRECISIONS:
-                combination = f"{worker_precision}->{validator_precision}"
+            built, cpu_s = build(engines[w], tokenizer, tasks, worker=worker, settings=settings, first_counter=first)
+            for v in validators:
                 for name, run in runs.items():
-                    verdict = judge(built, cpu_s, engines[validator_precision], tokenizer, run=run,
-                                    state=states[name, validator_precision], worker=worker).verdict
-                    tally = tallies[name].setdefault(combination, Counter())
+                    verdict = judge(built, cpu_s, engines[v], tokenizer, run=run, state=states[name, v],
+                                    worker=worker).verdict
+                    tally = tallies[name].setdefault(f"{w}->{v}", Counter())
                     tally["groups"] += len(verdict.groups)
                     for group in verdict.rejected:
                         tally[group.reason] += 1
@@ -102,24 +122,31 @@ def main() -> None:
     parser.add_argument("--calibration-groups", type=int, default=512)
     parser.add_argument("--model", type=Path, help="an HF-layout model [default: the demo's tiny model]")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workers", default=CPU_ENGINES, help="engine[:precision][@device], comma-separated")
+    parser.add_argument("--validators", default=CPU_ENGINES, help="engine[:precision][@device], comma-separated")
+    parser.add_argument("--vllm-memory", type=float, default=0.3, help="a vLLM engine's gpu_memory_utilization")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, calibration_groups = (24, 64) if args.quick else (args.groups, args.calibration_groups)
     # the demo's tiny model, built once per machine (about a minute) and reused by later runs
     model = args.model or ensure_tiny_model(Path(tempfile.gettempdir()) / "ina-bench-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model)
-    engines = {name: TorchEngine.from_checkpoint(model, dtype=dtype) for name, dtype in PRECISIONS.items()}
+    workers, validators = args.workers.split(","), args.validators.split(",")
+    engines = load_engines(workers + validators, model, args.vllm_memory)
     tasks = generate_toy_tasks(seed=5, count=2000)
     settings = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=48)
     started = time.perf_counter()
-    pair, figures = calibrate(engines, tokenizer, tasks, settings, calibration_groups)
+    pairs, figures = calibrate(engines, workers, validators, tokenizer, tasks, settings, calibration_groups)
     for combination, f in figures.items():
         print(f"calibration {combination}: {f.summary()}", flush=True)
-    print(f"calibrated torch/torch: margin_noise={pair.margin_noise:.3g} sampling_slack={pair.sampling_slack:.3g} "
-          f"logprob_atol={pair.logprob_atol:.3g} TOPLOC {pair.toploc_max_exp_mismatches}/"
-          f"{pair.toploc_max_mant_err_mean:.3g}/{pair.toploc_max_mant_err_median:.3g} "
-          f"({time.perf_counter() - started:.0f} s)", flush=True)
-    tallies = refused(engines, tokenizer, tasks, settings, groups, {"calibrated": pair, "fixed": TORCH_TORCH})
+    for pair in pairs:
+        print(f"calibrated {pair.worker}/{pair.validator}: margin_noise={pair.margin_noise:.3g} "
+              f"sampling_slack={pair.sampling_slack:.3g} logprob_atol={pair.logprob_atol:.3g} TOPLOC "
+              f"{pair.toploc_max_exp_mismatches}/{pair.toploc_max_mant_err_mean:.3g}/"
+              f"{pair.toploc_max_mant_err_median:.3g} ({time.perf_counter() - started:.0f} s)", flush=True)
+    fixed = [dataclasses.replace(TORCH_TORCH, worker=p.worker, validator=p.validator) for p in pairs]
+    tallies = refused(engines, workers, validators, tokenizer, tasks, settings, groups,
+                      {"calibrated": pairs, "fixed": fixed})
     for name, by_combination in tallies.items():
         for combination, tally in by_combination.items():
             reasons = {k: v for k, v in tally.items() if k != "groups"}
@@ -130,7 +157,7 @@ def main() -> None:
     set_aside = max(share(t, inconclusive=True) for t in tallies["calibrated"].values())
     print(f"honest groups set aside as inconclusive (not refused, not credited), worst combination: {set_aside:.4f}")
     ratio = ours / peer if peer else float("inf") if ours else 0.0
-    print(f"({time.perf_counter() - started:.0f} s in all; CPU, {args.threads} threads; "
+    print(f"({time.perf_counter() - started:.0f} s in all; {args.threads} CPU threads; "
           f"{groups} groups per combination)")
     print(f"cross_engine: ours={ours:.4f} peer={peer:.4f} ratio={ratio:.3f} target={TARGET:g} "
           f"{'ok' if ours <= TARGET else 'short'}")

@@ -27,6 +27,19 @@
 #   tests           one call (carry .gpu/whl and .gpu/late): the engine, validation, cheat and GRPO
 #                   test files on the GPU
 #
+# vLLM (issue 36) in three back-to-back calls on one warm machine: `../shared/gpu/stage_vllm.py .gpu/vllm`
+# (here, once) cuts vLLM 0.26.0 and its missing packages into .gpu/vllm/1, 2 and 3 (at most 56 MiB each);
+# .gpu/tiny is the demo's tiny model (a copy of /tmp/ina-bench-tiny, made by bench/cross_engine.py here):
+#
+#   run(carry=[".gpu/vllm/1"], command="bash bench/gpu_check.sh vllm-stage 1")                 # call 1
+#   run(carry=[".gpu/vllm/2"], command="bash bench/gpu_check.sh vllm-stage 2")                 # call 2
+#   run(carry=[".gpu/vllm/3", ".gpu/whl", ".gpu/tiny"], command="bash bench/gpu_check.sh vllm",
+#       timeout_s=560)                                                                           # call 3
+#
+# Call 3 installs vLLM into $SITE, then runs bench/gpu_engines.py (plain vLLM, our VllmEngine with
+# proofs, our TorchEngine; one process each) and bench/cross_engine.py with a vLLM bf16 worker judged
+# by CUDA torch validators in fp32 and bf16, output teed to $OUT/log.
+#
 # intellect_node is importable without installing the project (pip could not build it offline):
 # setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
 # $SITE/intellect_node/ is a namespace folder of links to them, and PYTHONPATH starts with $SITE.
@@ -118,8 +131,32 @@ tests)
     "$py" -m pytest -q -p no:cacheprovider tests/test_engine_torch.py tests/test_rollout_builder.py \
         tests/test_validation.py tests/test_cheats.py tests/test_grpo.py 2>&1 | tee "$out/log"
     ;;
+vllm-stage)
+    mkdir -p /tmp/stage
+    cp "$gpu/vllm/${2:?vllm-stage 1|2}"/* /tmp/stage/
+    du -sh /tmp/stage
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    ;;
+vllm)
+    cp "$gpu"/vllm/3/* /tmp/stage/
+    bash /tmp/stage/install.sh  # into /tmp/site
+    site=/tmp/site
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+    install "$wheels"/*.whl
+    mkdir -p "$out"
+    cd "$root"
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+      "$py" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, \
+'transformers', transformers.__version__)"
+      timeout 300 "$py" bench/gpu_engines.py --timeout 140 || echo "gpu_engines: exit $?"
+      timeout 200 "$py" bench/cross_engine.py --model "$gpu/tiny" --workers vllm:bfloat16 \
+          --validators torch:float32@cuda,torch:bfloat16@cuda --groups 600 --calibration-groups 96 --threads 8 \
+          || echo "cross_engine: exit $?"
+      echo "vllm: ${SECONDS} s"; } 2>&1 | tee "$out/log"
+    ;;
 *)
-    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS] | tests" >&2
+    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS] | tests | vllm-stage N | vllm" >&2
     exit 2
     ;;
 esac

@@ -81,11 +81,18 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def gumbel(keys: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def key_tensor(keys: Sequence[int]) -> torch.Tensor:
+    """Position keys as an int64 tensor (the same bits), on the CPU: what ``gumbel`` and ``choose`` take
+    from an engine that moves them to its device itself (without waiting for the device)."""
+    return torch.tensor([_signed(key) for key in keys], dtype=torch.int64)
+
+
+def gumbel(keys: Sequence[int] | torch.Tensor, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Gumbel noise [len(keys), vocab] in float64. For key k and token id t:
     z = splitmix64(k XOR t) (the finalizer with its golden-ratio increment, all mod 2**64),
-    u = ((z >> 11) + 0.5) * 2**-53 in (0, 1), noise = -log(-log(u))."""
-    k = torch.tensor([_signed(key) for key in keys], dtype=torch.int64, device=device)[:, None]
+    u = ((z >> 11) + 0.5) * 2**-53 in (0, 1), noise = -log(-log(u)). ``keys`` as ints, or as
+    ``key_tensor`` gives them."""
+    k = (keys if isinstance(keys, torch.Tensor) else key_tensor(keys)).to(device)[:, None]
     z = k ^ torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
     z = z + _signed(_GOLDEN)  # int64 addition and multiplication wrap like uint64
     z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
@@ -95,7 +102,7 @@ def gumbel(keys: Sequence[int], vocab: int, device: torch.device | str = "cpu") 
     return -torch.log(-torch.log(u))
 
 
-def _race(logits: torch.Tensor, keys: Sequence[int], temperature: float, top_p: float,
+def _race(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature: float, top_p: float,
           mass_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Race scores logits / T + Gumbel [rows, vocab], and the top-p sets (bool, same shape) with
     the cut at ``top_p - mass_slack`` and at ``top_p + mass_slack`` (the narrowest and the widest
@@ -123,7 +130,13 @@ def sample(logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int],
     the top-p set (the smallest prefix of the tokens sorted by probability, descending, ties by
     lower id, whose mass reaches ``top_p``: a token is in it when the mass before it is below
     ``top_p``). Picks token i with probability q_i, the top-p-renormalized softmax(logits / T)."""
-    keys = [position_key(s, p) for s, p in zip(seeds, positions)]
+    return choose(logits, [position_key(s, p) for s, p in zip(seeds, positions)], temperature, top_p)
+
+
+def choose(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """``sample`` with the rows' position keys already derived (ints, or ``key_tensor``'s int64 bits):
+    an engine that samples a whole batch per step hashes the keys once per row and runs the race
+    for every row in one call, on the logits' device."""
     scores, kept, _ = _race(logits, keys, temperature, top_p)
     return scores.masked_fill(~kept, -math.inf).argmax(dim=-1)
 
