@@ -5,11 +5,11 @@ ends): ``--prompts`` random prompts of ``--prompt-length`` tokens, ``-n`` comple
 group), ``--new-tokens`` tokens per completion with end-of-sequence ignored, sampled at temperature 1.
 
 - peer: ``vllm.LLM.generate`` as anyone runs it (CUDA graphs, prefix caching, its own sampler);
-- ours: ``VllmEngine.generate`` (the protocol sampler inside vLLM's step, the torch twin's prefill for
-  hidden states and log-probabilities) plus the TOPLOC proofs of every completion
+- ours: ``VllmEngine.generate`` (the protocol sampler inside vLLM's step, hidden states and
+  log-probabilities captured there) plus the TOPLOC proofs of every completion
   (``build_completion_proofs``), as an inference worker does per batch; then the verification
-  prefill with sampling replays of the same completions on the same engine (what a validator on this
-  GPU does), reported as a multiple of ours' generation rate (the issue asks 20x);
+  prefill with sampling replays of the same completions on the same engine (its torch twin: what a
+  validator on this GPU does), reported as a multiple of ours' generation rate (the issue asks 20x);
 - torch: ``TorchEngine`` on the GPU in the same precision, generation plus proofs.
 
 The model is SmolLM2-135M's shape with random weights from a fixed seed (``--model DIR`` for another
@@ -196,6 +196,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--gpu-memory", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per child process")
+    parser.add_argument("--engines", default="plain,ours,torch", help="which children run (with a GPU and vLLM)")
     parser.add_argument("--sync-scheduling", action="store_true", help="ours with vLLM's asynchronous scheduling off")
     parser.add_argument("--child", choices=tuple(CHILDREN), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -217,7 +218,7 @@ def main() -> None:
         return
     argv = [a for a in sys.argv[1:] if a != "--quick"] + ["--model", str(args.model), "--prompts", str(args.prompts),
                                                           "--new-tokens", str(args.new_tokens)]
-    names = ("plain", "ours", "torch") if gpu else ("torch",)
+    names = [name for name in args.engines.split(",") if gpu or name == "torch"]
     results = {name: run_child(name, argv, args.timeout) for name in names}
     if results.get("ours") and results["ours"]["own_min_margin"] < -MAX_SLACK:
         # tokens the engine's own prefill does not replay: a sampler at the wrong position or not run;

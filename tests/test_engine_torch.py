@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from intellect_node.crypto.toploc import build_proofs, verify_proofs
 from intellect_node.node.engine import EngineChoice, EngineUnavailable, build_engine, select_engine
 from intellect_node.node.engine.base import Completion, SamplingParams, encode_prompt
-from intellect_node.node.engine.proofs import build_completion_proofs
+from intellect_node.node.engine.proofs import PART_ROWS, build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
 from tests.support.engine_helpers import quick_tiny_model
 
@@ -156,6 +156,15 @@ def test_batched_proofs_equal_per_completion_proofs() -> None:
     generator = torch.Generator().manual_seed(0)
     lengths = [1, 5, 31, 32, 33, 64, 65, 100, 5, 33, 0]
     hidden = [torch.randn(n, 192, generator=generator) for n in lengths]
+    assert build_completion_proofs(hidden) == [build_proofs(h) for h in hidden]
+
+
+def test_proofs_of_a_batch_larger_than_one_part_are_the_same_bytes() -> None:
+    """A GPU batch goes in parts of about PART_ROWS rows on threads: same proofs, same order."""
+    generator = torch.Generator().manual_seed(1)
+    lengths = [PART_ROWS + 7, 0, *[(37 * i) % 300 for i in range(60)], 1]  # a completion alone over a part, too
+    hidden = [torch.randn(n, 192, generator=generator) for n in lengths]
+    assert sum(lengths) > 3 * PART_ROWS
     assert build_completion_proofs(hidden) == [build_proofs(h) for h in hidden]
 
 

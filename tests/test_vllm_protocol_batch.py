@@ -1,7 +1,8 @@
-"""The vLLM engine's protocol sampler, without vLLM: ``ProtocolBatch`` follows vLLM's batch updates
-(removed, added, moved, swapped) and leaves each protocol row exactly the token the protocol's sampler
-picks at the row's output length, every other row untouched. vLLM itself is exercised on a GPU
-(bench/gpu_engines.py, bench/cross_engine.py with a vLLM worker)."""
+"""The vLLM engine's protocol sampler and capture, without vLLM: ``ProtocolBatch`` follows vLLM's
+batch updates (removed, added, moved, swapped), leaves each of the engine's rows exactly the token the
+protocol's sampler picks at the row's output length (greedy rows the argmax), records the row's hidden
+state and raw log-probability at (slot, position), and leaves every other row untouched. vLLM itself
+is exercised on a GPU (bench/gpu_engines.py, bench/cross_engine.py with a vLLM worker)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from intellect_node.node.engine.vllm_engine import SEED_ARG, TEMPERATURE_ARG, TOP_P_ARG, ProtocolBatch
+from intellect_node.node.engine.vllm_engine import (
+    SEED_ARG,
+    SLOT_ARG,
+    TEMPERATURE_ARG,
+    TOP_P_ARG,
+    Capture,
+    ProtocolBatch,
+)
 from intellect_node.protocol.sampling import choose, key_tensor, position_key, sample
 
 VOCAB = 300
@@ -23,8 +31,14 @@ class Direction(enum.Enum):  # the names of vLLM's MoveDirectionality
     SWAP = 2
 
 
-def params(seed: int | None, temperature: float = 1.0, top_p: float = 1.0) -> SimpleNamespace:
-    extra = None if seed is None else {SEED_ARG: seed, TEMPERATURE_ARG: temperature, TOP_P_ARG: top_p}
+def params(seed: int | None, temperature: float = 1.0, top_p: float = 1.0, slot: int | None = 0,
+           greedy: bool = False) -> SimpleNamespace:
+    """A request's parameters as the engine sets them: no slot is a request of vLLM's own."""
+    if slot is None:
+        return SimpleNamespace(extra_args=None)
+    extra = {SLOT_ARG: slot}
+    if not greedy:
+        extra.update({SEED_ARG: seed, TEMPERATURE_ARG: temperature, TOP_P_ARG: top_p})
     return SimpleNamespace(extra_args=extra)
 
 
@@ -50,7 +64,7 @@ def test_each_protocol_row_keeps_only_the_protocol_token_at_its_output_length() 
     batch = ProtocolBatch()
     outputs = [[5, 6, 7], [], [9], [1, 2]]
     batch.update(update(added=[(0, params(11), [1], outputs[0]), (1, params(12, 0.6, 0.8), [1], outputs[1]),
-                               (2, params(None), [1], outputs[2]), (3, params(13), [1], outputs[3])]))
+                               (2, params(None, slot=None), [1], outputs[2]), (3, params(13), [1], outputs[3])]))
     logits = logits_for(4)
     original = logits.clone()
     out = batch.apply(logits)
@@ -72,12 +86,12 @@ def test_batch_updates_follow_removed_then_added_then_moved() -> None:
     batch.update(update(added=[(0, params(1), [], a), (1, params(2), [], b)]))
     # request 0 finishes and a new request takes its index in the same update
     batch.update(update(removed=[0], added=[(0, params(3), [], c)]))
-    assert batch.rows[0][0] == 3 and batch.rows[1][0] == 2
+    assert batch.rows[0].seed == 3 and batch.rows[1].seed == 2
     batch.update(update(moved=[(0, 1, Direction.SWAP)]))
-    assert batch.rows[0][0] == 2 and batch.rows[1][0] == 3 and batch.rows[1][3] is c
+    assert batch.rows[0].seed == 2 and batch.rows[1].seed == 3 and batch.rows[1].output is c
     batch.update(update(moved=[(1, 4, Direction.UNIDIRECTIONAL)]))
-    assert set(batch.rows) == {0, 4} and batch.rows[4][0] == 3
-    batch.update(update(added=[(0, params(None), [], [])]))  # a request of vLLM's own takes index 0
+    assert set(batch.rows) == {0, 4} and batch.rows[4].seed == 3
+    batch.update(update(added=[(0, params(None, slot=None), [], [])]))  # a request of vLLM's own takes index 0
     assert set(batch.rows) == {4}
     batch.update(None)  # no change this step
     assert set(batch.rows) == {4}
@@ -99,3 +113,43 @@ def test_many_rows_race_in_one_call_as_alone(rows: int) -> None:
     for i in range(rows):
         assert int(chosen[i]) == int(sample(logits[i:i + 1], [100 + i], [len(outputs[i])], 1.0, 1.0))
         assert not math.isinf(float(logits[i, chosen[i]]))
+
+
+def test_capture_records_each_rows_hidden_state_and_raw_logprob_at_its_slot_and_position() -> None:
+    batch = ProtocolBatch()
+    outputs = [[4, 4], [], [7]]
+    batch.update(update(added=[(0, params(21, slot=2), [], outputs[0]), (1, params(None, slot=None), [], []),
+                               (2, params(None, slot=0, greedy=True), [], outputs[1]),
+                               (3, params(22, 0.5, 0.9, slot=1), [], outputs[2])]))
+    batch.capture = Capture.empty(3, 4, 8, torch.bfloat16, "cpu")
+    logits, hidden = logits_for(4), torch.randn(4, 8)
+    original = logits.clone()
+    batch.take_hidden(hidden)
+    tokens = batch.apply(logits).argmax(dim=-1)
+    assert int(tokens[2]) == int(original[2].argmax())  # the greedy row: vLLM's own choice
+    assert int(tokens[3]) == int(sample(original[3:4], [22], [1], 0.5, 0.9))
+    for row, slot, position in ((0, 2, 2), (2, 0, 0), (3, 1, 1)):
+        assert torch.equal(batch.capture.hidden[slot, position], hidden[row].to(torch.bfloat16))
+        expected = torch.log_softmax(original[row], dim=-1)[tokens[row]]  # raw: no temperature, no top-p
+        assert math.isclose(float(batch.capture.logprobs[slot, position]), float(expected), rel_tol=1e-6)
+    assert int(batch.capture.written.sum()) == 3
+    assert batch.hidden is None  # a step's rows are used once
+
+
+def test_a_position_past_the_capture_lands_in_the_spare_column() -> None:
+    """Asynchronous scheduling may run one step past a stop; its row must not overwrite a real one."""
+    batch = ProtocolBatch()
+    output = [1] * 9  # max_tokens 4: positions 0-3 are real, column 4 is spare
+    batch.update(update(added=[(0, params(5, slot=0), [], output)]))
+    batch.capture = Capture.empty(1, 4, 8, torch.float32, "cpu")
+    batch.take_hidden(torch.ones(1, 8))
+    batch.apply(logits_for(1))
+    assert batch.capture.written[0].tolist() == [False, False, False, False, True]
+
+
+def test_a_step_without_its_hidden_rows_is_an_error() -> None:
+    batch = ProtocolBatch()
+    batch.update(update(added=[(0, params(5, slot=0), [], [])]))
+    batch.capture = Capture.empty(1, 4, 8, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="compute_logits"):
+        batch.apply(logits_for(1))
