@@ -252,6 +252,9 @@ class VllmEngine(Engine):
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"dtype {dtype!r}: choose one of {tuple(TORCH_DTYPES)}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # the processor is written to the V1 model runner's interface: vLLM 0.26 picks that runner for
+        # custom processors itself, later releases (0.33) would take their V2 runner unless told
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         from vllm import LLM
 
         ProtocolBatch.latest = None
