@@ -76,9 +76,10 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 bit patterns."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+def _shift_right_into(x: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns, written into ``out``."""
+    torch.bitwise_right_shift(x, bits, out=out)
+    return out.bitwise_and_((1 << (64 - bits)) - 1)
 
 
 def key_tensor(keys: Sequence[int]) -> torch.Tensor:
@@ -93,13 +94,17 @@ def gumbel(keys: Sequence[int] | torch.Tensor, vocab: int, device: torch.device 
     u = ((z >> 11) + 0.5) * 2**-53 in (0, 1), noise = -log(-log(u)). ``keys`` as ints, or as
     ``key_tensor`` gives them."""
     k = (keys if isinstance(keys, torch.Tensor) else key_tensor(keys)).to(device)[:, None]
-    z = k ^ torch.arange(vocab, dtype=torch.int64, device=device)[None, :]
-    z = z + _signed(_GOLDEN)  # int64 addition and multiplication wrap like uint64
-    z = (z ^ _shift_right(z, 30)) * _signed(_MIX1)
-    z = (z ^ _shift_right(z, 27)) * _signed(_MIX2)
-    z = z ^ _shift_right(z, 31)
-    u = (_shift_right(z, 11).double() + 0.5) * 2.0**-53
-    return -torch.log(-torch.log(u))
+    # in place on two buffers: a verifier's [rows, vocab] int64 temporaries are most of its replay cost
+    z = torch.arange(vocab, dtype=torch.int64, device=device)[None, :] ^ k
+    z += _signed(_GOLDEN)  # int64 addition and multiplication wrap like uint64
+    shifted = torch.empty_like(z)
+    z ^= _shift_right_into(z, 30, shifted)
+    z *= _signed(_MIX1)
+    z ^= _shift_right_into(z, 27, shifted)
+    z *= _signed(_MIX2)
+    z ^= _shift_right_into(z, 31, shifted)
+    u = _shift_right_into(z, 11, shifted).double().add_(0.5).mul_(2.0**-53)
+    return u.log_().neg_().log_().neg_()
 
 
 def _race(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature: float, top_p: float,
@@ -108,7 +113,7 @@ def _race(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature:
     the cut at ``top_p - mass_slack`` and at ``top_p + mass_slack`` (the narrowest and the widest
     sets honest numeric noise can produce; both the exact set when the slack is 0)."""
     scaled = logits.double() / temperature
-    scores = scaled + gumbel(keys, logits.shape[-1], logits.device)
+    scores = gumbel(keys, logits.shape[-1], logits.device).add_(scaled)
     if top_p >= 1:
         everything = torch.ones_like(scores, dtype=torch.bool)
         return scores, everything, everything
