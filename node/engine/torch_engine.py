@@ -43,6 +43,7 @@ from intellect_node.protocol.sampling import Replay, margins_of_rows, sample
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 HEAD_ELEMENTS = 1 << 24  # verification logits at once: 64 MiB of float32 (a row of positions at least)
+GPU_HEAD_ELEMENTS = 1 << 26  # on a GPU (256 MiB): fewer head calls, each with its sync back to the CPU
 
 
 class TorchEngine(Engine):
@@ -321,7 +322,8 @@ class TorchEngine(Engine):
         hidden = flat.to("cpu", copy=True)
         bounds = [0, *itertools.accumulate(counts)]
         results = []
-        for first, last in _spans(counts, max(1, HEAD_ELEMENTS // self.vocab_size)):
+        budget = GPU_HEAD_ELEMENTS if self.device.type == "cuda" else HEAD_ELEMENTS
+        for first, last in _spans(counts, max(1, budget // self.vocab_size)):
             part = flat[bounds[first] : bounds[last]]  # the head over whole completions, a bounded number of positions
             targets = torch.tensor([t for i in batch[first:last] for t in completions[i]], dtype=torch.long,
                                    device=self.device)
