@@ -5,7 +5,7 @@ The stand-in does what vLLM's engine does to the parts the engine relies on: it 
 batch whose rows it moves and swaps between steps (and tells the logits processor so), runs the real
 model for every scheduled request, hands ``compute_logits`` the final-norm rows in batch order, lets
 the processor pick the token, and, as asynchronous scheduling does, runs one step past a stop before
-it drops the request. The engine's completions must then be what the prover's prefill replays: the
+it drops the request. The engine's completions must then be what the verifier's prefill replays: the
 protocol's tokens, each hidden state and log-probability at its position."""
 
 from __future__ import annotations
@@ -106,10 +106,10 @@ def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def engine_over_standin(seed: int) -> tuple[VllmEngine, StandInLLM]:
-    prover = TorchEngine.from_checkpoint(quick_tiny_model(), device="cpu")
+    verifier = TorchEngine.from_checkpoint(quick_tiny_model(), device="cpu")
     batch = ProtocolBatch()
-    llm = StandInLLM(prover.model, batch, seed)
-    return VllmEngine(llm, batch, prover), llm
+    llm = StandInLLM(verifier.model, batch, seed)
+    return VllmEngine(llm, batch, verifier), llm
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
@@ -143,7 +143,7 @@ def test_tokens_are_the_torch_engines_for_the_same_seeds(standin_vllm: None) -> 
     engine, _ = engine_over_standin(seed=5)
     params = SamplingParams(temperature=1.0, max_tokens=10, seed=4, stop_token_ids=())
     ours = engine.generate([[1, 5, 6]], 4, params, capture_hidden=False)
-    torch_engine = engine.prover.generate([[1, 5, 6]], 4, params, capture_hidden=False)
+    torch_engine = engine.verifier.generate([[1, 5, 6]], 4, params, capture_hidden=False)
     assert [c.token_ids for c in ours[0]] == [c.token_ids for c in torch_engine[0]]
     assert all(c.hidden_states is None and len(c.token_ids) == 10 for c in ours[0])
 

@@ -22,10 +22,10 @@ from (a chunk of a long prompt, a step past a stop that asynchronous scheduling 
 a position the request later overwrites, or the spare last column; every position a completion has
 must be written, or ``generate`` raises.
 
-Verification (``prefill``) runs on ``prover``, a ``TorchEngine`` holding the same weights in the same
+Verification (``prefill``) runs on ``verifier``, a ``TorchEngine`` holding the same weights in the same
 precision on the same GPU: the prompts once per group, ``completion[:-1]`` after its cache. That is
 a second copy of the weights (2 bytes per parameter in bf16) next to vLLM's share of the GPU
-(``gpu_memory_utilization``, 0.6 by default, leaves the prover room). The run spec's vllm/torch pair
+(``gpu_memory_utilization``, 0.6 by default, leaves the verifier room). The run spec's vllm/torch pair
 is calibrated on exactly these figures (``intellect-node calibrate``, bench/cross_engine.py).
 
 The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the processor, the
@@ -225,15 +225,15 @@ def _load_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> N
 
 class VllmEngine(Engine):
     """vLLM generation on one GPU with the protocol's sampler and its own hidden states; verification
-    prefill on ``prover``."""
+    prefill on ``verifier``."""
 
     name = "vllm"
 
-    def __init__(self, llm: Any, batch: ProtocolBatch, prover: TorchEngine) -> None:
+    def __init__(self, llm: Any, batch: ProtocolBatch, verifier: TorchEngine) -> None:
         self.llm = llm
         self.batch = batch
-        self.prover = prover
-        self.vocab_size = prover.vocab_size
+        self.verifier = verifier
+        self.vocab_size = verifier.vocab_size
         self._dtype = llm.llm_engine.model_config.dtype
         llm.apply_model(partial(_capture_hidden, batch))
 
@@ -246,7 +246,7 @@ class VllmEngine(Engine):
         max_batch_rows: int = 256,
         **options: Any,
     ) -> VllmEngine:
-        """vLLM on ``path`` (one GPU) with the protocol sampler, and its torch twin in ``dtype`` on the
+        """vLLM on ``path`` (one GPU) with the protocol sampler, and a torch twin in ``dtype`` on the
         same GPU for verification (``max_batch_rows`` sequences per prefill batch); ``options`` go to
         ``vllm.LLM``."""
         if dtype not in TORCH_DTYPES:
@@ -267,20 +267,20 @@ class VllmEngine(Engine):
         )
         if ProtocolBatch.latest is None:
             raise RuntimeError("vLLM built no protocol sampler: is its engine core in another process?")
-        prover = TorchEngine.from_checkpoint(path, device="cuda", dtype=TORCH_DTYPES[dtype],
+        verifier = TorchEngine.from_checkpoint(path, device="cuda", dtype=TORCH_DTYPES[dtype],
                                              max_batch_rows=max_batch_rows)
-        return cls(llm, ProtocolBatch.latest, prover)
+        return cls(llm, ProtocolBatch.latest, verifier)
 
     @property
     def hidden_size(self) -> int:
-        return self.prover.hidden_size
+        return self.verifier.hidden_size
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return self.prover.eos_token_ids
+        return self.verifier.eos_token_ids
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.prover.load_state_dict(tensors)  # checks every name and shape before anything changes
+        self.verifier.load_state_dict(tensors)  # checks every name and shape before anything changes
         self.llm.apply_model(partial(_load_weights, dict(tensors)))
         self.llm.reset_prefix_cache()
 
@@ -321,7 +321,7 @@ class VllmEngine(Engine):
         check_prompts(prompts, self.vocab_size)
         params.check_prompt_count(len(prompts))
         requests, request_params = self._requests(prompts, n, params)
-        capture = Capture.empty(len(requests), params.max_tokens, self.hidden_size, self._dtype, self.prover.device)
+        capture = Capture.empty(len(requests), params.max_tokens, self.hidden_size, self._dtype, self.verifier.device)
         self.batch.capture = capture
         try:
             outputs = self.llm.generate(requests, request_params, use_tqdm=False)
@@ -354,4 +354,4 @@ class VllmEngine(Engine):
         completions: Sequence[Sequence[int]],
         replays: Sequence[Replay] | None = None,
     ) -> list[PrefillResult]:
-        return self.prover.prefill(prompts, completions, replays)
+        return self.verifier.prefill(prompts, completions, replays)
