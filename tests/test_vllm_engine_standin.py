@@ -49,7 +49,9 @@ class StandInLLM:
         self.model = StandInModel(hf)
         self.batch = batch
         self.rng = random.Random(seed)
-        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=next(hf.parameters()).dtype))
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=next(hf.parameters()).dtype,
+                                                                      max_model_len=hf.config.max_position_embeddings))
+        self.cut_at: int | None = None  # vLLM's LENGTH_CAPPED: a completion cut short yet reported as "length"
         self.steps_past_stop = 0  # rows run past their stop (their capture must not be taken)
 
     def apply_model(self, func):  # noqa: ANN001, ANN201 - vLLM's signature
@@ -83,7 +85,7 @@ class StandInLLM:
                 if chosen[index] in params[r].stop_token_ids:
                     finish[r] = "stop"
                     past_stop.add(r)
-                elif len(outputs[r]) == params[r].max_tokens:
+                elif len(outputs[r]) in (params[r].max_tokens, self.cut_at):
                     finish[r] = "length"
                     removed.append(index)
             slots = [r for index, r in enumerate(slots) if index not in removed]
@@ -155,3 +157,23 @@ def test_a_position_the_sampler_never_saw_is_an_error(standin_vllm: None) -> Non
     with pytest.raises(RuntimeError, match="never saw"):
         engine.generate([[1, 5]], 1, SamplingParams(temperature=1.0, max_tokens=3, seed=1, stop_token_ids=()))
     llm.batch.apply = real
+
+
+def test_a_completion_cut_short_is_an_error_and_the_engine_refuses_further_calls(standin_vllm: None) -> None:
+    engine, llm = engine_over_standin(seed=2)
+    llm.cut_at = 3
+    with pytest.raises(RuntimeError, match="'length' after 3 of 8 tokens"):
+        engine.generate([[1, 5]], 2, SamplingParams(temperature=1.0, max_tokens=8, seed=1, stop_token_ids=()))
+    llm.cut_at = None
+    llm.generate = lambda *args, **kwargs: (_ for _ in ()).throw(MemoryError("CUDA out of memory"))
+    with pytest.raises(MemoryError):
+        engine.generate([[1, 5]], 1, SamplingParams(temperature=1.0, max_tokens=2, seed=1))
+    with pytest.raises(RuntimeError, match="failed earlier .*out of memory"):
+        engine.generate([[1, 5]], 1, SamplingParams(temperature=1.0, max_tokens=2, seed=1))
+
+
+def test_a_prompt_that_leaves_no_room_for_max_tokens_is_refused(standin_vllm: None) -> None:
+    engine, _ = engine_over_standin(seed=2)
+    room = engine.verifier.max_positions
+    with pytest.raises(ValueError, match="exceeds vLLM's max_model_len"):
+        engine.generate([[1] * (room - 3)], 1, SamplingParams(temperature=1.0, max_tokens=4, seed=1))

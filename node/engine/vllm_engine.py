@@ -235,6 +235,8 @@ class VllmEngine(Engine):
         self.verifier = verifier
         self.vocab_size = verifier.vocab_size
         self._dtype = llm.llm_engine.model_config.dtype
+        self._max_model_len = int(llm.llm_engine.model_config.max_model_len)
+        self._failed: str | None = None
         llm.apply_model(partial(_capture_hidden, batch))
 
     @classmethod
@@ -282,7 +284,8 @@ class VllmEngine(Engine):
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.verifier.load_state_dict(tensors)  # checks every name and shape before anything changes
         self.llm.apply_model(partial(_load_weights, dict(tensors)))
-        self.llm.reset_prefix_cache()
+        if self.llm.reset_prefix_cache() is False:  # cached blocks would keep the old weights' keys and values
+            raise RuntimeError("vLLM kept its prefix cache after a weight reload (blocks still in use)")
 
     def _requests(self, prompts: Sequence[Sequence[int]], n: int, params: SamplingParams) -> tuple[list, list]:
         """One vLLM request per completion, prompt-major: completion j of prompt p is slot p * n + j."""
@@ -304,7 +307,7 @@ class VllmEngine(Engine):
                     max_tokens=params.max_tokens,
                     extra_args=extra,
                     stop_token_ids=stops,
-                    ignore_eos=params.stop_token_ids is not None,
+                    ignore_eos=True,  # the stops are ``stops``: vLLM's tokenizer EOS may not be among them
                     detokenize=False,
                 ))
         return requests, request_params
@@ -316,17 +319,35 @@ class VllmEngine(Engine):
         params: SamplingParams,
         capture_hidden: bool = True,
     ) -> list[list[Completion]]:
+        if self._failed is not None:
+            raise RuntimeError(f"this vLLM engine failed earlier ({self._failed}); build a new one")
         if n < 1:
             raise ValueError("n must be >= 1")
         check_prompts(prompts, self.vocab_size)
         params.check_prompt_count(len(prompts))
+        longest = max((len(p) for p in prompts), default=0)
+        if longest + params.max_tokens > self._max_model_len:  # vLLM would cut such a completion short
+            raise ValueError(f"prompt ({longest}) + max_tokens ({params.max_tokens}) exceeds vLLM's max_model_len "
+                             f"({self._max_model_len})")
         requests, request_params = self._requests(prompts, n, params)
         capture = Capture.empty(len(requests), params.max_tokens, self.hidden_size, self._dtype, self.verifier.device)
         self.batch.capture = capture
         try:
             outputs = self.llm.generate(requests, request_params, use_tqdm=False)
+        except BaseException as error:
+            # requests of this call may still be in vLLM's batch and would write into the next call's capture
+            self._failed = f"{type(error).__name__}: {error}"[:200]
+            raise
         finally:
             self.batch.capture = None
+        stops = set(self.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids)
+        for output in outputs:
+            sample = output.outputs[0]
+            ended = (sample.finish_reason == "stop" and bool(sample.token_ids) and sample.token_ids[-1] in stops) or (
+                sample.finish_reason == "length" and len(sample.token_ids) == params.max_tokens)
+            if not ended:
+                raise RuntimeError(f"vLLM finished a completion as {sample.finish_reason!r} after "
+                                   f"{len(sample.token_ids)} of {params.max_tokens} tokens")
         lengths = [len(output.outputs[0].token_ids) for output in outputs]
         wanted = torch.arange(capture.written.shape[1])[None, :] < torch.tensor(lengths)[:, None]
         if not bool(capture.written.cpu()[wanted].all()):
@@ -337,7 +358,7 @@ class VllmEngine(Engine):
         results: list[list[Completion]] = [[] for _ in prompts]
         for slot, output in enumerate(outputs):
             sample = output.outputs[0]
-            finish: FinishReason = "stop" if sample.finish_reason == "stop" else "length"
+            finish: FinishReason = sample.finish_reason  # "stop" or "length", checked above
             results[slot // n].append(Completion(
                 prompt_index=slot // n,
                 sample_index=slot % n,
