@@ -106,6 +106,9 @@ def refused(engines: dict[str, Engine], workers: list[str], validators: list[str
                     tally["groups"] += len(verdict.groups)
                     for group in verdict.rejected:
                         tally[group.reason] += 1
+                        if name == "calibrated" and group.reason != INCONCLUSIVE:  # what refused an honest group
+                            print(f"refused under the calibrated pair, {w}->{v}, counter {group.counter}: "
+                                  f"{group.reason}: {group.detail}", flush=True)
     return tallies
 
 
