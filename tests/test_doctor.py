@@ -1,10 +1,15 @@
 """`intellect-node doctor`: each check's OK and FAIL path, on real files, sockets and nodes."""
 
+import importlib.util
 import json
 import shutil
 import socket
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
+
+import pytest
 
 from intellect_node.crypto.identity import Identity, save_identity
 from intellect_node.node.app.doctor import (
@@ -72,6 +77,36 @@ def test_gpu_and_engine_are_reported_never_fatal_without_a_gpu():
     gpu, engine = check_gpu()
     assert gpu.level == (OK if torch.cuda.is_available() else WARN)
     assert engine.name == "engine" and engine.level in (OK, WARN)
+
+
+@pytest.mark.parametrize("installed, level, says", [
+    (None, WARN, "vllm not installed: the torch engine generates (slower)"),
+    ("0.33.0", WARN, "vllm 0.33.0 installed; the vLLM engine was run on 0.26.0 only"),
+    ("0.26.0", OK, "vllm 0.26.0 installed"),
+])
+def test_vllm_is_checked_by_its_version_without_importing_it(monkeypatch, installed, level, says):
+    from intellect_node.node.app import doctor
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name != "vllm":
+            return real_find_spec(name, *args)
+        return object() if installed else None
+
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(doctor.importlib.metadata, "version", lambda name: installed)
+    check = doctor.check_vllm()
+    assert (check.level, check.detail) == (level, says)
+    if level == WARN:
+        assert "intellect-node[gpu]" in check.fix and "0.26.0" in check.fix
+
+
+def test_the_gpu_extra_pins_the_vllm_the_engine_was_run_on():
+    from intellect_node.node.engine import TESTED_VLLM
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["gpu"] == [f"vllm=={TESTED_VLLM}"]
 
 
 def test_clock_skew_levels():

@@ -7,6 +7,7 @@ only this machine and, bounded in time, the configured bootstrap peers; nothing 
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import ipaddress
 import re
@@ -140,12 +141,25 @@ def check_gpu() -> list[Check]:
     else:
         gpu = Check("gpu", WARN, "no CUDA GPU visible to torch: inference runs on the CPU (slow)",
                     "install the NVIDIA driver and a CUDA build of torch, or run as a validator/bootstrap node")
-    if importlib.util.find_spec("vllm") is not None:
-        engine = Check("engine", OK, "vllm installed")
-    else:
-        engine = Check("engine", WARN, "vllm not installed: the torch engine generates (slower)",
-                       "pip install vllm (GPU nodes)")
-    return [gpu, engine]
+    return [gpu, check_vllm()]
+
+
+def check_vllm() -> Check:
+    """Whether the vLLM engine can run, and on the vLLM version it was run on (read from the package's
+    metadata: importing vLLM takes seconds and touches the GPU)."""
+    from intellect_node.node.engine import TESTED_VLLM
+
+    install = f"pip install 'intellect-node[gpu]' (vllm=={TESTED_VLLM}; GPU nodes)"
+    if importlib.util.find_spec("vllm") is None:
+        return Check("engine", WARN, "vllm not installed: the torch engine generates (slower)", install)
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    if version != TESTED_VLLM:
+        return Check("engine", WARN, f"vllm {version} installed; the vLLM engine was run on {TESTED_VLLM} only",
+                     install)
+    return Check("engine", OK, f"vllm {version} installed")
 
 
 def check_sandbox() -> Check:

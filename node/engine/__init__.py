@@ -30,6 +30,7 @@ from intellect_node.node.engine.base import Engine
 ENGINE_NAMES = ("auto", "torch", "vllm")
 PRECISIONS = ("float32", "bfloat16", "float16")
 DEFAULT_PRECISION = {"torch": "float32", "vllm": "bfloat16"}  # each engine's own default
+TESTED_VLLM = "0.26.0"  # the vLLM the engine ran on (bench/RESULTS.md, "GPU engines"); the gpu extra pins it
 
 
 class EngineUnavailable(RuntimeError):
