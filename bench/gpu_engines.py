@@ -10,7 +10,9 @@ group), ``--new-tokens`` tokens per completion with end-of-sequence ignored, sam
   (``build_completion_proofs``), as an inference worker does per batch; then the verification
   prefill with sampling replays of the same completions on the same engine (its torch twin: what a
   validator on this GPU does), reported as a multiple of ours' generation rate (the issue asks 20x);
-- torch: ``TorchEngine`` on the GPU in the same precision, generation plus proofs.
+- torch: ``TorchEngine`` on the GPU in the same precision, generation plus proofs;
+- plain_v1 (``--engines`` adds it): plain vLLM on its V1 model runner, which a custom logits processor
+  forces (vLLM 0.26 runs plain generation on V2): the runner's share of the gap.
 
 The model is SmolLM2-135M's shape with random weights from a fixed seed (``--model DIR`` for another
 HF-layout model). A warm-up call runs before each timed one. Without CUDA or vLLM, only the torch
@@ -167,7 +169,14 @@ def child_torch(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
     return {**figures, **_timed_verification(engine, prompts, groups, args.n), "device": device}
 
 
-CHILDREN = {"plain": child_plain, "ours": child_ours, "torch": child_torch}
+def child_plain_v1(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
+    """Plain vLLM on its V1 model runner, the one a custom logits processor (ours) runs on: how much
+    of ours' gap to plain vLLM is the runner's."""
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    return child_plain(args, prompts)
+
+
+CHILDREN = {"plain": child_plain, "ours": child_ours, "torch": child_torch, "plain_v1": child_plain_v1}
 
 
 def run_child(name: str, argv: list[str], timeout: float) -> dict | None:
@@ -235,6 +244,11 @@ def main() -> None:
         return None if result is None else result["tok_s"]
 
     ours, peer, torch_rate = rate("ours"), rate("plain"), rate("torch")
+    v1_rate = rate("plain_v1")
+    if v1_rate is not None and peer:
+        of_v1 = "" if ours is None else f"; ours = {ours / v1_rate:.3f}x of it"
+        print(f"plain vLLM on its V1 model runner (ours' runner): {v1_rate:.0f} tok/s = {v1_rate / peer:.3f}x "
+              f"plain{of_v1}")
     if torch_rate is not None and peer:
         print(f"torch engine with proofs: {torch_rate:.0f} tok/s = {torch_rate / peer:.3f}x plain vLLM (target 0.3)")
     if ours is not None and results["ours"].get("verify_tok_s"):
