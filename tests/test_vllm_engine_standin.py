@@ -10,6 +10,7 @@ protocol's tokens, each hidden state and log-probability at its position."""
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import types
@@ -33,13 +34,18 @@ class Direction:
 
 
 class StandInModel:
-    """The model as ``apply_model`` hands it over: ``compute_logits`` on final-norm rows."""
+    """The model as ``apply_model`` hands it over: ``compute_logits`` on final-norm rows, and
+    ``load_weights`` taking HF-named tensors in place."""
 
     def __init__(self, hf: torch.nn.Module) -> None:
         self.hf = hf
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.hf.lm_head(hidden_states)
+
+    def load_weights(self, weights) -> set[str]:  # noqa: ANN001 - vLLM's signature
+        self.hf.load_state_dict(dict(weights), strict=False)
+        return set()
 
 
 class StandInLLM:
@@ -53,9 +59,14 @@ class StandInLLM:
                                                                       max_model_len=hf.config.max_position_embeddings))
         self.cut_at: int | None = None  # vLLM's LENGTH_CAPPED: a completion cut short yet reported as "length"
         self.steps_past_stop = 0  # rows run past their stop (their capture must not be taken)
+        self.prefix_cache_resets, self.prefix_cache_clears = 0, True
 
     def apply_model(self, func):  # noqa: ANN001, ANN201 - vLLM's signature
         return [func(self.model)]
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache_resets += 1
+        return self.prefix_cache_clears
 
     def generate(self, requests: list, params: list, use_tqdm: bool = False) -> list:
         outputs = [[] for _ in requests]
@@ -110,7 +121,7 @@ def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 def engine_over_standin(seed: int) -> tuple[VllmEngine, StandInLLM]:
     verifier = TorchEngine.from_checkpoint(quick_tiny_model(), device="cpu")
     batch = ProtocolBatch()
-    llm = StandInLLM(verifier.model, batch, seed)
+    llm = StandInLLM(copy.deepcopy(verifier.model), batch, seed)  # vLLM holds its own copy of the weights
     return VllmEngine(llm, batch, verifier), llm
 
 
@@ -178,3 +189,30 @@ def test_a_prompt_that_leaves_no_room_for_max_tokens_is_refused(standin_vllm: No
     room = engine.verifier.max_positions
     with pytest.raises(ValueError, match="exceeds vLLM's max_model_len"):
         engine.generate([[1] * (room - 3)], 1, SamplingParams(temperature=1.0, max_tokens=4, seed=1))
+
+
+def test_new_weights_reach_vllm_and_the_verifier_and_bad_ones_reach_neither(standin_vllm: None) -> None:
+    engine, llm = engine_over_standin(seed=4)
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=3, stop_token_ids=())
+    before = [c.token_ids for c in engine.generate([[1, 5, 6]], 4, params)[0]]
+    generator = torch.Generator().manual_seed(0)
+    new = {name: value + 0.5 * torch.randn(value.shape, generator=generator)
+           for name, value in engine.verifier.model.state_dict().items()}
+    wrong = dict(new)
+    wrong["model.norm.weight"] = torch.ones(3)
+    with pytest.raises(ValueError, match="wrong shape"):
+        engine.load_state_dict(wrong)
+    assert llm.prefix_cache_resets == 0
+    assert [c.token_ids for c in engine.generate([[1, 5, 6]], 4, params)[0]] == before  # nothing changed
+    engine.load_state_dict(new)
+    assert llm.prefix_cache_resets == 1
+    for name, value in llm.model.hf.state_dict().items():
+        assert torch.equal(value, engine.verifier.model.state_dict()[name])
+    groups = engine.generate([[1, 5, 6]], 4, params)
+    assert [c.token_ids for c in groups[0]] != before
+    replays = [Replay(params.completion_seed(0, 4, j), 1.0, 1.0, 0.0) for j in range(4)]
+    again = engine.prefill([[1, 5, 6]] * 4, [c.token_ids for c in groups[0]], replays)
+    assert min(float(r.sampling_margins.min()) for r in again) >= -1e-4  # tokens of the new weights
+    llm.prefix_cache_clears = False
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        engine.load_state_dict(new)
