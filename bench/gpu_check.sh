@@ -27,9 +27,10 @@
 #   tests           one call (carry .gpu/whl and .gpu/late): the engine, validation, cheat and GRPO
 #                   test files on the GPU
 #
-# vLLM (issue 36) in three back-to-back calls on one warm machine: `../shared/gpu/stage_vllm.py .gpu/vllm`
-# (here, once) cuts vLLM 0.26.0 and its missing packages into .gpu/vllm/1, 2 and 3 (at most 56 MiB each);
-# .gpu/tiny is the demo's tiny model (a copy of /tmp/ina-bench-tiny, made by bench/cross_engine.py here):
+# vLLM (issue 36) in three back-to-back calls on one warm machine. `PYTHON=.venv/bin/python bash
+# bench/gpu_check.sh vllm-prepare` (here, once, a few minutes) runs ../shared/gpu/stage_vllm.py, which cuts
+# vLLM 0.26.0 and its missing packages into .gpu/vllm/1, 2 and 3 (at most 56 MiB each), fills .gpu/whl
+# and builds the demo's tiny model into .gpu/tiny; then:
 #
 #   run(carry=[".gpu/vllm/1"], command="bash bench/gpu_check.sh vllm-stage 1")                 # call 1
 #   run(carry=[".gpu/vllm/2"], command="bash bench/gpu_check.sh vllm-stage 2")                 # call 2
@@ -60,6 +61,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=$root/.gpu
 py=${PYTHON:-python3}
+case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac  # used from other folders too
 site=${SITE:-/tmp/site}
 stash=${STASH:-/tmp/ina-gpu}
 wheels=${WHEELS:-$gpu/whl}
@@ -78,18 +80,24 @@ install() {  # the wheels, then intellect_node as links into the repository
     for folder in node protocol crypto cli; do ln -sfn "$root/$folder" "$site/intellect_node/$folder"; done
 }
 
-export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-
-case ${1:-} in
-prepare)
-    wheel=${2:?prepare WHEEL}
-    mkdir -p "$gpu/whl" "$gpu/late"
-    rm -f "$gpu"/whl/*.whl "$gpu"/late/*.whl "$gpu"/smol.part-*
+download_wheels() {  # .gpu/whl: what the imports need that the machine lacks (cp312 manylinux)
+    mkdir -p "$gpu/whl"
+    rm -f "$gpu"/whl/*.whl
     (cd "$gpu/whl" && "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 base58==2.1.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 gguf==0.19.0 \
         math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 \
         trio==0.35.0 outcome==1.3.0.post0 sniffio==1.3.1)
+}
+
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+
+case ${1:-} in
+prepare)
+    wheel=${2:?prepare WHEEL}
+    mkdir -p "$gpu/late"
+    rm -f "$gpu"/late/*.whl "$gpu"/smol.part-*
+    download_wheels
     (cd "$gpu/late" && "$py" -m pip download -q --no-deps --only-binary=:all: transformers==5.23.0)
     split -b 47M "$wheel" "$gpu/smol.part-"
     (cd "$(dirname "$wheel")" && sha256sum "$(basename "$wheel")") > "$gpu/smol.sha256"
@@ -134,6 +142,14 @@ tests)
     "$py" -m pytest -q -p no:cacheprovider tests/test_engine_torch.py tests/test_rollout_builder.py \
         tests/test_validation.py tests/test_cheats.py tests/test_grpo.py 2>&1 | tee "$out/log"
     ;;
+vllm-prepare)
+    # here, once, with the project's python (PYTHON=.venv/bin/python): .gpu/vllm, .gpu/whl, .gpu/tiny
+    grep -qx "/.gpu/" "$root/.git/info/exclude" 2>/dev/null || { mkdir -p "$root/.git/info"; echo "/.gpu/" >> "$root/.git/info/exclude"; }
+    [ -f "$gpu/vllm/3/install.sh" ] || "$py" "$root/../shared/gpu/stage_vllm.py" "$gpu/vllm"
+    download_wheels
+    "$py" -c "from intellect_node.node.models.tiny import ensure_tiny_model; ensure_tiny_model('$gpu/tiny')"
+    du -sh "$gpu"/vllm/* "$gpu"/whl "$gpu"/tiny
+    ;;
 vllm-stage)
     mkdir -p /tmp/stage
     cp "$gpu/vllm/${2:?vllm-stage 1|2}"/* /tmp/stage/
@@ -160,7 +176,7 @@ vllm)
       echo "vllm: ${SECONDS} s"; } 2>&1 | tee "$out/log"
     ;;
 *)
-    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS] | tests | vllm-stage N | vllm" >&2
+    echo "usage: $0 prepare WHEEL | stage | measure [bench/real_model.py ARGS] | tests | vllm-prepare | vllm-stage N | vllm" >&2
     exit 2
     ;;
 esac
