@@ -77,6 +77,10 @@ class SamplingParams:
             return derive_seed(self.prompt_seeds[prompt], j)
         return derive_seed(self.seed, prompt * n + j)
 
+    def stops(self, eos_token_ids: Sequence[int]) -> tuple[int, ...]:
+        """The ids that end a completion: ``stop_token_ids``, or the model's ``eos_token_ids`` when None."""
+        return tuple(eos_token_ids if self.stop_token_ids is None else self.stop_token_ids)
+
     def check_prompt_count(self, count: int) -> None:
         """ValueError unless ``prompt_seeds`` (if given) has one seed per prompt of the call."""
         if self.prompt_seeds is not None and len(self.prompt_seeds) != count:

@@ -135,7 +135,7 @@ class TorchEngine(Engine):
                 f"prompt ({longest}) + max_tokens ({params.max_tokens}) exceeds the model's "
                 f"{self.max_positions} positions"
             )
-        stops = self._eos if params.stop_token_ids is None else tuple(params.stop_token_ids)
+        stops = params.stops(self._eos)
         per_chunk = max(1, self.max_batch_rows // n)
         results: list[list[Completion]] = []
         with torch.inference_mode():

@@ -292,7 +292,7 @@ class VllmEngine(Engine):
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        stops = list(self.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids)
+        stops = list(params.stops(self.eos_token_ids))
         requests, request_params = [], []
         for p, prompt in enumerate(prompts):
             for j in range(n):
@@ -340,7 +340,7 @@ class VllmEngine(Engine):
             raise
         finally:
             self.batch.capture = None
-        stops = set(self.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids)
+        stops = set(params.stops(self.eos_token_ids))
         for output in outputs:
             sample = output.outputs[0]
             ended = (sample.finish_reason == "stop" and bool(sample.token_ids) and sample.token_ids[-1] in stops) or (
