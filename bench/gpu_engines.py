@@ -36,7 +36,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from intellect_node.protocol.sampling import MAX_SLACK  # noqa: E402  (an honest margin is never below -MAX_SLACK)
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in the child's process
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -131,7 +130,7 @@ def _timed_verification(engine: object, prompts: list[list[int]], groups: list, 
     import numpy as np
 
     from intellect_node.node.engine.base import SamplingParams
-    from intellect_node.protocol.sampling import Replay
+    from intellect_node.protocol.sampling import MAX_SLACK, Replay
 
     params = SamplingParams(temperature=1.0, stop_token_ids=(), seed=1)
     rows = [(p, c) for p, g in enumerate(groups) for c in g]
@@ -150,9 +149,8 @@ def _timed_verification(engine: object, prompts: list[list[int]], groups: list, 
 def child_ours(args: argparse.Namespace, prompts: list[list[int]]) -> dict:
     from intellect_node.node.engine.vllm_engine import VllmEngine
 
-    options = {"async_scheduling": False} if args.sync_scheduling else {}
     engine = VllmEngine.from_checkpoint(args.model, dtype=args.dtype, gpu_memory_utilization=args.gpu_memory, seed=0,
-                                        max_model_len=args.prompt_length + args.new_tokens + 8, **options)
+                                        max_model_len=args.prompt_length + args.new_tokens + 8)
     groups, figures = _timed_generation(engine, args, prompts)
     return {**figures, **_timed_verification(engine, prompts, groups, args.n)}
 
@@ -206,7 +204,6 @@ def main() -> None:
     parser.add_argument("--gpu-memory", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per child process")
     parser.add_argument("--engines", default="plain,ours,torch", help="which children run (with a GPU and vLLM)")
-    parser.add_argument("--sync-scheduling", action="store_true", help="ours with vLLM's asynchronous scheduling off")
     parser.add_argument("--child", choices=tuple(CHILDREN), help=argparse.SUPPRESS)
     args = parser.parse_args()
     import importlib.util
@@ -229,11 +226,6 @@ def main() -> None:
                                                           "--new-tokens", str(args.new_tokens)]
     names = [name for name in args.engines.split(",") if gpu or name == "torch"]
     results = {name: run_child(name, argv, args.timeout) for name in names}
-    if results.get("ours") and results["ours"]["own_min_margin"] < -MAX_SLACK:
-        # tokens the engine's own prefill does not replay: a sampler at the wrong position or not run;
-        # once more without asynchronous scheduling, to tell which
-        print(f"ours: own tokens fail their replay ({results['ours']}); again without async scheduling", flush=True)
-        results["ours_sync"] = run_child("ours", [*argv, "--sync-scheduling"], args.timeout)
     work = f"{args.prompts} prompts x n={args.n} x {args.new_tokens} tokens, {args.dtype}, model {args.model}"
     print(f"work: {work}; {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
     for name, result in results.items():
