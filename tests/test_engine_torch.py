@@ -35,9 +35,11 @@ def tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir: Path) -> TorchEngine:
-    return TorchEngine.from_checkpoint(model_dir, max_batch_rows=8)
+@pytest.fixture(scope="module", params=[False, True], ids=["exact-decode", "padded-decode"])
+def engine(model_dir: Path, request: pytest.FixtureRequest) -> TorchEngine:
+    """Each test runs on both decode shapes: the CPU's exact one and the GPU's padded one
+    (static_decode: power-of-two row buckets, attention over the whole cache), here run eagerly."""
+    return TorchEngine.from_checkpoint(model_dir, max_batch_rows=8, padded_decode=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +214,29 @@ def test_prompt_seeds_give_each_prompt_the_tokens_of_its_own_call(
         engine.generate(prompts, n=1, params=dataclasses.replace(FREE, prompt_seeds=seeds[:2]))
     with pytest.raises(ValueError, match="prompt_seeds"):
         SamplingParams(prompt_seeds=(2**64,))
+
+
+def test_decode_cache_is_kept_padded_grows_and_is_freed_exact(model_dir: Path, prompts: list[list[int]]) -> None:
+    """A padded decoder (a GPU's: its graphs are captured once) serves later calls that fit it and
+    is replaced by a larger one for a call that does not; calls give the tokens a fresh engine
+    gives whatever decoder they ran on. An exact decoder (a CPU's) is not kept."""
+    short = dataclasses.replace(FREE, max_tokens=6)
+    long = dataclasses.replace(FREE, max_tokens=90)  # past the first decoder's 64 columns
+    padded = TorchEngine.from_checkpoint(model_dir, max_batch_rows=8, padded_decode=True)
+    first = padded.generate(prompts[:1], n=2, params=short)
+    small = padded._decoder
+    assert small is not None and (small.capacity, small.length) == (8, 64)
+    second = padded.generate(prompts, n=2, params=long)
+    large = padded._decoder
+    assert large is not small and large.capacity == 8 and large.length >= 90 + max(map(len, prompts))
+    third = padded.generate(prompts[:1], n=2, params=short)
+    assert padded._decoder is large
+    exact = TorchEngine.from_checkpoint(model_dir, max_batch_rows=8, padded_decode=False)
+    for params, prompt_set, got in ((short, prompts[:1], first), (long, prompts, second), (short, prompts[:1], third)):
+        assert [[c.token_ids for c in g] for g in got] == [
+            [c.token_ids for c in g] for g in exact.generate(prompt_set, n=2, params=params)
+        ]
+        assert exact._decoder is None
 
 
 def test_greedy_ignores_seed_and_tiny_top_p_is_greedy(

@@ -6,9 +6,10 @@ exact control over them:
 
 - the base model's ``last_hidden_state`` is already after the final norm, so capture costs one
   row copy per step, and the output head runs only on the rows that are sampled from;
-- prompts are left-padded in one batch and prefilled once, then the cache is repeated for the
-  ``n`` samples; finished rows are dropped from the cache so that long stragglers do not drag a
-  full batch along;
+- prompts are left-padded in one batch and prefilled once by transformers, then their cache is
+  copied, repeated for the ``n`` samples, into a ``StaticDecoder`` (``static_decode``) that runs
+  the per-token steps over buffers allocated once (on a GPU, each step a replayed CUDA graph);
+  finished rows are dropped so that long stragglers do not drag a full batch along;
 - each completion samples with the verifiable sampler of ``intellect_node.protocol.sampling``
   from its own seed (``base.derive_seed``), so its tokens depend only on its seed and the model's
   logits, not on batch composition, and any validator can replay them.
@@ -24,6 +25,7 @@ demo's short answers that is a third of the tokens of prefilling every ``prompt 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,11 +41,13 @@ from intellect_node.node.engine.base import (
     SamplingParams,
     check_prompts,
 )
+from intellect_node.node.engine.static_decode import StaticDecoder
 from intellect_node.protocol.sampling import Replay, margins_of_rows, sample
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 HEAD_ELEMENTS = 1 << 24  # verification logits at once: 64 MiB of float32 (a row of positions at least)
 GPU_HEAD_ELEMENTS = 1 << 26  # on a GPU (256 MiB): fewer head calls, each with its sync back to the CPU
+CACHE_COLUMNS = 64  # the decode cache's length is a multiple of this: one padded shape serves nearby lengths
 
 
 class TorchEngine(Engine):
@@ -52,11 +56,15 @@ class TorchEngine(Engine):
     ``max_batch_rows`` bounds the rows decoded together: a generation chunk holds
     ``max(1, max_batch_rows // n)`` prompts (so one prompt with a larger ``n`` still goes in one
     piece), a prefill batch ``max_batch_rows`` sequences.
+
+    ``padded_decode``: decode in the padded shapes of ``static_decode`` (rows in power-of-two
+    buckets, attention over the cache's whole length), captured as CUDA graphs on a GPU; None
+    means on a GPU only. On a CPU the exact shapes do less work.
     """
 
     name = "torch"
 
-    def __init__(self, model: PreTrainedModel, max_batch_rows: int = 64) -> None:
+    def __init__(self, model: PreTrainedModel, max_batch_rows: int = 64, padded_decode: bool | None = None) -> None:
         model_type = getattr(model.config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model type {model_type!r} not supported: {SUPPORTED_MODEL_TYPES}")
@@ -71,6 +79,10 @@ class TorchEngine(Engine):
         self.pad_id = int(model.config.pad_token_id or 0)
         eos = model.generation_config.eos_token_id or model.config.eos_token_id
         self._eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        self.padded_decode = self.device.type == "cuda" if padded_decode is None else padded_decode
+        # padded: kept between calls (its buffers and graphs are reused); exact: freed after each call
+        self._decoder: StaticDecoder | None = None
+        self._generating = threading.Lock()  # one generation at a time owns the decoder
 
     @classmethod
     def from_checkpoint(
@@ -79,6 +91,7 @@ class TorchEngine(Engine):
         device: str | None = None,
         dtype: torch.dtype = torch.float32,
         max_batch_rows: int = 64,
+        padded_decode: bool | None = None,
         **options: Any,
     ) -> TorchEngine:
         """Load with transformers (``sdpa`` attention); extra options go to ``from_pretrained``.
@@ -88,7 +101,7 @@ class TorchEngine(Engine):
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, attn_implementation="sdpa", **options
         ).to(device)
-        return cls(model, max_batch_rows=max_batch_rows)
+        return cls(model, max_batch_rows=max_batch_rows, padded_decode=padded_decode)
 
     @property
     def hidden_size(self) -> int:
@@ -138,12 +151,14 @@ class TorchEngine(Engine):
         stops = params.stops(self._eos)
         per_chunk = max(1, self.max_batch_rows // n)
         results: list[list[Completion]] = []
-        with torch.inference_mode():
-            for start in range(0, len(prompts), per_chunk):
-                chunk = range(start, min(start + per_chunk, len(prompts)))
-                results.extend(
-                    self._generate_chunk(prompts, chunk, n, params, stops, capture_hidden)
-                )
+        with self._generating, torch.inference_mode():
+            try:
+                for start in range(0, len(prompts), per_chunk):
+                    chunk = range(start, min(start + per_chunk, len(prompts)))
+                    results.extend(self._generate_chunk(prompts, chunk, n, params, stops, capture_hidden))
+            finally:
+                if not self.padded_decode:
+                    self._decoder = None  # a CPU cache is cheap to rebuild and costly to keep
         return results
 
     def _run_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
@@ -173,15 +188,14 @@ class TorchEngine(Engine):
         lengths = torch.tensor([len(prompts[p]) for p in chunk], device=self.device)
         last, mask, cache = self._run_prompts([prompts[p] for p in chunk])
         width = mask.shape[1]
-        hidden = last.repeat_interleave(n, dim=0)
-        cache.batch_repeat_interleave(n)
-        next_pos = lengths.repeat_interleave(n)
-
         rows = len(chunk) * n
         max_tokens = params.max_tokens
-        # the attention mask of the whole generation, allocated once: the prompt's padding, then
-        # ones for the generated columns; each step passes the prefix it has reached
-        mask = torch.cat([mask.repeat_interleave(n, dim=0), mask.new_ones((rows, max_tokens))], 1)
+        decoder = self._decoder_for(rows, width + max_tokens)
+        decoder.load_prompts(cache, mask, n)
+        del cache
+        hidden = last.repeat_interleave(n, dim=0)
+        next_pos = lengths.repeat_interleave(n)
+
         tokens = torch.zeros((rows, max_tokens), dtype=torch.long, device=self.device)
         logprobs = torch.zeros((rows, max_tokens), dtype=torch.float32, device=self.device)
         captured = (
@@ -191,7 +205,7 @@ class TorchEngine(Engine):
         )
         seeds = [params.completion_seed(p, n, j) for p in chunk for j in range(n)]
         stop_ids = torch.tensor(stops, dtype=torch.long, device=self.device)
-        active = torch.arange(rows, device=self.device)  # original row of each cache row
+        active = torch.arange(rows, device=self.device)  # original row of each live decoder row
         active_rows = list(range(rows))
         lengths_out = torch.full((rows,), max_tokens, dtype=torch.long)
         reasons: list[FinishReason] = ["length"] * rows
@@ -214,19 +228,10 @@ class TorchEngine(Engine):
                 keep = (~done).nonzero()[:, 0]
                 if keep.numel() == 0:
                     break
-                cache.batch_select_indices(keep)
+                decoder.keep(keep)
                 active_rows = [active_rows[k] for k in keep.tolist()]
-                active, chosen, mask, next_pos = (
-                    active[keep], chosen[keep], mask[keep], next_pos[keep]
-                )
-            out = self.model.model(
-                input_ids=chosen[:, None],
-                attention_mask=mask[:, : width + step + 1],
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            hidden = out.last_hidden_state[:, -1]
+                active, chosen, next_pos = active[keep], chosen[keep], next_pos[keep]
+            hidden = decoder.step(chosen, next_pos, width + step)
             next_pos = next_pos + 1
 
         grouped: list[list[Completion]] = []
@@ -247,6 +252,21 @@ class TorchEngine(Engine):
                 )
             grouped.append(group)
         return grouped
+
+    def _decoder_for(self, rows: int, columns: int) -> StaticDecoder:
+        """A decoder with room for ``rows`` rows of ``columns`` columns: the current one when it
+        has room, else a new one that also holds what the current one held (it only grows, so a
+        GPU captures each bucket's graph once, not once per prompt length)."""
+        length = -(-columns // CACHE_COLUMNS) * CACHE_COLUMNS
+        capacity = max(rows, self.max_batch_rows) if self.padded_decode else rows  # padded: room for any chunk
+        current = self._decoder
+        if current is not None:
+            if current.capacity >= rows and current.length >= length:
+                return current
+            capacity, length = max(capacity, current.capacity), max(length, current.length)
+        self._decoder = current = None  # freed before the next one is allocated
+        self._decoder = StaticDecoder(self.model, capacity, length, padded=self.padded_decode, cuda_graphs=True)
+        return self._decoder
 
     @staticmethod
     def _sample(logits: torch.Tensor, params: SamplingParams, seeds: list[int], step: int) -> torch.Tensor:
