@@ -38,11 +38,12 @@
 #       timeout_s=600)                                                                           # call 3
 #
 # Call 3 installs vLLM into $SITE, then runs bench/gpu_engines.py (plain vLLM, our VllmEngine with
-# proofs, plain vLLM on the V1 model runner ours runs on; one process each; GPU_ENGINES sets the list,
-# `torch` adds our TorchEngine) and bench/cross_engine.py
-# with a vLLM bf16 worker judged by CUDA torch validators in fp32 and bf16 (CROSS_GROUPS, CALIBRATION_GROUPS),
-# output teed to $OUT/log. On a fresh H200 a vLLM child takes about 90 s (compilation first), the
-# whole call about 500 s; CROSS_GROUPS=1000 shortens it.
+# proofs, our TorchEngine with proofs on its CUDA-graph decode; one process each; GPU_ENGINES sets the
+# list, `plain_v1` adds plain vLLM on the V1 model runner ours runs on), the static decoder's tests and
+# bench/decode.py on the GPU, and bench/cross_engine.py with a vLLM bf16 worker judged by CUDA torch
+# validators in fp32 and bf16 (CROSS_GROUPS, default 1000 per pair; CALIBRATION_GROUPS), output teed to
+# $OUT/log. On a fresh H200 a vLLM child takes about 90 s (compilation first), the whole call about
+# 550 s.
 #
 # intellect_node is importable without installing the project (pip could not build it offline):
 # setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
@@ -168,10 +169,13 @@ vllm)
     { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
       "$py" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, \
 'transformers', transformers.__version__)"
-      timeout 400 "$py" bench/gpu_engines.py --timeout 130 --engines "${GPU_ENGINES:-plain,ours,plain_v1}" \
+      timeout 400 "$py" bench/gpu_engines.py --timeout 130 --engines "${GPU_ENGINES:-plain,ours,torch}" \
           || echo "gpu_engines: exit $?"
+      timeout 60 "$py" -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_engine_torch.py \
+          || echo "static decode tests: exit $?"
+      timeout 60 "$py" bench/decode.py --quick || echo "decode: exit $?"
       timeout 150 "$py" bench/cross_engine.py --model "$gpu/tiny" --workers vllm:bfloat16 \
-          --validators torch:float32@cuda,torch:bfloat16@cuda --groups "${CROSS_GROUPS:-2000}" \
+          --validators torch:float32@cuda,torch:bfloat16@cuda --groups "${CROSS_GROUPS:-1000}" \
           --calibration-groups "${CALIBRATION_GROUPS:-512}" --threads 8 || echo "cross_engine: exit $?"
       echo "vllm: ${SECONDS} s"; } 2>&1 | tee "$out/log"
     ;;

@@ -3,6 +3,7 @@
 - ``attacker``: an attacker's own libp2p peer aimed at one node.
 - ``engine_helpers``: the tiny models the engine, rollout and validation tests load (cached per session).
 - ``gguf_helpers``: tiny random Llama models written as GGUF files (llama.cpp's layout).
+- ``decode_reference``: transformers' own decode loop beside the static decoder's, fed the same tokens.
 - ``diloco_helpers``: DiLoCo peers, averager children and generated corpora for the DiLoCo tests.
 - ``grpo_groups``: a small random Qwen2 policy and GRPO groups sampled as if from it.
 - ``inprocess_nodes``: real libp2p nodes started in the test's own trio loop.
