@@ -173,7 +173,7 @@ vllm)
           || echo "gpu_engines: exit $?"
       timeout 60 "$py" -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_engine_torch.py \
           || echo "static decode tests: exit $?"
-      timeout 60 "$py" bench/decode.py --quick || echo "decode: exit $?"
+      timeout 90 "$py" bench/decode.py --rows 256 --steps 128 --rounds 3 || echo "decode: exit $?"
       timeout 150 "$py" bench/cross_engine.py --model "$gpu/tiny" --workers vllm:bfloat16 \
           --validators torch:float32@cuda,torch:bfloat16@cuda --groups "${CROSS_GROUPS:-1000}" \
           --calibration-groups "${CALIBRATION_GROUPS:-512}" --threads 8 || echo "cross_engine: exit $?"

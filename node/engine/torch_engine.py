@@ -220,11 +220,12 @@ class TorchEngine(Engine):
                 -1, chosen[:, None]
             )[:, 0]
             done = torch.isin(chosen, stop_ids)
-            for r in active[done].tolist():
+            stopped = active[done].tolist()  # the step's one wait for the device
+            for r in stopped:
                 lengths_out[r], reasons[r] = step + 1, "stop"
             if step + 1 == max_tokens:
                 break
-            if bool(done.any()):
+            if stopped:
                 keep = (~done).nonzero()[:, 0]
                 if keep.numel() == 0:
                     break
