@@ -77,6 +77,25 @@ def test_padding_rows_do_not_reach_live_rows() -> None:
             torch.testing.assert_close(state, clean[step], rtol=0, atol=0)
 
 
+def test_an_earlier_calls_columns_do_not_reach_a_padded_step() -> None:
+    """A kept padded decoder reads every column of its buffers, masked or not: whatever an earlier
+    call left past the new prompts (here inf, which a mask alone turns into NaN) is cleared."""
+    model = _llama()
+    with torch.inference_mode():
+        clean, _ = static_decode(model, PROMPTS, STEPS, padded=True)
+        mask, cache = prompt_run(model, PROMPTS)
+        decoder = StaticDecoder(model, capacity=8, length=mask.shape[1] + STEPS + 5, padded=True)
+        for buffer in (*decoder.keys, *decoder.values):
+            buffer.fill_(float("inf"))
+        decoder.positions.fill_(10_000)
+        decoder.load_prompts(cache, mask, repeats=1)
+        lengths = torch.tensor([len(p) for p in PROMPTS])
+        for step in range(STEPS):
+            state = decoder.step(feed(step, 4, model), lengths + step, mask.shape[1] + step)
+            torch.testing.assert_close(state, clean[step], rtol=0, atol=0)
+    assert not decoder.positions[4:].any()  # padding rows' positions are 0, not a stale large one
+
+
 def test_repeated_prompts_and_bucket_sizes() -> None:
     model = _qwen2()
     with torch.inference_mode():
@@ -118,12 +137,24 @@ def test_sliding_window_models_are_refused() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_cuda_graphs_replay_the_padded_step() -> None:
-    """On a GPU: captured graphs give what the eager padded step gives, across row buckets."""
-    model = _llama().cuda()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_replay_the_padded_step(dtype: torch.dtype) -> None:
+    """On a GPU: captured graphs give what the eager padded step gives, across row buckets, and a
+    decoder reused for a second call replays its graphs on the new prompts."""
+    model = _llama().to(device="cuda", dtype=dtype)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     with torch.inference_mode():
         eager, _ = static_decode(model, PROMPTS, STEPS, DROPS, padded=True)
         graphed, decoder = static_decode(model, PROMPTS, STEPS, DROPS, padded=True, cuda_graphs=True)
-    assert decoder.cuda_graphs and set(decoder._graphs) == {4, 1}  # captured, not fallen back
-    for step, (want, have) in enumerate(zip(eager, graphed)):
-        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+        assert decoder.cuda_graphs and set(decoder._graphs) == {4, 1}  # captured, not fallen back
+        for step, (want, have) in enumerate(zip(eager, graphed)):
+            torch.testing.assert_close(have, want, rtol=tolerance, atol=tolerance, msg=f"step {step}")
+        # the same decoder, a second call: other prompts, no rows dropped
+        others = [p[::-1] for p in PROMPTS]
+        mask, cache = prompt_run(model, others)
+        decoder.load_prompts(cache, mask, repeats=1)
+        lengths = torch.tensor([len(p) for p in others], device="cuda")
+        again, _ = static_decode(model, others, STEPS, padded=True)
+        for step in range(STEPS):
+            state = decoder.step(feed(step, 4, model), lengths + step, mask.shape[1] + step)
+            torch.testing.assert_close(state, again[step], rtol=tolerance, atol=tolerance, msg=f"second call, {step}")

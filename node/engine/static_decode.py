@@ -30,12 +30,18 @@ the buffers never move, so graphs captured on their leading rows stay valid.
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 log = logging.getLogger(__name__)
+
+# one capture at a time in the process: captures share torch's default capture stream, and engines
+# of several roles (inference, validator, trainer) may share one GPU from different threads
+_CAPTURING = threading.Lock()
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary tables fixed at load: no sync per step
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -76,7 +82,9 @@ class StaticDecoder:
         self.groups = int(config.num_attention_heads) // self.kv_heads
         self.scale = float(attention.scaling)
         self.capacity, self.length, self.padded = capacity, length, padded
-        self.cuda_graphs = cuda_graphs and padded and self.device.type == "cuda"
+        # dynamic and long-context rotary tables look at the positions on the CPU: not capturable
+        rope = str(getattr(self.rotary, "rope_type", "default"))
+        self.cuda_graphs = cuda_graphs and padded and self.device.type == "cuda" and rope in STATIC_ROPE
         shape = (capacity, self.kv_heads, length, self.head_dim)
         # zeros, not empty: padding rows are computed too, and must not hold NaN garbage
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
@@ -103,12 +111,20 @@ class StaticDecoder:
             values[:rows, :, :width] = layer.values.repeat_interleave(repeats, dim=0)
         self.valid[:rows, :width] = mask.repeat_interleave(repeats, dim=0).bool()
         self.valid[:, width:] = True  # generated columns: each step attends up to its own
+        if self.padded:
+            # a padded step reads every column, masked or not, and a masked inf is still a NaN
+            # (0 x inf): an earlier call's columns must not reach this one
+            for keys, values in zip(self.keys, self.values):
+                keys[:, :, width:] = 0
+                values[:, :, width:] = 0
+        self.positions.zero_()  # padding rows' positions stay 0 (rotary tables that scale by the largest)
         self.live = rows
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only these live rows (indices into the live rows, in order), moved to the front."""
         for buffer in (*self.keys, *self.values, self.valid, self.positions):
             buffer[: rows.numel()] = buffer[: self.live].index_select(0, rows)
+        self.positions[rows.numel():] = 0
         self.live = rows.numel()
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, column: int) -> torch.Tensor:
@@ -160,9 +176,13 @@ class StaticDecoder:
         then on, with a warning: slower, never wrong."""
         graph = self._graphs.get(rows)
         if graph is None:
+            stream = torch.cuda.current_stream()
             try:
-                graph = self._capture(rows)
-            except RuntimeError as error:
+                with _CAPTURING:
+                    graph = self._capture(rows)
+            except RuntimeError as error:  # torch.AcceleratorError and OutOfMemoryError are RuntimeErrors
+                # a capture that fails part-way can leave this thread on the capture stream
+                torch.cuda.set_stream(stream)
                 log.warning("CUDA graph capture failed (%s); decoding without graphs", error)
                 self.cuda_graphs = False
                 self._forward(rows, self.length)
@@ -179,7 +199,8 @@ class StaticDecoder:
             self._forward(rows, self.length)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: other threads' allocations and syncs (other roles' engines) do not break it
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._forward(rows, self.length)
         self._pool = graph.pool()
         return graph
