@@ -86,7 +86,7 @@ class StaticDecoder:
         rope = str(getattr(self.rotary, "rope_type", "default"))
         self.cuda_graphs = cuda_graphs and padded and self.device.type == "cuda" and rope in STATIC_ROPE
         shape = (capacity, self.kv_heads, length, self.head_dim)
-        # zeros, not empty: padding rows are computed too, and must not hold NaN garbage
+        # zeros, not empty: padding rows are computed too (their results are dropped; zeros keep them finite)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.valid = torch.zeros((capacity, length), dtype=torch.bool, device=self.device)  # real columns
