@@ -1,6 +1,7 @@
 """Two real in-process nodes on 127.0.0.1: a worker delivers rollout batches to a receiver."""
 
 import os
+import threading
 
 import pytest
 import trio
@@ -173,6 +174,50 @@ def test_inbox_bounds_each_worker_and_the_total(tmp_path):
     with pytest.raises(InboxFull):
         reopened.store(_envelope(third, b"again"))
     assert len(reopened.pending()) == 5
+
+
+def test_a_batch_being_written_is_not_pending_but_its_room_is_taken(tmp_path, monkeypatch):
+    """The judge lists only whole files: a batch listed while it was written had no file yet, was
+    dropped as missing, and the worker's later counters waited behind that gap for good (seen on
+    the real-model swarm). Its room is taken from the start, and a second delivery of it meanwhile
+    is a duplicate; a failed write gives the room back and leaves nothing held."""
+    import intellect_node.node.rollouts.inbox as inbox_module
+
+    limits = InboxLimits(per_worker_batches=1)
+    inbox = RolloutInbox(tmp_path, limits)
+    identity = Identity.generate()
+    envelope = _envelope(identity)
+    writing, release = threading.Event(), threading.Event()
+    real_write = inbox_module.write_durably
+
+    def paused_write(*args, **kwargs):
+        writing.set()
+        assert release.wait(10)
+        real_write(*args, **kwargs)
+
+    monkeypatch.setattr(inbox_module, "write_durably", paused_write)
+    storing = threading.Thread(target=inbox.store, args=(envelope,))
+    storing.start()
+    try:
+        assert writing.wait(10)
+        assert inbox.pending() == []
+        assert inbox.store(envelope)[1] is False  # the same envelope again: a duplicate, not a second write
+        with pytest.raises(InboxFull, match="batches of this worker"):
+            inbox.store(_envelope(identity, b"other"))
+    finally:
+        release.set()
+        storing.join(10)
+    digest = inbox.pending()[0]
+    assert inbox.load(digest) == envelope
+
+    def failing_write(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(inbox_module, "write_durably", failing_write)
+    other = Identity.generate()
+    with pytest.raises(OSError):
+        inbox.store(_envelope(other))
+    assert inbox.pending() == [digest] and inbox.held_by(other.peer_id) == 0
 
 
 async def test_work_commitments_are_answered_by_the_judges_book(pair):

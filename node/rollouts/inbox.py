@@ -66,8 +66,10 @@ class RolloutInbox:
         for leftover in directory.glob(f"*{SUFFIX}{TMP_MARK}*"):
             leftover.unlink(missing_ok=True)
         # digest -> (worker, bytes), in arrival order; ``store`` runs in a worker thread while the
-        # judge removes batches on the trio loop, so every change holds the lock
+        # judge removes batches on the trio loop, so every change holds the lock. A batch being
+        # written has its room taken (counted) but is not held yet: the judge sees only whole files
         self._held: dict[str, tuple[str, int]] = {}
+        self._writing: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
         self._batches: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
@@ -91,6 +93,9 @@ class RolloutInbox:
 
     def _account(self, digest: str, worker: str, size: int) -> None:
         self._held[digest] = (worker, size)
+        self._count(worker, size)
+
+    def _count(self, worker: str, size: int) -> None:
         self._batches[worker] += 1
         self._bytes[worker] += size
         self._total_bytes += size
@@ -123,15 +128,21 @@ class RolloutInbox:
         final = self._path(digest)
         worker = envelope_signer(envelope)
         with self._lock:  # room is taken before the write, so two stores cannot both pass a bound
-            if digest in self._held or self.judged(digest):
+            if digest in self._held or digest in self._writing or self.judged(digest):
                 return digest, False
             self._check_room(worker, len(envelope))
-            self._account(digest, worker, len(envelope))
+            self._writing[digest] = (worker, len(envelope))
+            self._count(worker, len(envelope))
         try:
             write_durably(final, envelope, tmp_suffix=f"{TMP_MARK}{os.getpid()}")
         except BaseException:
-            self._forget(digest)
+            with self._lock:
+                self._uncount(*self._writing.pop(digest))
             raise
+        # held only now: a judge that listed it while it was written would find no file, drop it
+        # as missing, and the worker's later counters would wait behind the gap for good
+        with self._lock:
+            self._held[digest] = self._writing.pop(digest)
         return digest, True
 
     def pending(self) -> list[str]:
@@ -165,17 +176,16 @@ class RolloutInbox:
 
     def _forget(self, digest: str) -> None:
         with self._lock:
-            self._drop_account(digest)
+            held = self._held.pop(digest, None)
+            if held is not None:
+                self._uncount(*held)
 
-    def _drop_account(self, digest: str) -> None:
-        held = self._held.pop(digest, None)
-        if held is not None:
-            worker, size = held
-            self._batches[worker] -= 1
-            self._bytes[worker] -= size
-            self._total_bytes -= size
-            if self._batches[worker] <= 0:
-                del self._batches[worker], self._bytes[worker]
+    def _uncount(self, worker: str, size: int) -> None:
+        self._batches[worker] -= 1
+        self._bytes[worker] -= size
+        self._total_bytes -= size
+        if self._batches[worker] <= 0:
+            del self._batches[worker], self._bytes[worker]
 
 
 _SHARED: weakref.WeakValueDictionary[Path, RolloutInbox] = weakref.WeakValueDictionary()

@@ -298,7 +298,8 @@ class ValidatorService:
         except Rejected as exc:  # expired while it waited, or a file damaged on disk
             log.warning("dropping inbox batch %s: %s", digest[:12], exc)
             self._drop(digest, exc.reason)
-        except FileNotFoundError:
+        except FileNotFoundError:  # removed by hand: the inbox lists a batch only once its file is whole
+            log.warning("dropping inbox batch %s: its file is gone", digest[:12])
             self._drop(digest, "missing")
         return None
 
