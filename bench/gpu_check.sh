@@ -39,11 +39,12 @@
 #
 # Call 3 installs vLLM into $SITE, then runs bench/gpu_engines.py (plain vLLM, our VllmEngine with
 # proofs, our TorchEngine with proofs on its CUDA-graph decode; one process each; GPU_ENGINES sets the
-# list, `plain_v1` adds plain vLLM on the V1 model runner ours runs on), the static decoder's tests and
-# bench/decode.py on the GPU, and bench/cross_engine.py with a vLLM bf16 worker judged by CUDA torch
-# validators in fp32 and bf16 (CROSS_GROUPS, default 1000 per pair; CALIBRATION_GROUPS), output teed to
-# $OUT/log. On a fresh H200 a vLLM child takes about 90 s (compilation first), the whole call about
-# 550 s.
+# list, `plain_v1` adds plain vLLM on the V1 model runner ours runs on), the static decoder's tests,
+# bench/decode.py and bench/replay.py (the verifier's race, compiled) on the GPU, and
+# bench/cross_engine.py with a vLLM bf16 worker judged by CUDA torch validators in fp32 and bf16
+# (CROSS_GROUPS, default 1000 per pair; CALIBRATION_GROUPS), output teed to $OUT/log. On a fresh
+# H200 a vLLM child takes about 90 s (compilation first), the whole call about 550 s before
+# bench/replay.py was added (at most 45 s more).
 #
 # intellect_node is importable without installing the project (pip could not build it offline):
 # setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
@@ -174,6 +175,7 @@ vllm)
       timeout 60 "$py" -m pytest -q -p no:cacheprovider tests/test_static_decode.py tests/test_engine_torch.py \
           || echo "static decode tests: exit $?"
       timeout 90 "$py" bench/decode.py --rows 256 --steps 128 --rounds 3 || echo "decode: exit $?"
+      timeout 45 "$py" bench/replay.py --positions 16384 --rounds 3 || echo "replay: exit $?"
       timeout 150 "$py" bench/cross_engine.py --model "$gpu/tiny" --workers vllm:bfloat16 \
           --validators torch:float32@cuda,torch:bfloat16@cuda --groups "${CROSS_GROUPS:-1000}" \
           --calibration-groups "${CALIBRATION_GROUPS:-512}" --threads 8 || echo "cross_engine: exit $?"

@@ -135,6 +135,8 @@ def _timed_verification(engine: object, prompts: list[list[int]], groups: list, 
     params = SamplingParams(temperature=1.0, stop_token_ids=(), seed=1)
     rows = [(p, c) for p, g in enumerate(groups) for c in g]
     replays = [Replay(params.completion_seed(p, n, c.sample_index), 1.0, 1.0, MAX_SLACK) for p, c in rows]
+    # warm-up: the replay's race is compiled on a GPU at its first call (protocol/compiled.py)
+    engine.prefill([prompts[p] for p, _ in rows[:4]], [c.token_ids for _, c in rows[:4]], replays[:4])
     sync()
     started = time.perf_counter()
     results = engine.prefill([prompts[p] for p, _ in rows], [c.token_ids for _, c in rows], replays)

@@ -1,4 +1,4 @@
-"""Wire formats and pure protocol logic; no sockets, no threads, no torch.
+"""Wire formats and pure protocol logic; no sockets, no threads started, no model.
 
 The bytes:
 
@@ -21,6 +21,7 @@ The rules peers must agree on:
 
 - ``assignment``: which task, length target and sampling seed a worker's counter gets.
 - ``sampling``: the replayable sampler: each token a public function of the seed and the model.
+- ``compiled``: the sampler's race run through ``torch.compile`` on a GPU (eager elsewhere, or if it fails).
 - ``keys``: DHT keys and gossip topic names derived from run id and peer id.
 
 The normative description of every byte lives in ``specs/``; this package follows it. Nothing here

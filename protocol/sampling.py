@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from intellect_node.protocol.compiled import CompiledOn
+
 KEY_DOMAIN = b"intellect-node/sampling/race-key/v1"
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -114,12 +116,10 @@ def _race(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature:
           mass_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Race scores logits / T + Gumbel [rows, vocab], and the top-p sets (bool, same shape) with
     the cut at ``top_p - mass_slack`` and at ``top_p + mass_slack`` (the narrowest and the widest
-    sets honest numeric noise can produce; both the exact set when the slack is 0)."""
+    sets honest numeric noise can produce; both the exact set when the slack is 0). Top-p below 1
+    only: at 1 every token competes (``_full_choice``, ``_full_replay``)."""
     scaled = logits.double() / temperature
     scores = gumbel(keys, logits.shape[-1], logits.device).add_(scaled)
-    if top_p >= 1:
-        everything = torch.ones_like(scores, dtype=torch.bool)
-        return scores, everything, everything
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
@@ -145,8 +145,35 @@ def choose(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature
     """``sample`` with the rows' position keys already derived (ints, or ``key_tensor``'s int64 bits):
     an engine that samples a whole batch per step hashes the keys once per row and runs the race
     for every row in one call, on the logits' device."""
+    if top_p >= 1:
+        return _FULL_CHOICE(logits.device, logits, _keys_on(keys, logits.device), temperature)
     scores, kept, _ = _race(logits, keys, temperature, top_p)
     return scores.masked_fill(~kept, -math.inf).argmax(dim=-1)
+
+
+def _keys_on(keys: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return (keys if isinstance(keys, torch.Tensor) else key_tensor(keys)).to(device)
+
+
+def _full_choice(logits: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The race's winner per row over the whole vocabulary (top-p 1)."""
+    return gumbel(keys, logits.shape[-1], logits.device).add_(logits.double() / temperature).argmax(dim=-1)
+
+
+def _full_replay(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
+                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the claimed token's margin and the race's gap over the whole vocabulary (top-p 1):
+    two max reductions instead of masks, a scatter and a top-k, so compiled it is one pass."""
+    scores = gumbel(keys, logits.shape[-1], logits.device).add_(logits.double() / temperature)
+    own = scores.gather(-1, tokens[:, None])[:, 0]
+    best, at = scores.max(dim=-1)
+    second = scores.scatter(-1, at[:, None], -math.inf).max(dim=-1).values
+    return own - torch.where(at == tokens, second, best), best - second
+
+
+# compiled on a GPU, where the eager race is a verifier's whole cost (protocol/compiled.py)
+_FULL_CHOICE = CompiledOn(_full_choice)
+_FULL_REPLAY = CompiledOn(_full_replay)
 
 
 def margins(logits: torch.Tensor, tokens: torch.Tensor, replay: Replay) -> np.ndarray:
@@ -200,18 +227,29 @@ def _replay(logits: torch.Tensor, tokens: torch.Tensor, keys: Sequence[int], rep
     for start in range(0, len(tokens), rows):
         part = logits[start:start + rows]
         index = tokens[start:start + rows].to(device=logits.device, dtype=torch.long)[:, None]
-        scores, narrowest, widest = _race(part, keys[start:start + rows], replay.temperature, replay.top_p,
-                                          min(replay.slack, MAX_MASS_SLACK))
-        own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
-        competing = scores.masked_fill(~narrowest, -math.inf)
-        best_other = competing.scatter(-1, index, -math.inf).max(dim=-1).values
-        margin_parts.append((own - best_other).cpu().numpy())
-        top = competing.topk(min(2, competing.shape[-1]), dim=-1).values
-        gap = top[:, 0] - top[:, 1] if top.shape[-1] > 1 else torch.full_like(top[:, 0], math.inf)
+        if replay.top_p >= 1:
+            margin, gap = _FULL_REPLAY(logits.device, part, index[:, 0], _keys_on(keys[start:start + rows],
+                                                                                logits.device), replay.temperature)
+        else:
+            margin, gap = _masked_replay(part, index, keys[start:start + rows], replay)
+        margin_parts.append(margin.cpu().numpy())
         gap_parts.append(gap.nan_to_num(nan=math.inf).cpu().numpy())
     if not margin_parts:
         return TokenReplay(np.zeros(0), np.zeros(0))
     return TokenReplay(np.concatenate(margin_parts), np.concatenate(gap_parts))
+
+
+def _masked_replay(part: torch.Tensor, index: torch.Tensor, keys: Sequence[int],
+                   replay: Replay) -> tuple[torch.Tensor, torch.Tensor]:
+    """Margins and gaps of a top-p race: competitors inside the narrowest set, the claimed token
+    -inf outside the widest."""
+    scores, narrowest, widest = _race(part, keys, replay.temperature, replay.top_p, min(replay.slack, MAX_MASS_SLACK))
+    own = scores.gather(-1, index)[:, 0].masked_fill(~widest.gather(-1, index)[:, 0], -math.inf)
+    competing = scores.masked_fill(~narrowest, -math.inf)
+    best_other = competing.scatter(-1, index, -math.inf).max(dim=-1).values
+    top = competing.topk(min(2, competing.shape[-1]), dim=-1).values
+    gap = top[:, 0] - top[:, 1] if top.shape[-1] > 1 else torch.full_like(top[:, 0], math.inf)
+    return own - best_other, gap
 
 
 def first_failure(margin: np.ndarray, slack: float) -> int | None:

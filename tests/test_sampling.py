@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import struct
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,12 +19,16 @@ from transformers import AutoTokenizer
 from intellect_node.node.engine.base import SamplingParams, derive_seed
 from intellect_node.node.engine.calibration import NOISE_SAFETY, noise_of_flips
 from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.protocol.compiled import CompiledOn
 from intellect_node.protocol.sampling import (
     FLIP_SUSPECT,
     Replay,
+    _full_choice,
+    _full_replay,
     first_failure,
     flip_test,
     gumbel,
+    key_tensor,
     margins,
     margins_of_rows,
     poisson_at_least,
@@ -136,6 +144,58 @@ def test_the_gap_is_how_far_the_runner_up_is_behind() -> None:
     np.testing.assert_allclose(exact.margins, exact.gaps)
     np.testing.assert_allclose(second.margins, -exact.gaps)
     np.testing.assert_array_equal(second.gaps, exact.gaps)
+
+
+def test_the_compiled_race_is_the_eager_race() -> None:
+    """What a GPU runs (protocol/compiled.py; forced onto the CPU here): the same choices, and the
+    margins and gaps of the eager race to the logarithms' ulps, whatever the rows, vocabulary and
+    temperature (one compile serves every shape), called from a worker thread as the validator does."""
+    choice, replay = CompiledOn(_full_choice, {"cpu"}), CompiledOn(_full_replay, {"cpu"})
+    generator = torch.Generator().manual_seed(11)
+    results: list[str] = []
+
+    def compare() -> None:
+        for rows, vocab, temperature in ((40, 500, 0.7), (7, 3000, 1.0), (1, 2, 1.3)):
+            logits = torch.randn(rows, vocab, generator=generator) * 3
+            keys = key_tensor([position_key(rows, p) for p in range(rows)])
+            chosen = choice(logits.device, logits, keys, temperature)
+            assert torch.equal(chosen, _full_choice(logits, keys, temperature))
+            claimed = torch.where(torch.arange(rows) % 2 == 0, chosen, torch.randint(0, vocab, (rows,)))
+            got, want = replay(logits.device, logits, claimed, keys, temperature), _full_replay(
+                logits, claimed, keys, temperature)
+            for compiled, eager in zip(got, want):
+                torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-12)
+        results.append("done")
+
+    worker = threading.Thread(target=compare)
+    worker.start()
+    worker.join(600)
+    assert results == ["done"] and choice.failed is None and replay.failed is None
+
+
+def test_a_machine_that_cannot_compile_races_eagerly(tmp_path) -> None:
+    """No working C++ compiler (or no triton on a GPU): one warning, the eager race's answer, and eager
+    from then on; an error of the inputs is still raised, and does not switch compiling off."""
+    script = tmp_path / "no_compiler.py"
+    script.write_text(
+        "import torch\n"
+        "from intellect_node.protocol.compiled import CompiledOn\n"
+        "from intellect_node.protocol.sampling import _full_choice, key_tensor, position_key\n"
+        "choice = CompiledOn(_full_choice, {'cpu'})\n"
+        "keys = key_tensor([position_key(3, p) for p in range(5)])\n"
+        "try:\n"
+        "    choice(torch.device('cpu'), torch.randn(4, 300), keys, 1.0)\n"
+        "except RuntimeError:\n"
+        "    print('bad rows raised; failed =', choice.failed)\n"
+        "logits = torch.randn(5, 300)\n"
+        "assert torch.equal(choice(logits.device, logits, keys, 1.0), _full_choice(logits, keys, 1.0))\n"
+        "print('failed:', choice.failed)\n")
+    env = {**os.environ, "CXX": "/bin/false", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "bad rows raised; failed = None" in done.stdout
+    assert "failed: InductorError" in done.stdout and "No working C++ compiler" in done.stdout
+    assert done.stderr.count("runs eagerly: compiling it failed") == 1
 
 
 def test_honest_noise_passes_the_flip_test_and_steering_near_ties_does_not() -> None:
