@@ -39,12 +39,14 @@ def calibrate(
 
     from intellect_node.node.engine import build_engine
     from intellect_node.node.engine.calibration import calibrated_pair
+    from intellect_node.node.models.check import check_model_dir
     from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.calibrate import measure_engines
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 
     try:
         task_list = load_task_spec(tasks)
+        check_model_dir(model)
         worker_engine, validator_engine = build_engine(worker, model, device=device), build_engine(
             validator, model, device=device)
         tokenizer = AutoTokenizer.from_pretrained(model)

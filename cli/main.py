@@ -53,13 +53,14 @@ def _config(**flags: Any) -> NodeConfig:
 
 def _run(config: NodeConfig, roles: RoleOptions) -> None:
     """``serve`` the node; the errors a user can fix end it with their message and status 1."""
+    from intellect_node.crypto.identity import IdentityError
     from intellect_node.node.app.run import serve
     from intellect_node.node.swarm.control import NodeAlreadyRunning
     from intellect_node.node.swarm.host import PortInUse
     from intellect_node.node.swarm.runtime import JoinError
     from intellect_node.node.swarm.supervisor import HostFailed
 
-    expected = (JoinError, NodeAlreadyRunning, PortInUse, ConfigError, HostFailed)
+    expected = (JoinError, NodeAlreadyRunning, PortInUse, ConfigError, HostFailed, IdentityError)
     try:
         serve(config, roles)
     except expected as exc:

@@ -156,9 +156,11 @@ def evaluate(model_dir: Annotated[Path, typer.Option("--model", help="HF-layout 
     from intellect_node.node.metagene.evaluate import evaluate as run_evaluate
     from intellect_node.node.metagene.reads import ReadFormatError
     from intellect_node.node.metagene.tokenizer import load_tokenizer
+    from intellect_node.node.models.check import check_model_dir
 
     try:
         tok = load_tokenizer(model_dir)
+        check_model_dir(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         stream = _filtered(reads, min_quality, max_n, min_length, on_bad)
         taken: dict[str, int] = {}

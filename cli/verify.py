@@ -9,14 +9,18 @@ a spec signed by another key, a task list that does not match the spec).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 err = Console(stderr=True)
+T = TypeVar("T")
 
 
 def verify(
@@ -37,25 +41,31 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON")] = False,
 ) -> None:
     """Judge one stored rollout batch exactly as a validator would; print each group's verdict."""
+    from intellect_node.node.models.check import check_model_dir
     from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
-    from intellect_node.protocol.errors import Rejected
+    from intellect_node.protocol.errors import Oversize, Rejected
+    from intellect_node.protocol.rollouts import RolloutBatch
     from intellect_node.protocol.run_spec import RunSpec, build_run_spec, read_signed_spec
 
     try:
-        signed = load_batch(batch_file)
+        size = batch_file.stat().st_size  # before load_batch reads it whole
+        if size > RolloutBatch.MAX_SIZE:
+            raise Oversize(f"{batch_file}: {size:,} bytes, over a rollout batch's {RolloutBatch.MAX_SIZE:,}")
+        signed = _named(batch_file, load_batch)
         task_list = load_task_spec(tasks)
         if run_spec is None:
             spec = build_run_spec(run_id=signed.message.run_id, authority=signed.signer_peer_id, tasks=task_list,
                                   settings=RolloutSettings(), async_window=2)
             signer = None
         else:
-            spec, signer = read_signed_spec(run_spec, RunSpec, authority=authority, run_id=None)
+            spec, signer = _named(run_spec, partial(read_signed_spec, kind=RunSpec, authority=authority, run_id=None))
+        check_model_dir(checkpoint)
         result = judge_stored_batch(signed, checkpoint_dir=checkpoint, spec=spec, tasks=task_list,
                                     engine_name=engine)
     except (Rejected, TaskSpecError, ValueError, OSError) as exc:
-        err.print(f"[red]refused:[/red] {type(exc).__name__}: {exc}")
+        err.print(f"[red]refused:[/red] {type(exc).__name__}: {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     verdict = result.verdict
     report = {
@@ -70,6 +80,17 @@ def verify(
     else:
         _print(report)
     raise typer.Exit(1 if verdict.rejected else 0)
+
+
+def _named(path: Path, load: Callable[[Path], T]) -> T:
+    """``load(path)``, its refusal naming the file: verify reads two envelopes, and the wire's
+    messages ("bad magic") do not say which one."""
+    from intellect_node.protocol.errors import Rejected
+
+    try:
+        return load(path)
+    except Rejected as exc:
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def _print(report: dict) -> None:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 KEY_FILE_NAME = "identity.key"
 _KEY_FILE_MAGIC = b"intellect-node ed25519 v1\n"
+_MAX_KEY_FILE_BYTES = 4096  # the magic and 64 hex digits, with room for stray whitespace
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64
 
@@ -116,8 +117,12 @@ def load_identity(path: Path) -> Identity:
             f"key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
             f"fix it with `chmod 600 {path}`"
         )
-    data = path.read_bytes()
-    if not data.startswith(_KEY_FILE_MAGIC):
+    try:  # bounded: the file is the user's, and a key file is one short line
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise IdentityError(f"cannot read key file {path}: {exc}") from None
+    if len(data) > _MAX_KEY_FILE_BYTES or not data.startswith(_KEY_FILE_MAGIC):
         raise IdentityError(f"{path} is not an intellect-node key file")
     try:
         seed = bytes.fromhex(data[len(_KEY_FILE_MAGIC) :].strip().decode("ascii"))

@@ -136,3 +136,21 @@ def test_bad_engine_pairs_name_the_field(tmp_path, tables, match):
     (tmp_path / "config.toml").write_text(tables)
     with pytest.raises(ConfigError, match=match):
         load_config({"home": str(tmp_path)}, environ={})
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xff\xfe run_id = 1\n", "codec can't decode"),
+    (b"a = " + b"[" * 50_000 + b"]" * 50_000 + b"\n", "nested too deeply"),
+    (b"# padding\n" * 200_000, "larger than 1,048,576 bytes"),  # read no further than the bound
+])
+def test_hostile_config_files_are_refused_naming_the_file(tmp_path, content, match):
+    (tmp_path / "config.toml").write_bytes(content)
+    with pytest.raises(ConfigError, match=match) as caught:
+        load_config({"home": str(tmp_path)}, environ={})
+    assert f"cannot read {tmp_path / 'config.toml'}" in str(caught.value)
+
+
+def test_a_directory_as_config_file_is_refused(tmp_path):
+    (tmp_path / "config.toml").mkdir()
+    with pytest.raises(ConfigError, match="Is a directory"):
+        load_config({"home": str(tmp_path)}, environ={})

@@ -71,3 +71,16 @@ def test_signatures_verify_only_for_the_signer_and_message():
 def test_public_key_from_malformed_peer_id_raises_value_error(bad):
     with pytest.raises(ValueError):
         public_key_from_peer_id(bad)
+
+
+def test_unreadable_or_oversize_key_file_is_refused(tmp_path):
+    directory = tmp_path / "dir.key"
+    directory.mkdir(mode=0o700)
+    with pytest.raises(IdentityError, match="cannot read key file"):
+        load_identity(directory)
+    huge = tmp_path / "huge.key"
+    save_identity(Identity.generate(), huge)
+    with open(huge, "ab") as handle:  # a valid key followed by a sparse gigabyte: refused, not read
+        handle.truncate(1 << 30)
+    with pytest.raises(IdentityError, match="not an intellect-node key file"):
+        load_identity(huge)

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,56 @@ def test_tasks_whose_prompts_leave_no_room_for_a_completion_are_refused_before_t
     _, roles, _ = options(tmp_path, "[run]\nmax_tokens = 16\n", {}, roles=("inference",), model=str(model_dir),
                           tasks=long_tasks)
     assert roles.inference.task_spec == long_tasks
+
+
+def _huge_config(model: Path) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"vocab_size": 10**12, "hidden_size": 10**6}))
+
+
+def _header(model: Path, header: bytes, length: int | None = None) -> None:
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header) if length is None else length) + header)
+
+
+HOSTILE_MODELS = {  # what is done to a good model directory, and the error that must name it
+    "config_not_utf8": (lambda m: (m / "config.json").write_bytes(b"\xff\xfe"), "config.json: 'utf-8' codec"),
+    "config_nested": (lambda m: (m / "config.json").write_text("[" * 10_000 + "]" * 10_000),
+                      "config.json: JSON nested too deeply"),
+    "config_a_list": (lambda m: (m / "config.json").write_text("[1]"), "config.json: not an HF config"),
+    "config_wrong_type": (lambda m: (m / "config.json").write_text(
+        (m / "config.json").read_text().replace('"vocab_size": 309', '"vocab_size": "big"')),
+        "config.json: cannot load the config"),
+    "config_terabytes": (_huge_config, "config.json: describes 1,000,0"),
+    "config_a_directory": (lambda m: ((m / "config.json").unlink(), (m / "config.json").mkdir()),
+                           "config.json: .*Is a directory"),
+    "safetensors_huge_header": (lambda m: _header(m, b"{}", 1 << 62), "model.safetensors: not a readable"),
+    "safetensors_offsets_out_of_range": (lambda m: _header(m, json.dumps({"w": {
+        "dtype": "F32", "shape": [10**6, 10**6], "data_offsets": [0, 4 * 10**12]}}).encode()),
+        "model.safetensors: not a readable"),
+    "safetensors_truncated": (lambda m: (m / "model.safetensors").write_bytes(
+        (m / "model.safetensors").read_bytes()[:1000]), "model.safetensors: not a readable"),
+    "no_weights": (lambda m: (m / "model.safetensors").unlink(), "no safetensors weights"),
+    "tokenizer_garbage": (lambda m: (m / "tokenizer.json").write_bytes(b"\xb6" * 64), "cannot load the tokenizer"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_MODELS))
+def test_a_hostile_model_directory_is_named_before_the_node_starts(tmp_path: Path, model_dir: Path,
+                                                                    name: str) -> None:
+    """Found later, in the running node, a bad model is a role restarting forever (or terabytes
+    allocated for a config its weights do not back)."""
+    spoil, match = HOSTILE_MODELS[name]
+    model = shutil.copytree(model_dir, tmp_path / "model")
+    spoil(model)
+    with pytest.raises(ConfigError, match=match) as caught:
+        options(tmp_path, "", {}, roles=("validator",), model=str(model), tasks=TASKS)
+    assert str(model) in str(caught.value)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[" * 10_000 + b"]" * 10_000, b'{"reads": "many"}'])
+def test_a_hostile_metagene_store_is_a_configuration_error(tmp_path: Path, content: bytes) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "reads.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"store/reads.json: not a store's reads.json"):
+        options(tmp_path, "", {}, roles=("diloco",), data=f"metagene:store={store}", model="tiny")

@@ -43,3 +43,16 @@ def test_bad_reads_exit_2_naming_file(tmp_path: Path) -> None:
     assert code == 2 and "bad.fq: line 4: Length of sequence and qualities differ" in err
     code, _, err = _run("eval", "--model", str(tmp_path), "--reads", str(bad))
     assert code == 2 and "no tokenizer.json" in err
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xb6" * 64, "not a loadable tokenizer (UnicodeDecodeError"),
+    (b"[" * 10_000 + b"]" * 10_000, "not a loadable tokenizer (RecursionError"),
+])
+def test_a_hostile_tokenizer_exits_2_naming_file(tmp_path: Path, content: bytes, match: str) -> None:
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_bytes(content)
+    (tmp_path / "r.fq").write_text("@a\n" + "ACGT" * 10 + "\n+\n" + "I" * 40 + "\n")
+    code, _, err = _run("store", "--reads", str(tmp_path / "r.fq"), "--tokenizer", str(tmp_path / "tok"),
+                        "--out", str(tmp_path / "store"))
+    assert code == 2 and f"{tmp_path / 'tok' / 'tokenizer.json'}: {match}" in " ".join(err.split()), err

@@ -33,3 +33,12 @@ def test_survives_a_reload_and_ignores_a_corrupt_file(tmp_path):
     assert PeerCache(tmp_path / "peers.json").addresses() == []
     (tmp_path / "peers.json").write_text(json.dumps({"a": "not a list", "b": [1, 2]}))
     assert PeerCache(tmp_path / "peers.json").addresses() == []
+
+
+def test_ignores_a_deeply_nested_or_oversize_file(tmp_path):
+    path = tmp_path / "peers.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert PeerCache(path).addresses() == []
+    with open(path, "wb") as handle:  # sparse: a gigabyte the cache must not read
+        handle.truncate(1 << 30)
+    assert PeerCache(path).addresses() == []

@@ -24,3 +24,23 @@ def test_task_files_load_in_order(tmp_path):
 def test_bad_specs_say_what_is_wrong(spec):
     with pytest.raises(TaskSpecError):
         load_task_spec(spec)
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xff\xfe{}\n", r":1: 'utf-8' codec can't decode"),
+    (b"[" * 10_000 + b"]" * 10_000 + b"\n", ":1: JSON nested too deeply"),
+    (b"x" * 200_000, ":1: line longer than 100,000 bytes"),  # with the bound lowered below
+    (b"[1, 2]\n", ":1: a task record must be a JSON object"),
+])
+def test_hostile_task_files_are_refused_naming_file_and_line(tmp_path, monkeypatch, content, match):
+    monkeypatch.setattr("intellect_node.node.tasks.schema.MAX_TASK_LINE_BYTES", 100_000)
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(TaskSpecError, match=match) as caught:
+        load_task_spec(str(path))
+    assert str(path) in str(caught.value)
+
+
+def test_a_directory_as_task_file_is_refused(tmp_path):
+    with pytest.raises(TaskSpecError, match="Is a directory"):
+        load_task_spec(str(tmp_path))

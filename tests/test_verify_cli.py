@@ -92,3 +92,14 @@ def test_a_run_spec_from_another_key_is_refused(stored) -> None:
     code, _, errors = run(stored, "batch", spec="foreign_spec")
     assert code == 2
     assert "SignerMismatch" in errors
+
+
+def test_an_oversize_or_foreign_batch_file_is_refused_naming_it(tmp_path) -> None:
+    """Refused before the file is read whole, and naming which of the inputs was wrong."""
+    huge, garbage = tmp_path / "huge.ine", tmp_path / "garbage.ine"
+    with open(huge, "wb") as handle:
+        handle.truncate(1 << 30)  # sparse
+    garbage.write_bytes(b"\xb6" * 100)
+    for batch, match in ((huge, "over a rollout batch's"), (garbage, "not an intellect-node envelope")):
+        result = CliRunner().invoke(app, ["verify", str(batch), "--checkpoint", str(tmp_path)])
+        assert result.exit_code == 2 and f"{batch}: " in result.stderr and match in result.stderr, result.stderr

@@ -133,9 +133,15 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
         say("preparing the tiny model (built once, two to three minutes on 2 cores)...")
         model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
     else:
+        from intellect_node.node.models.check import ModelDirError, check_model_dir
+
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():
             raise ConfigError(f"--model {model_dir} is not an HF-layout model directory")
+        try:
+            check_model_dir(model_dir)  # a role would otherwise fail in the running node, restarting forever
+        except ModelDirError as exc:
+            raise ConfigError(f"--model: {exc}") from None
     _check_tasks_fit(tasks, model_dir, cfg.run.max_tokens)
     return InferenceOptions(model_dir=model_dir, task_spec=tasks, engine=engine)
 

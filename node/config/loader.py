@@ -16,18 +16,34 @@ from typing import Any
 from intellect_node.node.config.base import ConfigError, field_types, parse_text, typed, values_of
 
 ENV_PREFIX = "INTELLECT_NODE_"
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: a config file with every section written out is a few KB
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the user's file at ``path``, refused (ValueError, for the caller to prefix with
+    the file's name) once it passes ``limit``: no more than ``limit`` + 1 bytes are read, whatever
+    the file's size. A directory, a missing file or a symlink loop is the caller's OSError."""
+    with path.open("rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    return data
 
 
 def read_toml(path: Path, *, explicit: bool) -> dict[str, Any]:
-    """The file's tables; a missing file is empty unless the user named it (``--config``)."""
+    """The file's tables; a missing file is empty unless the user named it (``--config``).
+    Read bounded, decoded strictly; tomllib recurses per nesting level, so a deeply nested
+    value is refused as RecursionError, not left to end the command with a traceback."""
     if not path.exists():
         if explicit:
             raise ConfigError(f"config file {path} does not exist")
         return {}
     try:
-        return tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return tomllib.loads(read_bounded(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         raise ConfigError(f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"cannot read {path}: nested too deeply") from None
 
 
 def env_prefix(section: str) -> str:

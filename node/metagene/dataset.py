@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
+from intellect_node.node.config.loader import read_bounded
 from intellect_node.node.metagene.reads import Read
 
 MAX_READ_TOKENS = 512
+MAX_META_BYTES = 16 << 20  # reads.json: counts and one name per source file (at most 65,536, uint16 ids)
 _FILES = ("tokens.npy", "offsets.npy", "sources.npy")
 
 
@@ -64,11 +66,20 @@ class TokenizedReads:
 
     @classmethod
     def load(cls, path: Path) -> "TokenizedReads":
-        meta = json.loads((path / "reads.json").read_text())
+        """The store at ``path``; its ``reads.json`` may be anyone's file (``--data metagene:store=DIR``),
+        so it is read bounded and every way it can be wrong is a ValueError naming it."""
+        meta_path = path / "reads.json"
+        try:
+            meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
+            reads, names = meta["reads"], list(meta["source_names"])
+            if isinstance(reads, bool) or not isinstance(reads, int):
+                raise TypeError(f"reads is {reads!r}")
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise ValueError(f"{meta_path}: not a store's reads.json ({type(exc).__name__}: {exc})") from None
         tokens, offsets, sources = (np.load(path / name, mmap_mode="r") for name in _FILES)
-        if len(offsets) != meta["reads"] + 1 or len(sources) != meta["reads"] or int(offsets[-1]) != len(tokens):
+        if len(offsets) != reads + 1 or len(sources) != reads or int(offsets[-1]) != len(tokens):
             raise ValueError(f"{path}: inconsistent tokenized reads (arrays disagree with reads.json)")
-        return cls(tokens, offsets, sources, list(meta["source_names"]))
+        return cls(tokens, offsets, sources, names)
 
 
 def tokenize_reads(reads: Iterable[Read], tokenizer: PreTrainedTokenizerFast,

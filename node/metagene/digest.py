@@ -23,9 +23,9 @@ import numpy as np
 
 from intellect_node.node.metagene.build import TOKENIZER_DIR
 from intellect_node.node.metagene.dataset import TokenizedReads
+from intellect_node.node.metagene.tokenizer import MAX_TOKENIZER_BYTES
 
 DOMAIN = b"intellect-node/metagene-store/v1\0"
-MAX_TOKENIZER_BYTES = 16 << 20  # a 1024-token BPE is about 50 KB
 _CHUNK = 1 << 22  # elements hashed at a time: bounded memory on a memory-mapped store
 
 
@@ -41,6 +41,8 @@ def tokenizer_digest(tokenizer_dir: Path) -> bytes:
                          f"tokenizer in {TOKENIZER_DIR}/)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: unreadable ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: unreadable (JSON nested too deeply)") from None
     return hashlib.sha256(b"tokenizer\0" + canonical.encode()).digest()
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+MAX_TOKENIZER_BYTES = 16 << 20  # a 1024-token BPE is about 50 KB
+
 SPECIALS = ("[PAD]", "[UNK]", "[SEP]", "[BOS]", "[EOS]", "[MASK]")
 NUCLEOTIDES = ("A", "C", "G", "N", "T")  # in id order: the BPE trainer sorts its alphabet
 VOCAB_SIZE = 1024
@@ -51,9 +53,15 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out: Path) -> Path:
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer and check it has our special-token layout (a foreign tokenizer would
     silently train on wrong ids)."""
-    if not (path / "tokenizer.json").is_file():
+    file = path / "tokenizer.json"
+    if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json (expected a directory written by `metagene tokenizer`)")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if file.stat().st_size > MAX_TOKENIZER_BYTES:  # transformers reads it whole
+        raise ValueError(f"{file}: over {MAX_TOKENIZER_BYTES >> 20} MiB, not a METAGENE tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # a hostile file fails as any type transformers or tokenizers raise (even bare)
+        raise ValueError(f"{file}: not a loadable tokenizer ({type(exc).__name__}: {exc})") from None
     for want, token in enumerate(SPECIALS + NUCLEOTIDES):
         if tokenizer.convert_tokens_to_ids(token) != want:
             raise ValueError(f"{path}: not a METAGENE tokenizer ({token} is not id {want})")

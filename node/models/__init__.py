@@ -8,6 +8,8 @@ the project's tiny one.
 - ``importer``: the conversion itself: transformers dequantizes the GGUF, the quantization entry
   is dropped from the config, and safetensors weights, tokenizer and chat template are written
   into a fresh directory that appears only when complete.
+- ``check``: a model directory the user names (``--model``, ``--checkpoint``) checked before anything
+  is built from it: bounded JSON, safetensors headers, a config its weights back, a tokenizer that loads.
 - ``tiny``: the project's own ~1.8M-parameter model (``--model tiny``), built on first use; the
   demo and the CPU tests run on it.
 """

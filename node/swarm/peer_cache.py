@@ -10,11 +10,13 @@ import json
 import logging
 from pathlib import Path
 
+from intellect_node.node.config.loader import read_bounded
 from intellect_node.node.home.durable import write_durably
 
 log = logging.getLogger(__name__)
 
 MAX_PEERS = 64
+MAX_CACHE_BYTES = 1 << 20  # MAX_PEERS peers of up to 16 addresses are far below this
 
 
 class PeerCache:
@@ -25,12 +27,12 @@ class PeerCache:
         self._load()
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
+        try:  # a cache only: whatever is wrong with the file (its size too) costs the addresses, not the start
+            data = json.loads(read_bounded(self.path, MAX_CACHE_BYTES))
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable peer cache %s: %s", self.path, exc)
+        except (OSError, ValueError, RecursionError) as exc:
+            log.warning("ignoring unreadable peer cache %s: %s", self.path, exc or type(exc).__name__)
             return
         if isinstance(data, dict):
             for peer_id, addrs in list(data.items())[:MAX_PEERS]:

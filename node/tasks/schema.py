@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ from typing import Any
 TASK_TYPES = ("toy", "math", "code")
 _FIELDS = ("problem_id", "task_type", "prompt", "verification_info", "solve_rate")
 LENGTH_SUFFIX = "Think for {n} tokens before giving a response."
+# Bounds on a task file, read before decoding: a code task with its tests is tens of KB, and
+# INTELLECT-2's whole RL set (285k tasks) is a few hundred MB.
+MAX_TASK_LINE_BYTES = 16 << 20
+MAX_TASK_FILE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -76,17 +81,29 @@ class Task:
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read a JSON-lines task file; duplicate problem ids are refused (they would skew sampling)."""
+    """Read a JSON-lines task file; duplicate problem ids are refused (they would skew sampling).
+
+    A user's file: its size and each line's length are bounded before anything is decoded (a file
+    of one endless line costs ``MAX_TASK_LINE_BYTES``, not the file), and every way a line can be
+    wrong (not UTF-8, not JSON, nested past the parser's recursion) is a ValueError naming the line.
+    """
     tasks: list[Task] = []
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_TASK_FILE_BYTES:
+            raise ValueError(f"{path}: {size:,} bytes, more than a task file's {MAX_TASK_FILE_BYTES:,}")
+        for line_no, raw in enumerate(iter(lambda: handle.readline(MAX_TASK_LINE_BYTES + 1), b""), start=1):
+            if len(raw) > MAX_TASK_LINE_BYTES:
+                raise ValueError(f"{path}:{line_no}: line longer than {MAX_TASK_LINE_BYTES:,} bytes")
+            if not raw.strip():
                 continue
             try:
-                task = Task.from_json(json.loads(line))
-            except (ValueError, TypeError) as exc:
+                task = Task.from_json(json.loads(raw.decode("utf-8")))
+            except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
                 raise ValueError(f"{path}:{line_no}: {exc}") from exc
+            except RecursionError:
+                raise ValueError(f"{path}:{line_no}: JSON nested too deeply") from None
             if task.problem_id in seen:
                 raise ValueError(f"{path}:{line_no}: duplicate problem_id {task.problem_id!r}")
             seen.add(task.problem_id)

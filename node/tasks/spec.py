@@ -93,7 +93,10 @@ def _load(spec: str) -> list[Task]:
     path = Path(spec)
     if not path.exists():
         raise TaskSpecError(f"no task file at {path} (or use {SPEC_FORMS})")
-    tasks = load_tasks(path)
+    try:
+        tasks = load_tasks(path)
+    except (OSError, ValueError) as exc:  # both name the file (and the line)
+        raise TaskSpecError(str(exc)) from None
     if not tasks:
         raise TaskSpecError(f"{path} holds no tasks")
     return tasks
