@@ -45,15 +45,11 @@ def verify(
     from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
-    from intellect_node.protocol.errors import Oversize, Rejected
-    from intellect_node.protocol.rollouts import RolloutBatch
+    from intellect_node.protocol.errors import Rejected
     from intellect_node.protocol.run_spec import RunSpec, build_run_spec, read_signed_spec
 
     try:
-        size = batch_file.stat().st_size  # before load_batch reads it whole
-        if size > RolloutBatch.MAX_SIZE:
-            raise Oversize(f"{batch_file}: {size:,} bytes, over a rollout batch's {RolloutBatch.MAX_SIZE:,}")
-        signed = _named(batch_file, load_batch)
+        signed = load_batch(batch_file)
         task_list = load_task_spec(tasks)
         if run_spec is None:
             spec = build_run_spec(run_id=signed.message.run_id, authority=signed.signer_peer_id, tasks=task_list,
@@ -83,8 +79,8 @@ def verify(
 
 
 def _named(path: Path, load: Callable[[Path], T]) -> T:
-    """``load(path)``, its refusal naming the file: verify reads two envelopes, and the wire's
-    messages ("bad magic") do not say which one."""
+    """``load(path)``, its refusal naming the file: the wire's messages ("bad magic") do not say
+    which of verify's files was refused."""
     from intellect_node.protocol.errors import Rejected
 
     try:

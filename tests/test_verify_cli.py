@@ -100,6 +100,6 @@ def test_an_oversize_or_foreign_batch_file_is_refused_naming_it(tmp_path) -> Non
     with open(huge, "wb") as handle:
         handle.truncate(1 << 30)  # sparse
     garbage.write_bytes(b"\xb6" * 100)
-    for batch, match in ((huge, "over a rollout batch's"), (garbage, "not an intellect-node envelope")):
+    for batch, match in ((huge, "larger than a rollout_batch's"), (garbage, "not an intellect-node envelope")):
         result = CliRunner().invoke(app, ["verify", str(batch), "--checkpoint", str(tmp_path)])
         assert result.exit_code == 2 and f"{batch}: " in result.stderr and match in result.stderr, result.stderr

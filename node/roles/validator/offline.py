@@ -30,6 +30,8 @@ from intellect_node.node.roles.validator.validation import (
 from intellect_node.node.shards.store import MANIFEST_FILE
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
+from intellect_node.protocol.codec import M
+from intellect_node.protocol.errors import Oversize, Rejected
 from intellect_node.protocol.manifest import CheckpointManifest
 from intellect_node.protocol.rollouts import RolloutBatch
 from intellect_node.protocol.run_spec import RunSpec
@@ -44,7 +46,20 @@ class OfflineVerdict:
 
 def load_batch(path: Path) -> codec.Signed[RolloutBatch]:
     """A stored batch envelope, with every wire check (signature, schema, size, expiry)."""
-    return codec.decode(path.read_bytes(), RolloutBatch)
+    return _read_envelope(path, RolloutBatch)[1]
+
+
+def _read_envelope(path: Path, kind: type[M]) -> tuple[bytes, codec.Signed[M]]:
+    """A user's envelope file and its decoding, every refusal naming the file. Read no further than
+    the largest ``kind`` the wire accepts: the codec's size check comes after the read."""
+    with path.open("rb") as handle:
+        envelope = handle.read(kind.MAX_SIZE + 1)
+    try:
+        if len(envelope) > kind.MAX_SIZE:
+            raise Oversize(f"larger than a {kind.TYPE}'s {kind.MAX_SIZE:,} bytes")
+        return envelope, codec.decode(envelope, kind)
+    except Rejected as exc:
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def judge_stored_batch(signed: codec.Signed[RolloutBatch], *, checkpoint_dir: Path, spec: RunSpec,
@@ -53,8 +68,8 @@ def judge_stored_batch(signed: codec.Signed[RolloutBatch], *, checkpoint_dir: Pa
     batch = signed.message
     manifest_path = checkpoint_dir / MANIFEST_FILE
     if manifest_path.exists():
-        envelope = manifest_path.read_bytes()
-        manifest = codec.decode(envelope, CheckpointManifest).message
+        envelope, signed_manifest = _read_envelope(manifest_path, CheckpointManifest)
+        manifest = signed_manifest.message
         known = {hashlib.sha256(envelope).digest(): manifest.step}
     else:
         known = {batch.manifest_hash: batch.policy_step}
