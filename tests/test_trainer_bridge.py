@@ -60,8 +60,10 @@ def test_a_newcomer_after_a_dead_worker_is_trained_on_through_a_bridge_step(tmp_
     assert steps == list(range(1, len(steps) + 1))  # trained and bridge steps, one numbering
     ledger = read_jsonl(trainer.home / "trainer" / "ledger.jsonl")
     assert {"step": stalled_at + 1, "trained": [], "bridge": True} in ledger
-    # the newcomer's groups on the bridge were accepted (not refused as uncommitted) and trained on
-    on_bridge = [r for r in _records(trainer.home) if r["worker"] == newcomer.peer_id and r["step"] == bridges[0]]
+    # the newcomer's groups on a bridge were accepted (not refused as uncommitted) and trained on; on the
+    # first one, or, when the newcomer took longer than the bridge wait to deliver (a loaded machine: it
+    # then generates on the newest checkpoint), on a later bridge its next commitment opened
+    on_bridge = [r for r in _records(trainer.home) if r["worker"] == newcomer.peer_id and r["step"] in bridges]
     assert any(r["accepted"] for r in on_bridge), on_bridge
     newcomers_batches = {r["digest"] for r in _records(trainer.home) if r["worker"] == newcomer.peer_id}
     assert any(key.split(":")[0] in newcomers_batches for entry in ledger for key in entry.get("trained", []))
