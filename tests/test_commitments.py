@@ -3,6 +3,7 @@ durable, settled as reward 0 when undelivered, step 0 warm-up) and the worker's 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,38 @@ def test_survives_a_restart_and_settles_undelivered_counters(tmp_path: Path) -> 
     assert sorted(state.settled, key=lambda u: u.counters) == [
         Undelivered(other.peer_id, 5, (0, 1)), Undelivered(WORKER.peer_id, 5, (2, 3))]
     assert CommitmentBook(path, max_groups=8).groups(WORKER.peer_id, 5) == 0  # settled, also after a restart
+
+
+def test_a_commitment_stored_while_the_judge_settles_survives_a_restart(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify_batch settles the book in the judge's worker thread while the receiver stores a
+    worker's commitment on the trio loop. Unlocked, the settle's rewrite (its lines taken before the
+    offer) replaced the file after the offer appended its line: answered stored, gone on restart."""
+    path = tmp_path / "c.jsonl"
+    book = CommitmentBook(path, max_groups=8)
+    assert book.offer(commitment(step=5), newest_known_step=4) == STORED
+    rewriting, resume = threading.Event(), threading.Event()
+    write = book_module.write_durably
+
+    def paused_write(target: Path, data: bytes, **kwargs: object) -> None:
+        rewriting.set()
+        assert resume.wait(10)
+        write(target, data, **kwargs)
+
+    monkeypatch.setattr(book_module, "write_durably", paused_write)
+    settling = threading.Thread(target=book.settle, args=(6, {}))  # closes step 5
+    settling.start()
+    assert rewriting.wait(10)
+    answers: list[str] = []
+    offering = threading.Thread(target=lambda: answers.append(book.offer(commitment(step=7), newest_known_step=6)))
+    offering.start()
+    offering.join(1.0)  # unlocked, the offer appends now, inside the settle's rewrite
+    resume.set()
+    settling.join(10)
+    offering.join(10)
+    assert answers == [STORED]
+    assert CommitmentBook(path, max_groups=8).groups(WORKER.peer_id, 7) == 4
+    assert CommitmentBook(path, max_groups=8).groups(WORKER.peer_id, 5) == 0
 
 
 def test_step_zero_is_warm_up_judged_without_a_commitment(tmp_path: Path) -> None:

@@ -276,6 +276,40 @@ def test_reopen_drops_foreign_and_junk_directories(tmp_path, manifest):
     assert list(reopened.root.iterdir()) == []
 
 
+def test_reopen_of_a_store_that_holds_checkpoints_keeps_them(tmp_path, manifest, checkpoint_file):
+    """The supervisor restarts a failed ShardService.run on the same service, so ``reopen`` reads
+    the directories of checkpoints its store still holds: it took each for a duplicate of itself
+    and deleted it (every step then answered 404, a worker's weight swap found no file)."""
+    trainer = Identity.generate()
+    store = ShardStore(tmp_path, RUN)
+    staged = store.staging_path(5)
+    staged.write_bytes(checkpoint_file.read_bytes())
+    envelope = signed_envelope(manifest, trainer)
+    store.add_published(staged, codec.decode(envelope, CheckpointManifest), envelope)
+    later = build_manifest(checkpoint_file, run_id=RUN, step=6, parent_step=5, shard_size=SHARD)
+    later_envelope = signed_envelope(later, trainer)
+    fill(store, store.begin(codec.decode(later_envelope, CheckpointManifest), later_envelope), checkpoint_file, [0])
+
+    assert store.reopen(decoder(trainer)) == [1]  # the restart: same store, same checkpoints held
+    assert sorted(store.checkpoints) == [5, 6]
+    assert store.checkpoints[5].complete and store.checkpoints[5].data_path.read_bytes() == checkpoint_file.read_bytes()
+    assert list(store.checkpoints[6].verified[:2]) == [1, 0] and not store.checkpoints[6].complete
+    assert sorted(p.name for p in store.root.iterdir()) == [f"{5:012d}", f"{6:012d}{PARTIAL}"]
+
+
+def test_a_step_dropped_while_its_verified_shards_are_saved_ends_nothing(tmp_path, manifest, checkpoint_file):
+    """The fetch saves its verified shards in a worker thread; retention cancels that fetch and
+    deletes the step on the trio loop meanwhile. The thread's write then found no directory, and its
+    FileNotFoundError left the cancelled fetch and ended the whole overlay."""
+    envelope = signed_envelope(manifest, Identity.generate())
+    store = ShardStore(tmp_path, RUN)
+    checkpoint = store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    store.mark_verified(checkpoint, 0)
+    assert store.prune(0) == [manifest.step]  # retention, between the mark and the thread's write
+    store.persist_verified(checkpoint)
+    assert list(store.root.iterdir()) == []
+
+
 def test_retention_keeps_newest_steps(tmp_path, checkpoint_file):
     trainer = Identity.generate()
     store = ShardStore(tmp_path, RUN)

@@ -116,8 +116,12 @@ class ShardStore:
     def reopen(self, decode: ManifestDecoder) -> list[int]:
         """Load what an earlier run left; returns, per partial step, the shards kept after re-hashing.
 
-        A directory whose manifest no longer decodes (expired, another trainer) is deleted.
+        A directory whose manifest no longer decodes (expired, another trainer) is deleted. The
+        checkpoints held are replaced by what is read: the supervisor restarts a failed overlay on
+        this same store, and a step still held from before is the directory being read, not a
+        duplicate of it (taken for one, every held checkpoint was deleted under its readers).
         """
+        found: dict[int, Checkpoint] = {}
         resumed: list[int] = []
         for path in sorted(self.root.iterdir()):
             match = _STEP_DIR.fullmatch(path.name)
@@ -132,7 +136,7 @@ class ShardStore:
                 self._remove(path)
                 continue
             manifest = signed.message
-            if manifest.step != int(match.group(1)) or manifest.step in self.checkpoints:
+            if manifest.step != int(match.group(1)) or manifest.step in found:
                 self._remove(path)
                 continue
             partial = match.group(2) is not None
@@ -141,7 +145,8 @@ class ShardStore:
                 resumed.append(sum(verified))
             else:
                 verified = bytearray([1]) * manifest.shard_count
-            self.checkpoints[manifest.step] = Checkpoint(manifest, envelope, path, verified)
+            found[manifest.step] = Checkpoint(manifest, envelope, path, verified)
+        self.checkpoints = found
         return resumed
 
     def _recheck(self, path: Path, manifest: CheckpointManifest) -> bytearray:
@@ -189,10 +194,15 @@ class ShardStore:
         """Save which shards are verified (blocking: a rename can take tens of ms on a busy disk).
 
         A shard marked here is re-hashed on restart before it is trusted, so a marker that reaches
-        the disk before its data does costs a re-fetch, never a bad shard.
+        the disk before its data does costs a re-fetch, never a bad shard. Retention deletes a step
+        on the trio loop while this runs in the fetch's thread: a step gone meanwhile has nothing
+        left to record (raised, it ended the overlay, which a supervisor then restarted).
         """
         if not checkpoint.complete:
-            write_durably(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
+            try:
+                write_durably(checkpoint.directory / VERIFIED_FILE, bytes(checkpoint.verified))
+            except FileNotFoundError:
+                log.info("step %d was dropped while its verified shards were saved", checkpoint.step)
 
     def finalize(self, checkpoint: Checkpoint) -> None:
         """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""

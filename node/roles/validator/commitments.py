@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,11 @@ class CommitmentBook:
     def __init__(self, path: Path | None, *, max_groups: int) -> None:
         self.path, self.max_groups = path, max_groups
         self.groups_of: dict[tuple[str, int], int] = {}
+        # verify_batch settles in the judge's worker thread while the receiver stores commitments on
+        # the trio loop: unlocked, a settle's rewrite of the file replaced a line appended meanwhile
+        # (a commitment answered stored, gone after a restart), and an offer mid-settle changed the
+        # dict under the settle's loop (the batch being judged was quarantined, its worker charged)
+        self._lock = threading.Lock()
         if path is not None and path.exists():
             self._load(path)
 
@@ -58,6 +64,10 @@ class CommitmentBook:
 
     def offer(self, commitment: WorkCommitment, newest_known_step: int) -> str:
         """Store ``commitment`` (signature and run already checked) if it precedes its beacon."""
+        with self._lock:
+            return self._offer(commitment, newest_known_step)
+
+    def _offer(self, commitment: WorkCommitment, newest_known_step: int) -> str:
         key = (commitment.worker, commitment.step)
         if key in self.groups_of:
             return DUPLICATE  # the first one stands: a worker cannot raise its count after the beacon
@@ -80,7 +90,13 @@ class CommitmentBook:
 
     def has_step(self, step: int) -> bool:
         """Whether some worker's commitment for ``step`` is stored."""
-        return any(stored == step for _, stored in self.groups_of)
+        return any(stored == step for (_, stored), _ in self.entries())
+
+    def entries(self) -> list[tuple[tuple[str, int], int]]:
+        """The stored ((worker, step), groups), copied: a reader on the trio loop iterates them while
+        the judge's worker thread may settle."""
+        with self._lock:
+            return list(self.groups_of.items())
 
     def covers(self, worker: str, step: int, counter: int) -> bool:
         """Whether ``counter`` of (worker, step) may be judged: under a stored commitment, or warm-up."""
@@ -89,6 +105,10 @@ class CommitmentBook:
     def settle(self, before_step: int, delivered: dict[tuple[str, int], int]) -> list[Undelivered]:
         """Close the steps below ``before_step``: ``delivered[(worker, step)]`` is the next counter
         the judge expected (dense counters: all below it were delivered)."""
+        with self._lock:
+            return self._settle(before_step, delivered)
+
+    def _settle(self, before_step: int, delivered: dict[tuple[str, int], int]) -> list[Undelivered]:
         closing = [key for key in self.groups_of if key[1] < before_step]
         if not closing:
             return []

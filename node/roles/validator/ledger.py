@@ -65,7 +65,7 @@ class JudgeState:
         if self.commitments is None:
             return 0
         return sum(max(0, groups - self.expected(worker, step))
-                   for (worker, step), groups in self.commitments.groups_of.items() if step in steps)
+                   for (worker, step), groups in self.commitments.entries() if step in steps)
 
     def counter_problem(self, worker: str, step: int, counter: int, cap: int) -> str | None:
         """Why ``counter`` cannot be credited now, or None when it is the next one (then credited)."""
