@@ -50,7 +50,7 @@ import torch
 import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.home.durable import append_durably, rename_durably
+from intellect_node.node.home.durable import append_durably, fsync_file, rename_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
@@ -254,6 +254,9 @@ class TrainerService:
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
         write_safetensors(tensors, staging)
+        # the overlay takes a published file as complete without re-hashing it after a restart: torn
+        # by a power loss, its bytes would not match the signed manifest and peers would ban this trainer
+        fsync_file(staging)
         rename_durably(staging, publish_dir / f"step-{step}.safetensors")
 
     def _save(self) -> None:
