@@ -155,16 +155,21 @@ def _keys_on(keys: Sequence[int] | torch.Tensor, device: torch.device) -> torch.
     return (keys if isinstance(keys, torch.Tensor) else key_tensor(keys)).to(device)
 
 
+def _full_scores(logits: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Every token's race score, logits / T + Gumbel (top-p 1: all of them compete)."""
+    return gumbel(keys, logits.shape[-1], logits.device).add_(logits.double() / temperature)
+
+
 def _full_choice(logits: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
     """The race's winner per row over the whole vocabulary (top-p 1)."""
-    return gumbel(keys, logits.shape[-1], logits.device).add_(logits.double() / temperature).argmax(dim=-1)
+    return _full_scores(logits, keys, temperature).argmax(dim=-1)
 
 
 def _full_replay(logits: torch.Tensor, tokens: torch.Tensor, keys: torch.Tensor,
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, the claimed token's margin and the race's gap over the whole vocabulary (top-p 1):
     two max reductions instead of masks, a scatter and a top-k, so compiled it is one pass."""
-    scores = gumbel(keys, logits.shape[-1], logits.device).add_(logits.double() / temperature)
+    scores = _full_scores(logits, keys, temperature)
     own = scores.gather(-1, tokens[:, None])[:, 0]
     best, at = scores.max(dim=-1)
     second = scores.scatter(-1, at[:, None], -math.inf).max(dim=-1).values
