@@ -20,6 +20,7 @@ from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
+from intellect_node.protocol.verdicts import INCONCLUSIVE
 from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, noisy, reasons
 
 
@@ -92,9 +93,13 @@ def test_edited_answer_reproven_honestly_is_rejected(world: World) -> None:
 
 
 def test_cheap_model_generating_while_the_real_one_proves_is_rejected(world: World) -> None:
-    """Every group whose tokens differ from what the real model samples with the same seeds is
-    rejected; a group the cheap model happened to get exactly right is the honest group itself
-    (the race keeps a token under small logit changes), so accepting it pays for nothing forged."""
+    """Every group whose tokens differ from what the real model samples with the same seeds earns
+    nothing; a group the cheap model happened to get exactly right is the honest group itself
+    (the race keeps a token under small logit changes), so accepting it pays for nothing forged.
+
+    A forged group is refused as ``sampling`` (a proof) unless its only deviations sit where the
+    real model's race was close: then it is ``inconclusive`` (specs/sampling.md section 4: not
+    paid, not charged). Measured here: 1 forged group in about 50 (CI saw one; 47 of 47 locally)."""
     honest = world.build()
     world.worker.load_state_dict(noisy(world.weights[STEP], 0.3, seed=3))  # the cheap model
     try:
@@ -106,7 +111,10 @@ def test_cheap_model_generating_while_the_real_one_proves_is_rejected(world: Wor
         batch = world.remake(batch, g, tokens=tokens)
     forged = [cheap[g] != tokens_of(honest, g) for g in range(len(cheap))]
     assert any(forged)
-    assert reasons(world.verify(batch)) == ["sampling" if f else None for f in forged]
+    judged = reasons(world.verify(batch))
+    assert [r is None for r in judged] == [not f for f in forged]  # no forged group is paid, no honest one refused
+    assert {r for r in judged if r is not None} <= {"sampling", INCONCLUSIVE}
+    assert "sampling" in judged  # the cheap model is proven, not merely doubted
 
 
 def test_early_eos_appended_is_rejected(world: World) -> None:
