@@ -26,7 +26,7 @@ MinQOpt = Annotated[float, typer.Option(
 MaxNOpt = Annotated[float, typer.Option("--max-n", help="Drop reads with a larger fraction of N", min=0, max=1)]
 MinLenOpt = Annotated[int, typer.Option("--min-length", help="Drop reads shorter than this (bp)", min=1)]
 OnBadOpt = Annotated[str, typer.Option(
-    "--on-bad", help="A read with letters other than ACGTN: 'error' stops, 'skip' counts and skips")]
+    "--on-bad", help="A read with letters other than ACGTN and IUPAC codes: 'error' stops, 'skip' counts and skips")]
 
 
 def _options(min_quality: float, max_n: float, min_length: int, on_bad: str) -> Any:

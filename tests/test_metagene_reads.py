@@ -74,9 +74,22 @@ def test_malformed_input_names_file_and_line(tmp_path: Path, name: str) -> None:
 
 def test_bad_fasta_letter_names_record(tmp_path: Path) -> None:
     path = tmp_path / "x.fa"
-    path.write_text(">ok\nACGT\n>bad one\nAC\nGRT\n")
-    with pytest.raises(ReadFormatError, match=r"x.fa: record 2 \(bad one\): letter 'R' at column 4"):
+    path.write_text(">ok\nACGT\n>bad one\nAC\nGUT\n")  # U: RNA, not a base of a DNA read
+    with pytest.raises(ReadFormatError, match=r"x.fa: record 2 \(bad one\): letter 'U' at column 4 is not one of "
+                                              r"ACGTN nor an IUPAC ambiguity code"):
         list(iter_reads(path))
+
+
+def test_iupac_ambiguity_codes_are_read_as_n_and_counted(tmp_path: Path) -> None:
+    """Real assemblies carry a few ambiguity codes (an R where a sample had A and G): each names
+    several bases, so it reads as N (and the N filter sees it); a read with none is untouched."""
+    path = tmp_path / "assembly.fna"
+    path.write_text(">contig1\nACGTRYKM\nswbdhvACGT\n>contig2\nACGTN\n>contig3\nAC*T\n")
+    stats = ParseStats()
+    got = [(r.name, r.sequence) for r in iter_reads(path, stats, on_bad="skip")]
+    assert got == [("contig1", "ACGT" + "N" * 10 + "ACGT"), ("contig2", "ACGTN")]
+    assert (stats.reads, stats.ambiguous_reads, stats.bad_reads) == (2, 1, 1)
+    assert "letter '*'" in stats.bad_examples[0]
 
 
 def test_bad_letters_skipped_and_counted_when_configured(tmp_path: Path) -> None:

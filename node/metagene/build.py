@@ -65,6 +65,7 @@ def build_tokenizer(reads: list[str], options: ReadOptions, vocab: int, max_read
     stats = token_stats(tokenizer, sequences[:TOKENIZER_SAMPLE])
     report = {"out": str(out), "reads": len(sequences), "bp_per_token": round(stats.bp_per_token, 3),
               "median_token_bp": stats.median_token_bp, "skipped_bad_letters": parse.bad_reads,
+              "ambiguous_reads": parse.ambiguous_reads,
               "filtered": {"too_short": kept.too_short, "too_many_n": kept.too_many_n,
                            "low_quality": kept.low_quality, "duplicate": kept.duplicate}}
     save_tokenizer(tokenizer, out)
@@ -87,4 +88,5 @@ def build_store(reads: list[str], tokenizer: PreTrainedTokenizerFast, options: R
     built.save(out)
     save_tokenizer(tokenizer, out / TOKENIZER_DIR)
     return {"out": str(out), "reads": len(built), "tokens": int(built.offsets[-1]), "sources": built.source_names,
-            "skipped_bad_letters": parse.bad_reads, "dropped": kept.seen - kept.kept}
+            "skipped_bad_letters": parse.bad_reads, "ambiguous_reads": parse.ambiguous_reads,
+            "dropped": kept.seen - kept.kept}

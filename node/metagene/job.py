@@ -14,7 +14,7 @@ the wrong kind are errors naming the file and the key.
     min_quality = 20.0                   # mean Phred; 0 turns the filter off
     max_n = 0.1
     min_length = 32
-    on_bad = "error"                     # or "skip": a read with letters other than ACGTN
+    on_bad = "error"                     # or "skip": a read with letters other than ACGTN and IUPAC codes
     seq_len = 512                        # tokens per packed training row
 """
 

@@ -6,8 +6,9 @@ Why dnaio: measured on 100,000 gzipped 150 bp FASTQ reads (one core), dnaio 1.2.
 index file beside the input).
 
 Every input file is hostile until checked: the format is sniffed from the content and must agree
-with the extension (a FASTA named ``.fastq`` is refused), an empty file is an error, letters
-other than ACGTN (either case) are an error, and no line may exceed ``max_line_bytes`` (so a
+with the extension (a FASTA named ``.fastq`` is refused), an empty file is an error, IUPAC
+ambiguity codes (BDHKMRSVWY, either case: real assemblies carry a few) are read as N and counted,
+any other letter than ACGTN (either case) is an error, and no line may exceed ``max_line_bytes`` (so a
 10 GB one-line file costs one buffer, not 10 GB). Errors name the file and the line (FASTQ) or
 the record (FASTA; its records span lines). With ``on_bad="skip"`` a read with bad letters is
 counted in ``ParseStats.bad_reads`` and skipped instead; structural damage (truncated record or
@@ -32,6 +33,8 @@ FASTA_SUFFIXES = (".fasta", ".fa", ".fna", ".ffn", ".fas")
 COMPRESSED_SUFFIXES = (".gz",)
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: far above any read; a genome FASTA wraps lines at 60-80
 _BAD_LETTER = re.compile(r"[^ACGTN]")
+# IUPAC nucleotide ambiguity codes: each names two to four bases, so an N is what they tell a model
+_AMBIGUOUS = str.maketrans({code: "N" for code in "BDHKMRSVWY"})
 
 
 class ReadFormatError(ValueError):
@@ -57,6 +60,7 @@ class ParseStats:
     reads: int = 0
     bad_reads: int = 0
     bad_examples: list[str] = field(default_factory=list)
+    ambiguous_reads: int = 0  # reads in which IUPAC ambiguity codes were read as N
 
 
 def source_label(path: Path) -> str:
@@ -148,6 +152,17 @@ def _sniff(raw: BinaryIO, path: Path) -> str:
     raise ReadFormatError(f"{path}: line 1: expected '@' (FASTQ) or '>' (FASTA), found {head!r}")
 
 
+def _normalised(sequence: str, stats: ParseStats) -> tuple[str, re.Match[str] | None]:
+    """``sequence`` upper-cased with its ambiguity codes read as N, and its first letter that is
+    still not ACGTN (None: the read is usable)."""
+    upper = sequence.upper()
+    sequence = upper.translate(_AMBIGUOUS)
+    bad = _BAD_LETTER.search(sequence)
+    if bad is None and sequence != upper:
+        stats.ambiguous_reads += 1
+    return sequence, bad
+
+
 def read_file(path: Path, stats: ParseStats | None = None, on_bad: Literal["error", "skip"] = "error",
               max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Read]:
     """Stream one file's reads, checked as the module docstring says."""
@@ -170,13 +185,13 @@ def read_file(path: Path, stats: ParseStats | None = None, on_bad: Literal["erro
             with dnaio.open(buffered, fileformat=fmt, mode="r") as reader:
                 for count, record in enumerate(reader, start=1):
                     sequence = record.sequence
-                    if sequence.encode().translate(None, b"ACGTN"):  # rare: lower case or bad letters
-                        sequence = sequence.upper()
-                    bad = _BAD_LETTER.search(sequence) if sequence.encode().translate(None, b"ACGTN") else None
+                    bad = None
+                    if sequence.encode().translate(None, b"ACGTN"):  # rare: lower case, ambiguity codes, bad letters
+                        sequence, bad = _normalised(sequence, stats)
                     if bad is not None:
                         where = f"line {4 * count - 2}" if fmt == "fastq" else f"record {count} ({record.name})"
                         message = (f"{path}: {where}: letter {bad.group()!r} at column {bad.start() + 1} "
-                                   f"is not one of ACGTN")
+                                   f"is not one of ACGTN nor an IUPAC ambiguity code")
                         if on_bad == "error":
                             raise ReadFormatError(message)
                         stats.bad_reads += 1
