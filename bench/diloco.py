@@ -66,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings  # noqa: E402
-from intellect_node.node.diloco.data import CorpusSpec, generate, lm_loss, peer_key, round_batch  # noqa: E402
+from intellect_node.node.diloco.data import generate, lm_loss, peer_key, round_batch  # noqa: E402
+from intellect_node.node.diloco.data_spec import CorpusSpec  # noqa: E402
 from intellect_node.node.diloco.layout import Layout  # noqa: E402
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord  # noqa: E402
 from intellect_node.node.diloco.settings import DilocoSettings  # noqa: E402

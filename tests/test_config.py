@@ -154,3 +154,29 @@ def test_a_directory_as_config_file_is_refused(tmp_path):
     (tmp_path / "config.toml").mkdir()
     with pytest.raises(ConfigError, match="Is a directory"):
         load_config({"home": str(tmp_path)}, environ={})
+
+
+HEAVY_LIBRARIES = ("torch", "transformers", "libp2p", "hivemind", "vllm")
+READ_CONFIG = """
+import sys
+from intellect_node.cli.main import app
+try:
+    app(["join", "--role", sys.argv[1], "--home", sys.argv[2], "--listen", "/ip4/127.0.0.1/tcp/0"])
+except SystemExit as exc:
+    print("exit", exc.code)
+print("loaded", *sorted(name for name in sys.argv[3:] if name in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("role,section", [("inference", "[inference]\nbogus = 1\n"),
+                                          ("validator", "[validator]\nverify_fraction = 2.0\n"),
+                                          ("diloco", "[diloco]\nH = 0\n"),
+                                          ("diloco", "[diloco]\ndata = \"metagene:seq_len=64\"\n")])
+def test_a_config_error_is_reported_before_any_heavy_library_is_imported(tmp_path, role, section):
+    """A typo costs a user a second, not the five to seven that importing torch, transformers and
+    libp2p took before any line of the config was read (``intellect-node --help`` likewise)."""
+    (tmp_path / "config.toml").write_text(section)
+    done = subprocess.run([sys.executable, "-c", READ_CONFIG, role, str(tmp_path), *HEAVY_LIBRARIES],
+                          capture_output=True, text=True, timeout=60)
+    assert "configuration error" in done.stderr and "exit 2" in done.stdout, done.stderr
+    assert done.stdout.splitlines()[-1] == "loaded", done.stdout

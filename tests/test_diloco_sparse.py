@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from intellect_node.node.diloco import grid, packing, sparse_indices
+from intellect_node.node.diloco import compressions, grid, packing, sparse_indices
 from intellect_node.node.diloco.client import Averaged, AveragerClient, ChildSettings
 from intellect_node.node.diloco.layout import CHUNK, Layout, chunk_lengths
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -43,7 +43,7 @@ def _flip(buffer: bytes, byte: int, bit: int) -> bytes:
 def test_sparse_contribution_keeps_k_per_chunk_as_two_bit_codes() -> None:
     torch.manual_seed(0)
     x = torch.randn(3 * CHUNK + 100)
-    q = grid.quantize(x, grid.exponents(x, grid.SPARSE_LEVELS), grid.SPARSE_LEVELS, K)
+    q = grid.quantize(x, grid.exponents(x, compressions.SPARSE_LEVELS), compressions.SPARSE_LEVELS, K)
     chunks = torch.nn.functional.pad(q, (0, (-q.numel()) % CHUNK)).view(-1, CHUNK)
     assert ((chunks != 0).sum(dim=1) <= K).all() and ((chunks != 0).sum(dim=1) >= K // 2).all()
     assert set(q.unique().tolist()) <= {-2.0, -1.0, 0.0, 1.0, 2.0}
@@ -51,7 +51,7 @@ def test_sparse_contribution_keeps_k_per_chunk_as_two_bit_codes() -> None:
     for c in range(4):
         part = slice(c * CHUNK, (c + 1) * CHUNK)
         assert x[part].abs()[kept[part]].min() >= x[part].abs()[~kept[part]].max()
-    assert grid.sparse_k("topk64") == 64 and grid.sparse_k("int8") == 0
+    assert compressions.sparse_k("topk64") == 64 and compressions.sparse_k("int8") == 0
 
 
 @pytest.mark.parametrize("kind", ["distinct", "ties", "zeros"])
@@ -77,8 +77,8 @@ def test_error_feedback_carries_a_coordinate_never_sent_until_it_is_sent() -> No
     residual, sent_total, first_sent = torch.zeros(CHUNK), torch.zeros(CHUNK, dtype=torch.float64), None
     for t in range(40):
         x = g + residual
-        shared = grid.exponents(x, grid.SPARSE_LEVELS)
-        q = grid.quantize(x, shared, grid.SPARSE_LEVELS, K)
+        shared = grid.exponents(x, compressions.SPARSE_LEVELS)
+        q = grid.quantize(x, shared, compressions.SPARSE_LEVELS, K)
         sent = q.double() * 2.0 ** shared.double().repeat_interleave(CHUNK)[:CHUNK]
         if t == 0:
             assert q[100] == 0 and residual.abs().max() == 0

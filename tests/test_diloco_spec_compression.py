@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from intellect_node.cli.main import app
 from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.diloco import grid
+from intellect_node.node.diloco import compressions
 from intellect_node.node.diloco.run_spec import RunSpecError, sign_run_spec, with_run_spec
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.protocol import codec
@@ -45,10 +45,10 @@ def _write_forged(tmp_path: Path, body: dict[str, Any]) -> None:
 
 
 def test_the_grid_averages_exactly_the_compressions_the_protocol_names() -> None:
-    assert tuple(grid.LEVELS) == DILOCO_COMPRESSIONS
-    assert grid.SPARSE == {"topk16": 16, "topk32": 32, "topk64": 64, "topk128": 128, "topk256": 256}
+    assert tuple(compressions.LEVELS) == DILOCO_COMPRESSIONS
+    assert compressions.SPARSE == {"topk16": 16, "topk32": 32, "topk64": 64, "topk128": 128, "topk256": 256}
     with pytest.raises(RuntimeError, match="dense grids"):  # a name added to one list and not the other
-        grid._levels_by_name((*DILOCO_COMPRESSIONS, "int2"))
+        compressions._levels_by_name((*DILOCO_COMPRESSIONS, "int2"))
 
 
 def test_the_specs_compression_reaches_the_settings_the_role_runs(tmp_path: Path) -> None:

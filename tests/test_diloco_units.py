@@ -12,10 +12,11 @@ import torch
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.config.base import build
-from intellect_node.node.diloco import frames, grid, packing
+from intellect_node.node.diloco import compressions, frames, grid, packing
 from intellect_node.node.diloco.adverts import advert_addr, hivemind_maddr, port_of
 from intellect_node.node.diloco.checkpoint import CheckpointError, PeerState, load_checkpoint, save_checkpoint
-from intellect_node.node.diloco.data import CorpusSpec, generate, peer_key, round_batch
+from intellect_node.node.diloco.data import generate, peer_key, round_batch
+from intellect_node.node.diloco.data_spec import CorpusSpec
 from intellect_node.node.diloco.layout import CHUNK, Layout
 from intellect_node.node.diloco.membership import refusal, sign_member
 from intellect_node.node.diloco.outer import GlobalState, outer_step
@@ -67,7 +68,7 @@ def test_layout_is_canonical_and_flattens_back() -> None:
 
 @pytest.mark.parametrize("compression", ["int4", "int8", "fp16", "int16"])
 def test_grid_round_trip_within_half_a_step(compression: str) -> None:
-    levels = grid.levels_for(compression)
+    levels = compressions.levels_for(compression)
     x = torch.randn(3 * CHUNK + 17) * torch.logspace(-6, 0, 3 * CHUNK + 17)
     e = grid.exponents(x, levels)
     assert e.numel() == 4
@@ -84,7 +85,7 @@ def test_grid_refuses_nan_and_unknown_compression() -> None:
     with pytest.raises(ValueError, match="NaN"):
         grid.exponents(torch.tensor([1.0, float("nan")]), 127)
     with pytest.raises(ValueError, match="unknown compression"):
-        grid.levels_for("fp8")
+        compressions.levels_for("fp8")
 
 
 def test_grid_recovers_exact_sums_from_hivemind_style_deltas() -> None:
@@ -273,7 +274,7 @@ def test_fp16_grid_goes_up_as_exact_halves_and_back_in_two_bytes() -> None:
     """OpenDiLoCo's fp16 bytes (2 up, 2 down per element) with exact sums, up to the largest
     group whose replies fit int16 (2 (n-1) 2047 <= 32767: n = 9)."""
     torch.manual_seed(5)
-    levels, n = grid.levels_for("fp16"), 9
+    levels, n = compressions.levels_for("fp16"), 9
     xs = [torch.randn(CHUNK + 5) * (i + 1) for i in range(n)]
     shared = grid.shared_exponents([grid.exponents(x, levels) for x in xs])
     qs = [grid.quantize(x, shared, levels) for x in xs]

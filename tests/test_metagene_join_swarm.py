@@ -20,7 +20,8 @@ import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from intellect_node.node.diloco.client import AveragerClient
-from intellect_node.node.diloco.data import CorpusSpec, generate
+from intellect_node.node.diloco.data import generate
+from intellect_node.node.diloco.data_spec import CorpusSpec
 from intellect_node.node.diloco.peer import DilocoPeer
 from intellect_node.node.metagene.job import MetageneJob
 from intellect_node.node.metagene.prepare import prepare_store

@@ -68,6 +68,8 @@ def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
     tasks = shared.value("tasks", flags.tasks, DEFAULT_TASKS)
     engine = shared.value("engine", flags.engine, "auto")
     verify_fraction = shared.value("verify_fraction", flags.verify_fraction, None, only=("validator",))
+    if verify_fraction is not None and not 0.0 <= verify_fraction <= 1.0:  # checked here: the roles start later
+        raise ConfigError(f"[validator] verify_fraction: {verify_fraction!r} is not a fraction from 0 to 1")
     shards = load_shard_config(cfg.home, {"trainer": flags.trainer, "publish_dir": flags.publish_dir}, environ,
                                file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
     inference = None

@@ -2,6 +2,7 @@
 pseudo-gradients, the same outer Nesterov step on every peer. One job per module:
 
 - ``layout``: the canonical order of a model's tensors, flat fp32 vectors, chunks, the layout hash.
+- ``compressions``: the compressions a run may name and each one's levels or values kept per chunk.
 - ``grid``: the shared int grid that makes the all-reduce exact (int4, int8, int16 with per-chunk
   power-of-two scales; sparse top-k of each chunk in 2-bit codes), sum recovery, the average, error
   feedback, the median-bounded shared scale and the check of each member's contribution.
@@ -20,6 +21,7 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
 - ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
+- ``data_spec``: the ``data`` line parsed and bounded (generated corpus or read store), without torch.
 - ``data``: a peer's samples for (seed, round, peer id) and their loss, from the generated corpus
   or a METAGENE tokenized read store (``metagene:store=DIR``, through node/metagene's feed and loss).
 - ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back;

@@ -53,7 +53,7 @@ class ChildSettings:
     identity_path: str = ""  # a key file keeps the hivemind peer id across restarts; "" draws a new one
     allowlist: tuple[str, ...] = ()  # node peer ids admitted to rounds; empty: anyone (specs/diloco.md section 8)
     data_digest: bytes = b""  # the data's content digest (PeerData.digest): members with another are refused
-    sparse_k: int = 0  # values kept per chunk in a sparse run (grid.SPARSE); 0: dense
+    sparse_k: int = 0  # values kept per chunk in a sparse run (compressions.SPARSE); 0: dense
 
 
 @dataclass(frozen=True)

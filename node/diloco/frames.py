@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from intellect_node.node.diloco.grid import LEVELS, SPARSE
+from intellect_node.node.diloco.compressions import LEVELS, SPARSE
 from intellect_node.protocol.bounded_msgpack import MAX_OBJECTS, Limits, unpack
 from intellect_node.protocol.errors import Rejected
 

@@ -16,7 +16,7 @@ little-endian values of ``v·n``; tag 2, fp32 little-endian values. The int4 gri
 half a byte and, in groups of up to 9, comes back in one; the fp16 grid goes up in 2 bytes and,
 in groups of up to 9, comes back in 2.
 
-Sparse runs (``sparse_k`` > 0, grid.SPARSE) add two tags whose parts list only nonzero values:
+Sparse runs (``sparse_k`` > 0, compressions.SPARSE) add two tags whose parts list only nonzero values:
 tag 8, grid codes -2, -1, 1, 2 in 2 bits each (going up: at most ``k`` per chunk); tag 9, int8
 values of ``v·n`` (the reply ``S/n - q``, nonzero over the union of the members' indices). Both
 start with one u16 count per block of ``CHUNK`` elements, then the sorted block-local indices,

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from intellect_node.node.config.base import ConfigError, check_bounds
-from intellect_node.node.diloco.data import MetageneSpec, PeerData, open_data, parse_data
-from intellect_node.node.diloco.grid import levels_for, sparse_k
+from intellect_node.node.diloco.compressions import levels_for, sparse_k
+from intellect_node.node.diloco.data_spec import MetageneSpec, parse_data
 from intellect_node.node.metagene.presets import PRESETS, Preset
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 from intellect_node.protocol.run_spec import DILOCO_DEFAULT_COMPRESSION
+
+if TYPE_CHECKING:  # data imports torch: a config is checked without it (a config error in under a second)
+    from intellect_node.node.diloco.data import PeerData
 
 # A Llama-shaped model small enough for a CPU round in seconds (the generated corpus has 256 tokens).
 TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, context=128, vocab=256)
@@ -76,6 +80,8 @@ class DilocoSettings:
 
     def open_data(self) -> PeerData:
         """The data source ``data`` names, for this run's seed, batch, round length and model."""
+        from intellect_node.node.diloco.data import open_data
+
         return open_data(self.data, self.seed, self.batch, self.H, self.preset.context, self.preset.vocab)
 
     @property

@@ -25,9 +25,10 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from intellect_node.node.engine.base import Engine
+if TYPE_CHECKING:  # base imports torch: `import node.engine` must not (the CLI's config errors and --help)
+    from intellect_node.node.engine.base import Engine
 
 ENGINE_NAMES = ("auto", "torch", "vllm")
 PRECISIONS = ("float32", "bfloat16", "float16")

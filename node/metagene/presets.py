@@ -9,9 +9,10 @@ vocabulary 1024: 6.48 B parameters); it is for real hardware and is never instan
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+if TYPE_CHECKING:  # torch and transformers take seconds to import: naming a preset in a config must not
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 from intellect_node.node.metagene.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
@@ -29,6 +30,8 @@ class Preset:
     vocab: int = VOCAB_SIZE
 
     def config(self) -> LlamaConfig:
+        from transformers import LlamaConfig
+
         return LlamaConfig(vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.intermediate,
                            num_hidden_layers=self.layers, num_attention_heads=self.heads,
                            num_key_value_heads=self.heads, max_position_embeddings=self.context,
@@ -62,6 +65,9 @@ def get_preset(name: str) -> Preset:
 def build_model(preset: Preset, seed: int = 0) -> LlamaForCausalLM:
     """A randomly initialised model of ``preset``, reproducible from ``seed``. Eager attention:
     on CPU with a 4D document mask it is as fast as SDPA at these sizes and bit-stable."""
+    import torch
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(seed)
     config = preset.config()
     config._attn_implementation = "eager"

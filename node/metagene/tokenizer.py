@@ -13,9 +13,12 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # transformers takes seconds to import: the ids above are read by configs that need none of it
+    from transformers import PreTrainedTokenizerFast
 
 MAX_TOKENIZER_BYTES = 16 << 20  # a 1024-token BPE is about 50 KB
 
@@ -27,6 +30,8 @@ PAD_ID, UNK_ID, SEP_ID, BOS_ID, EOS_ID, MASK_ID = range(6)
 
 def train_tokenizer(sequences: Iterable[str], vocab_size: int = VOCAB_SIZE) -> PreTrainedTokenizerFast:
     """BPE trained on ``sequences`` (upper-case ACGTN reads)."""
+    from transformers import PreTrainedTokenizerFast
+
     if vocab_size < len(SPECIALS) + len(NUCLEOTIDES) + 1:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for merges")
     core = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -53,6 +58,8 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out: Path) -> Path:
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     """Load a saved tokenizer and check it has our special-token layout (a foreign tokenizer would
     silently train on wrong ids)."""
+    from transformers import AutoTokenizer
+
     file = path / "tokenizer.json"
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json (expected a directory written by `metagene tokenizer`)")

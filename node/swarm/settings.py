@@ -13,10 +13,12 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from intellect_node.node.home.layout import HomeLayout
-from intellect_node.node.swarm.connections import ConnectionPolicy
+
+if TYPE_CHECKING:  # connections imports libp2p (a second): reading a config must not
+    from intellect_node.node.swarm.connections import ConnectionPolicy
 
 # The port libp2p nodes customarily use. A node that was left on it moves to a free port when
 # another node holds it (node/swarm/host.py claim_listen_addrs); a port the user chose never moves.
@@ -72,6 +74,8 @@ class SwarmSettings:
     @property
     def connection_policy(self) -> ConnectionPolicy:
         """The connection manager's admission limits from these settings (trimming keeps its defaults)."""
+        from intellect_node.node.swarm.connections import ConnectionPolicy
+
         return ConnectionPolicy(max_inbound=self.max_inbound, unproven_per_ip=self.unproven_per_ip,
                                 unproven_per_24=self.unproven_per_24, unproven_per_16=self.unproven_per_16,
                                 evict=self.evict_unproven)

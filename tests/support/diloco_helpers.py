@@ -15,7 +15,8 @@ import trio
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.diloco.adverts import state_endpoint
 from intellect_node.node.diloco.client import AveragerClient, ChildSettings
-from intellect_node.node.diloco.data import CorpusSpec, generate
+from intellect_node.node.diloco.data import generate
+from intellect_node.node.diloco.data_spec import CorpusSpec
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.outer import GlobalState
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord
