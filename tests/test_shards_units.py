@@ -582,3 +582,39 @@ def test_manifest_entry_size(manifest):
     with pytest.raises(InvalidValue):
         dataclasses.replace(manifest, parent_step=9)
     assert TensorEntry.from_wire(entry.to_wire()) == entry
+
+
+def test_checkpoints_begun_in_a_thread_never_break_a_reader_on_the_loop(tmp_path, manifest):
+    """``begin`` runs in the fetch's worker thread; the status and the newest complete checkpoint
+    are read on the trio loop meanwhile. Readers take ``held()``, a copy made in one step: a loop
+    over the live dict raised "dictionary changed size during iteration" when a step was added."""
+    import sys
+    import threading
+
+    store = ShardStore(tmp_path, RUN)
+    identity = Identity.generate()
+    steps = range(10, 310)
+    envelopes = [signed_envelope(dataclasses.replace(manifest, step=step, parent_step=step - 1), identity)
+                 for step in steps]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows: the race shows in a few steps
+    errors: list[BaseException] = []
+
+    def begin_all() -> None:
+        for envelope in envelopes:
+            store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+
+    try:
+        writer = threading.Thread(target=begin_all)
+        writer.start()
+        while writer.is_alive():
+            try:
+                assert store.newest_complete() is None and len(store.held()) <= len(envelopes)
+            except RuntimeError as exc:  # dictionary changed size during iteration
+                errors.append(exc)
+                break
+        writer.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert sorted(c.step for c in store.held()) == list(steps)

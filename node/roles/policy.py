@@ -68,7 +68,7 @@ class PolicyFollower:
 
     def complete_since(self, step: int) -> list[Checkpoint]:
         """The complete checkpoints held of ``step`` and later, newest first."""
-        held = [c for c in list(self.shards.store.checkpoints.values()) if c.complete and c.step >= step]
+        held = [c for c in self.shards.store.held() if c.complete and c.step >= step]
         return sorted(held, key=lambda c: c.step, reverse=True)
 
     def newest_known_step(self, node: NodeContext) -> int:
@@ -80,7 +80,7 @@ class PolicyFollower:
 
     def checkpoint_with_manifest(self, manifest_hash: bytes) -> Checkpoint | None:
         """The complete checkpoint whose signed manifest hashes to ``manifest_hash``."""
-        for checkpoint in list(self.shards.store.checkpoints.values()):
+        for checkpoint in self.shards.store.held():
             if checkpoint.complete and hashlib.sha256(checkpoint.envelope).digest() == manifest_hash:
                 return checkpoint
         return None

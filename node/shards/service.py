@@ -148,7 +148,7 @@ class ShardService:
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         resumed = await trio.to_thread.run_sync(self.store.reopen, self.decode_manifest)
         self.counters["resumed_shards"] = sum(resumed)
-        for checkpoint in self.store.checkpoints.values():
+        for checkpoint in self.store.held():
             checkpoint.origin = self.trainer == node.peer_id  # a restarted trainer seeds again
         host = self._listen_host()
         node.host.set_stream_handler(TProtocol(SHARDS_PROTOCOL), self.stream_server.handle)
@@ -163,7 +163,7 @@ class ShardService:
             newest = self.store.newest_complete()
             node.update_advert(extra_addr=self.http_addr, policy_step=newest.step if newest else None)
             nursery.start_soon(self._provide_worker)
-            for checkpoint in list(self.store.checkpoints.values()):
+            for checkpoint in self.store.held():
                 self._provide_held(checkpoint)
                 if not checkpoint.complete:
                     await nursery.start(self._fetch, checkpoint)
@@ -428,7 +428,7 @@ class ShardService:
                                     "origin": c.origin,
                                     "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
                                     "path": str(c.data_path)}
-                      for c in self.store.checkpoints.values()},
+                      for c in self.store.held()},
             **self.counters,
             "uploaded_bytes": self.server.stats.bytes,
             "uploaded_shards": self.server.stats.shards,

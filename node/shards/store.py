@@ -266,8 +266,14 @@ class ShardStore:
             self._remove(self.checkpoints.pop(step).directory)
         return doomed
 
+    def held(self) -> list[Checkpoint]:
+        """The checkpoints held now, copied in one step: ``begin`` adds one from the fetch's worker
+        thread, and a loop over the live dict on the trio loop (the status, the newest complete)
+        would then raise "dictionary changed size during iteration"."""
+        return list(self.checkpoints.values())
+
     def newest_complete(self) -> Checkpoint | None:
-        complete = [c for c in self.checkpoints.values() if c.complete]
+        complete = [c for c in self.held() if c.complete]
         return max(complete, key=lambda c: c.step) if complete else None
 
     def _remove(self, path: Path) -> None:
