@@ -9,10 +9,9 @@ a spec signed by another key, a task list that does not match the spec).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,7 +19,6 @@ from rich.markup import escape
 from rich.table import Table
 
 err = Console(stderr=True)
-T = TypeVar("T")
 
 
 def verify(
@@ -43,7 +41,7 @@ def verify(
     """Judge one stored rollout batch exactly as a validator would; print each group's verdict."""
     from intellect_node.node.models.check import check_model_dir
     from intellect_node.node.roles.inference.builder import RolloutSettings
-    from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch
+    from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch, naming_file
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
     from intellect_node.protocol.errors import Rejected
     from intellect_node.protocol.run_spec import RunSpec, build_run_spec, read_signed_spec
@@ -56,7 +54,8 @@ def verify(
                                   settings=RolloutSettings(), async_window=2)
             signer = None
         else:
-            spec, signer = _named(run_spec, partial(read_signed_spec, kind=RunSpec, authority=authority, run_id=None))
+            spec, signer = naming_file(run_spec, partial(read_signed_spec, kind=RunSpec, authority=authority,
+                                                         run_id=None))
         check_model_dir(checkpoint)
         result = judge_stored_batch(signed, checkpoint_dir=checkpoint, spec=spec, tasks=task_list,
                                     engine_name=engine)
@@ -76,17 +75,6 @@ def verify(
     else:
         _print(report)
     raise typer.Exit(1 if verdict.rejected else 0)
-
-
-def _named(path: Path, load: Callable[[Path], T]) -> T:
-    """``load(path)``, its refusal naming the file: the wire's messages ("bad magic") do not say
-    which of verify's files was refused."""
-    from intellect_node.protocol.errors import Rejected
-
-    try:
-        return load(path)
-    except Rejected as exc:
-        raise type(exc)(f"{path}: {exc}") from None
 
 
 def _print(report: dict) -> None:

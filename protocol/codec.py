@@ -11,6 +11,7 @@ binding between content and signer. Each failure is a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 import msgpack
@@ -81,3 +82,14 @@ def decode(data: bytes, accept: type[M] | tuple[type[M], ...], *, now_ms: int | 
     message = cls.from_wire(body)
     message.check_signer(envelope.signer_peer_id)
     return Signed(message=message, envelope=envelope)
+
+
+def read_signed(path: Path, kind: type[M]) -> tuple[bytes, Signed[M]]:
+    """The envelope stored in the file at ``path`` and its decoding as ``kind``. No more than
+    ``kind.MAX_SIZE`` + 1 bytes are read, whatever the file's size (``decode``'s size check comes
+    after the read); ``OSError`` when the file cannot be read."""
+    with path.open("rb") as handle:
+        envelope = handle.read(kind.MAX_SIZE + 1)
+    if len(envelope) > kind.MAX_SIZE:
+        raise Oversize(f"larger than a {kind.TYPE}'s {kind.MAX_SIZE:,} bytes")
+    return envelope, decode(envelope, kind)

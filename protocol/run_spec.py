@@ -158,9 +158,7 @@ def read_signed_spec(path: Path, kind: type[S], *, authority: str | None,
     file cannot be read. ``authority``/``run_id`` None accept the spec's own signer and run: only
     for a person inspecting a spec (``intellect-node verify`` prints whom it judged by), never for
     a node judging its run."""
-    with path.open("rb") as f:
-        data = f.read(kind.MAX_SIZE + 1)
-    signed = codec.decode(data, kind)
+    signed = codec.read_signed(path, kind)[1]
     spec, signer = signed.message, signed.signer_peer_id
     authorize_run_spec(spec, signer, signer if authority is None else authority,
                        spec.run_id if run_id is None else run_id)

@@ -7,6 +7,7 @@ before sections existed), ``INTELLECT_NODE_<SECTION>_<KEY>`` for the others (``[
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,17 @@ def read_bounded(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise ValueError(f"larger than {limit:,} bytes")
     return data
+
+
+def read_json_bounded(path: Path, limit: int) -> Any:
+    """The JSON value in the user's file at ``path``, read as ``read_bounded`` reads it. Every way
+    the content can be wrong (too large, not UTF-8, not JSON, nested past the parser's recursion)
+    is a ValueError for the caller to prefix with the file's name; OSError as ``read_bounded``."""
+    data = read_bounded(path, limit)
+    try:
+        return json.loads(data.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def read_toml(path: Path, *, explicit: bool) -> dict[str, Any]:

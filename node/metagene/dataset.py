@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from intellect_node.node.config.loader import read_bounded
+from intellect_node.node.config.loader import read_json_bounded
 from intellect_node.node.metagene.reads import Read
 
 MAX_READ_TOKENS = 512
@@ -70,11 +70,11 @@ class TokenizedReads:
         so it is read bounded and every way it can be wrong is a ValueError naming it."""
         meta_path = path / "reads.json"
         try:
-            meta = json.loads(read_bounded(meta_path, MAX_META_BYTES))
+            meta = read_json_bounded(meta_path, MAX_META_BYTES)
             reads, names = meta["reads"], list(meta["source_names"])
             if isinstance(reads, bool) or not isinstance(reads, int):
                 raise TypeError(f"reads is {reads!r}")
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"{meta_path}: not a store's reads.json ({type(exc).__name__}: {exc})") from None
         tokens, offsets, sources = (np.load(path / name, mmap_mode="r") for name in _FILES)
         if len(offsets) != reads + 1 or len(sources) != reads or int(offsets[-1]) != len(tokens):

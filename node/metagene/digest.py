@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from intellect_node.node.config.loader import read_json_bounded
 from intellect_node.node.metagene.build import TOKENIZER_DIR
 from intellect_node.node.metagene.dataset import TokenizedReads
 from intellect_node.node.metagene.tokenizer import MAX_TOKENIZER_BYTES
@@ -33,16 +34,12 @@ def tokenizer_digest(tokenizer_dir: Path) -> bytes:
     """sha256 of a saved tokenizer's canonical ``tokenizer.json``; ValueError names the file."""
     path = tokenizer_dir / "tokenizer.json"
     try:
-        if path.stat().st_size > MAX_TOKENIZER_BYTES:
-            raise ValueError(f"{path}: over {MAX_TOKENIZER_BYTES >> 20} MiB, not a METAGENE tokenizer")
-        canonical = json.dumps(json.loads(path.read_bytes()), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(read_json_bounded(path, MAX_TOKENIZER_BYTES), sort_keys=True, separators=(",", ":"))
     except FileNotFoundError:
         raise ValueError(f"{path}: missing (a METAGENE tokenizer directory holds one; a store carries its "
                          f"tokenizer in {TOKENIZER_DIR}/)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: unreadable ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: unreadable (JSON nested too deeply)") from None
     return hashlib.sha256(b"tokenizer\0" + canonical.encode()).digest()
 
 

@@ -12,11 +12,10 @@ meta device (nothing allocated), has no more parameters than the weight files ho
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from intellect_node.node.config.loader import read_bounded
+from intellect_node.node.config.loader import read_json_bounded
 
 MAX_CONFIG_BYTES = 1 << 20  # config.json of the largest HF models is a few KB
 MAX_JSON_BYTES = 64 << 20  # tokenizer.json of a 256k vocabulary is about 35 MB
@@ -55,11 +54,9 @@ def check_model_dir(path: Path) -> None:
 
 def _read_json(path: Path, limit: int) -> Any:
     try:
-        return json.loads(read_bounded(path, limit).decode("utf-8"))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return read_json_bounded(path, limit)
+    except (OSError, ValueError) as exc:
         raise ModelDirError(f"{path}: {exc}") from None
-    except RecursionError:
-        raise ModelDirError(f"{path}: JSON nested too deeply") from None
 
 
 def _weight_files(path: Path) -> list[Path]:

@@ -10,7 +10,7 @@ import json
 import logging
 from pathlib import Path
 
-from intellect_node.node.config.loader import read_bounded
+from intellect_node.node.config.loader import read_json_bounded
 from intellect_node.node.home.durable import write_durably
 
 log = logging.getLogger(__name__)
@@ -28,11 +28,11 @@ class PeerCache:
 
     def _load(self) -> None:
         try:  # a cache only: whatever is wrong with the file (its size too) costs the addresses, not the start
-            data = json.loads(read_bounded(self.path, MAX_CACHE_BYTES))
+            data = read_json_bounded(self.path, MAX_CACHE_BYTES)
         except FileNotFoundError:
             return
-        except (OSError, ValueError, RecursionError) as exc:
-            log.warning("ignoring unreadable peer cache %s: %s", self.path, exc or type(exc).__name__)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable peer cache %s: %s", self.path, exc)
             return
         if isinstance(data, dict):
             for peer_id, addrs in list(data.items())[:MAX_PEERS]:

@@ -90,7 +90,8 @@ class CommitmentBook:
 
     def has_step(self, step: int) -> bool:
         """Whether some worker's commitment for ``step`` is stored."""
-        return any(stored == step for (_, stored), _ in self.entries())
+        with self._lock:
+            return any(stored == step for _, stored in self.groups_of)
 
     def entries(self) -> list[tuple[tuple[str, int], int]]:
         """The stored ((worker, step), groups), copied: a reader on the trio loop iterates them while

@@ -17,8 +17,11 @@ are given here instead:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from intellect_node.node.engine import build_engine
 from intellect_node.node.roles.validator.ledger import JudgeState
@@ -30,11 +33,12 @@ from intellect_node.node.roles.validator.validation import (
 from intellect_node.node.shards.store import MANIFEST_FILE
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol import codec
-from intellect_node.protocol.codec import M
-from intellect_node.protocol.errors import Oversize, Rejected
+from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.manifest import CheckpointManifest
 from intellect_node.protocol.rollouts import RolloutBatch
 from intellect_node.protocol.run_spec import RunSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,18 +50,14 @@ class OfflineVerdict:
 
 def load_batch(path: Path) -> codec.Signed[RolloutBatch]:
     """A stored batch envelope, with every wire check (signature, schema, size, expiry)."""
-    return _read_envelope(path, RolloutBatch)[1]
+    return naming_file(path, partial(codec.read_signed, kind=RolloutBatch))[1]
 
 
-def _read_envelope(path: Path, kind: type[M]) -> tuple[bytes, codec.Signed[M]]:
-    """A user's envelope file and its decoding, every refusal naming the file. Read no further than
-    the largest ``kind`` the wire accepts: the codec's size check comes after the read."""
-    with path.open("rb") as handle:
-        envelope = handle.read(kind.MAX_SIZE + 1)
+def naming_file(path: Path, load: Callable[[Path], T]) -> T:
+    """``load(path)``, its refusal naming the file: the wire's messages ("bad magic") do not say
+    which of a user's files was refused."""
     try:
-        if len(envelope) > kind.MAX_SIZE:
-            raise Oversize(f"larger than a {kind.TYPE}'s {kind.MAX_SIZE:,} bytes")
-        return envelope, codec.decode(envelope, kind)
+        return load(path)
     except Rejected as exc:
         raise type(exc)(f"{path}: {exc}") from None
 
@@ -68,7 +68,7 @@ def judge_stored_batch(signed: codec.Signed[RolloutBatch], *, checkpoint_dir: Pa
     batch = signed.message
     manifest_path = checkpoint_dir / MANIFEST_FILE
     if manifest_path.exists():
-        envelope, signed_manifest = _read_envelope(manifest_path, CheckpointManifest)
+        envelope, signed_manifest = naming_file(manifest_path, partial(codec.read_signed, kind=CheckpointManifest))
         manifest = signed_manifest.message
         known = {hashlib.sha256(envelope).digest(): manifest.step}
     else:
