@@ -92,6 +92,22 @@ class TensorEntry(Record):
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
+DELTA_FORMATS = frozenset({"sparse/v1"})
+MIN_DELTA_SIZE = 18  # protocol.deltas.HEAD_SIZE: a body is at least its head
+MAX_DELTA_SIZE = 1 << 32
+
+
+@dataclass(frozen=True)
+class DeltaRef(Record):
+    """The delta that turns the base step's checkpoint into this one (specs/deltas.md section 2)."""
+
+    format: str = wire(Str(16, choices=DELTA_FORMATS))
+    base_step: int = wire(Int(0, MAX_STEP))
+    base_hash: bytes = wire(Bytes(HASH_SIZE, HASH_SIZE))
+    size: int = wire(Int(MIN_DELTA_SIZE, MAX_DELTA_SIZE))
+    hash: bytes = wire(Bytes(HASH_SIZE, HASH_SIZE))
+
+
 @dataclass(frozen=True)
 class CheckpointManifest(Message):
     """One checkpoint of a run: shards, their hashes and the tensor index, signed by the trainer."""
@@ -108,6 +124,7 @@ class CheckpointManifest(Message):
     shard_hashes: tuple[bytes, ...] = wire(ListOf(Bytes(HASH_SIZE, HASH_SIZE), max_items=MAX_SHARDS))
     checkpoint_hash: bytes = wire(Bytes(HASH_SIZE, HASH_SIZE))
     tensors: tuple[TensorEntry, ...] = wire(ListOf(Nested(TensorEntry), max_items=MAX_TENSORS))
+    delta: DeltaRef | None = wire(Optional(Nested(DeltaRef)), default=None)
 
     def __post_init__(self) -> None:
         if self.parent_step is not None and self.parent_step >= self.step:
@@ -127,6 +144,11 @@ class CheckpointManifest(Message):
             end = entry.offset + entry.nbytes
             if end > self.total_size:
                 raise InvalidValue(f"tensor {entry.name!r} ends at {end}, past the file's {self.total_size} bytes")
+        if self.delta is not None:
+            if self.delta.base_step != self.parent_step:
+                raise InvalidValue(f"delta base step {self.delta.base_step} is not the parent step {self.parent_step}")
+            if self.delta.size > self.total_size:
+                raise InvalidValue(f"a {self.delta.size}-byte delta for a {self.total_size}-byte checkpoint")
 
     @property
     def shard_count(self) -> int:

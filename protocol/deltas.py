@@ -1,0 +1,178 @@
+"""Sparse, exact policy deltas (``sparse/v1``): the changed elements of a checkpoint and their bytes.
+
+Between two RL steps almost every element of a policy kept in a 16-bit dtype is unchanged, so a
+step travels as the positions that changed and their new bytes instead of the whole file. The
+delta is exact on bit patterns: applied to the base's bytes it gives the result's bytes, which the
+receiver then checks against the signed manifest's shard hashes. Nothing here trusts the body: it
+is decoded under the bounds of specs/deltas.md section 3 (size before inflating, indices ordered
+and in range, sums without overflow) and refused whole on the first violation.
+
+Pure: numpy over buffers, no files, no sockets; ``node/shards/delta_apply.py`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import blake3
+import numpy as np
+
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Truncated
+from intellect_node.protocol.manifest import DTYPE_SIZES, TensorEntry
+
+DELTA_FORMAT = "sparse/v1"
+MAGIC = b"INADELTA"
+VERSION = 1
+RAW, DEFLATE = 0, 1
+_HEAD = struct.Struct(">8sBBQ")  # magic, version, codec, raw_len
+_RECORD = struct.Struct(">IQB")  # tensor index, count, gap width
+HEAD_SIZE = _HEAD.size  # 18: the smallest body
+GAP_WIDTHS = (1, 2, 4, 8)
+_HASH_DOMAIN = b"intellect-node/delta/v1\x00"
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def delta_hash(body: bytes | memoryview) -> bytes:
+    """The 32-byte name of a delta body that the manifest signs."""
+    return blake3.blake3(_HASH_DOMAIN + bytes(body)).digest()
+
+
+@dataclass(frozen=True)
+class DeltaRecord:
+    """The changed elements of one tensor: flat positions (strictly increasing) and new bytes."""
+
+    entry: TensorEntry
+    positions: np.ndarray  # int64 or uint64, strictly increasing, < numel
+    values: np.ndarray  # the tensor's unsigned element type, same length
+
+
+def _elements(buffer: memoryview, entry: TensorEntry) -> np.ndarray:
+    itemsize = DTYPE_SIZES[entry.dtype]
+    return np.frombuffer(buffer, dtype=_UINT[itemsize], count=entry.nbytes // itemsize, offset=entry.offset)
+
+
+def _gap_width(largest: int) -> int:
+    return next(width for width in GAP_WIDTHS if largest < 1 << (8 * width))
+
+
+def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, result: bytes | memoryview,
+                 *, level: int = 6) -> bytes:
+    """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout).
+
+    Only tensor data is compared: the caller guarantees the header and any padding are identical
+    (same tensor index, same total size), and the receiver's hash check catches it if they are not.
+    """
+    base_view, result_view = memoryview(base).cast("B"), memoryview(result).cast("B")
+    if len(base_view) != len(result_view):
+        raise ValueError("a delta needs two files of the same size")
+    parts: list[bytes] = []
+    for index, entry in enumerate(tensors):
+        if not entry.nbytes:
+            continue
+        old, new = _elements(base_view, entry), _elements(result_view, entry)
+        positions = np.flatnonzero(old != new)
+        if not len(positions):
+            continue
+        gaps = np.diff(positions, prepend=-1) - 1
+        width = _gap_width(int(gaps.max()))
+        parts.append(_RECORD.pack(index, len(positions), width))
+        parts.append(gaps.astype(f"<u{width}").tobytes())
+        parts.append(new[positions].astype(new.dtype.newbyteorder("<")).tobytes())
+    raw = b"".join(parts)
+    packed = zlib.compress(raw, level)
+    if len(packed) < len(raw):
+        return _HEAD.pack(MAGIC, VERSION, DEFLATE, len(raw)) + packed
+    return _HEAD.pack(MAGIC, VERSION, RAW, len(raw)) + raw
+
+
+def _payload(body: bytes | memoryview, total_size: int) -> memoryview:
+    """The decoded payload, inflated no further than its declared (and bounded) length."""
+    view = memoryview(body).cast("B")
+    if len(view) < HEAD_SIZE:
+        raise MalformedBody(f"delta body of {len(view)} bytes, shorter than its {HEAD_SIZE}-byte head")
+    magic, version, codec, raw_len = _HEAD.unpack_from(view)
+    if magic != MAGIC or version != VERSION:
+        raise MalformedBody("not a sparse/v1 delta body (magic or version)")
+    if raw_len > total_size:
+        raise Oversize(f"delta payload of {raw_len} bytes for a {total_size}-byte checkpoint")
+    rest = view[HEAD_SIZE:]
+    if codec == RAW:
+        if len(rest) != raw_len:
+            raise MalformedBody(f"raw delta payload of {len(rest)} bytes, its head says {raw_len}")
+        return rest
+    if codec != DEFLATE:
+        raise MalformedBody(f"delta codec {codec}; 0 (raw) and 1 (deflate) exist")
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(rest, raw_len + 1)
+    except zlib.error as exc:
+        raise MalformedBody(f"delta payload does not inflate: {exc}") from None
+    if len(raw) != raw_len or not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+        raise MalformedBody(f"delta payload inflates to {len(raw)}+ bytes (head: {raw_len}) or has bytes past its end")
+    return memoryview(raw)
+
+
+def decode_delta(body: bytes | memoryview, tensors: Sequence[TensorEntry], total_size: int) -> list[DeltaRecord]:
+    """Every record of ``body``, checked against the result's tensor index; ``Rejected`` on the first fault."""
+    payload = _payload(body, total_size)
+    records: list[DeltaRecord] = []
+    at, previous = 0, -1
+    while at < len(payload):
+        if at + _RECORD.size > len(payload):
+            raise Truncated(f"delta record head at byte {at} runs past the payload's end")
+        index, count, width = _RECORD.unpack_from(payload, at)
+        at += _RECORD.size
+        if not previous < index < len(tensors):
+            raise InvalidValue(f"delta record for tensor {index}: out of range or not after tensor {previous}")
+        previous = index
+        entry = tensors[index]
+        itemsize = DTYPE_SIZES[entry.dtype]
+        numel = entry.nbytes // itemsize
+        if not 1 <= count <= numel:
+            raise InvalidValue(f"delta record for {entry.name!r}: {count} changes in {numel} elements")
+        if width not in GAP_WIDTHS:
+            raise InvalidValue(f"delta record for {entry.name!r}: gap width {width}")
+        end = at + count * (width + itemsize)
+        if end > len(payload):
+            raise Truncated(f"delta record for {entry.name!r} runs past the payload's end")
+        gaps = np.frombuffer(payload, dtype=f"<u{width}", count=count, offset=at)
+        values = np.frombuffer(payload, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"), count=count,
+                               offset=at + count * width)
+        records.append(DeltaRecord(entry, _positions(gaps, numel, entry.name), values))
+        at = end
+    return records
+
+
+def _positions(gaps: np.ndarray, numel: int, name: str) -> np.ndarray:
+    """Flat positions from gaps, refused unless all lie below ``numel``.
+
+    Every gap is first bounded by ``numel`` (a position is at least its gap), so each step of the
+    running sum is below 2^44 and a wrap past 2^64 would show as a sum that fails to increase.
+    """
+    if int(gaps.max()) >= numel:
+        raise InvalidValue(f"delta record for {name!r}: a position at or past its {numel} elements")
+    positions = np.cumsum(gaps.astype(np.uint64) + np.uint64(1)) - np.uint64(1)
+    wrapped = len(gaps) * numel >= 1 << 63 and bool(np.any(positions[1:] <= positions[:-1]))
+    if wrapped or int(positions[-1]) >= numel:
+        raise InvalidValue(f"delta record for {name!r}: a position at or past its {numel} elements")
+    return positions
+
+
+def apply_delta(records: Sequence[DeltaRecord], target: memoryview) -> int:
+    """Write every record's values into ``target`` (a writable buffer of the base's bytes); returns
+    the number of elements written. Records come from ``decode_delta``: already checked."""
+    view = memoryview(target).cast("B")
+    changed = 0
+    for record in records:
+        elements = _elements(view, record.entry)
+        elements[record.positions] = record.values
+        changed += len(record.positions)
+    return changed
+
+
+def same_layout(base: Sequence[TensorEntry], result: Sequence[TensorEntry]) -> bool:
+    """Whether a delta can turn a file of ``base``'s index into one of ``result``'s."""
+    return tuple(base) == tuple(result)
