@@ -59,8 +59,10 @@ def _gap_width(largest: int) -> int:
 
 
 def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, result: bytes | memoryview,
-                 *, level: int = 6) -> bytes:
-    """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout).
+                 *, level: int = 6, max_raw: int | None = None) -> bytes | None:
+    """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout), or None
+    once the payload passes ``max_raw`` bytes: a dense change (an fp32 policy, a high learning rate)
+    is then published in full without paying for compressing hundreds of megabytes first.
 
     Only tensor data is compared: the caller guarantees the header and any padding are identical
     (same tensor index, same total size), and the receiver's hash check catches it if they are not.
@@ -69,6 +71,7 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
     if len(base_view) != len(result_view):
         raise ValueError("a delta needs two files of the same size")
     parts: list[bytes] = []
+    raw_len = 0
     for index, entry in enumerate(tensors):
         if not entry.nbytes:
             continue
@@ -81,6 +84,9 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
         parts.append(_RECORD.pack(index, len(positions), width))
         parts.append(gaps.astype(f"<u{width}").tobytes())
         parts.append(new[positions].astype(new.dtype.newbyteorder("<")).tobytes())
+        raw_len += sum(len(part) for part in parts[-3:])
+        if max_raw is not None and raw_len > max_raw:
+            return None
     raw = b"".join(parts)
     packed = zlib.compress(raw, level)
     if len(packed) < len(raw):

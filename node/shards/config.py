@@ -34,6 +34,10 @@ class ShardConfig:
     manifest_lifetime_s: float = 86400.0
     reannounce_s: float = 30.0  # the trainer repeats its newest manifest for late joiners
     discovery_s: float = 2.0
+    # the trainer publishes each step's sparse delta against its parent where the body is at most
+    # this fraction of the checkpoint (specs/deltas.md); 0: full checkpoints only
+    max_delta_fraction: float = 0.5
+    delta_attempts: int = 3  # holders a follower tries for a delta before it fetches the step in full
 
     def __post_init__(self) -> None:
         if self.trainer is not None and not re.fullmatch(PEER_ID_PATTERN, self.trainer):
@@ -43,6 +47,10 @@ class ShardConfig:
         for name in ("keep_steps", "max_uploads", "max_uploads_per_peer", "max_downloads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1")
+        if not 0.0 <= self.max_delta_fraction <= 1.0:
+            raise ConfigError(f"max_delta_fraction: {self.max_delta_fraction} outside [0, 1]")
+        if self.delta_attempts < 1:
+            raise ConfigError("delta_attempts: must be at least 1")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port: {self.http_port} is not a port")
 

@@ -4,6 +4,7 @@ Routes (specs/shardcast.md section 4):
 
     GET /ina/v1/<run>/manifest                          newest manifest envelope held
     GET /ina/v1/<run>/<step>/manifest                   that step's manifest envelope
+    GET /ina/v1/<run>/<step>/delta                      that step's delta body (specs/deltas.md)
     GET /ina/v1/<run>/<step>/have                       which shards are verified: a stream of lines
     GET /ina/v1/<run>/<step>/checkpoint.safetensors     Range: bytes=a-b, only verified shards
 
@@ -54,7 +55,7 @@ SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
 ROUTE = re.compile(r"/ina/v1/(?P<run>[a-z0-9][a-z0-9._-]{0,63})(?:/(?P<step>[0-9]{1,12}))?/"
-                    r"(?P<what>manifest|have|checkpoint\.safetensors)")
+                    r"(?P<what>manifest|have|delta|checkpoint\.safetensors)")
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
 
@@ -91,6 +92,7 @@ class _Bucket:
 class UploadStats:
     bytes: int = 0
     shards: int = 0
+    deltas: int = 0  # delta bodies sent whole
     refused: int = 0  # 409, 429 and 503 answers
 
 
@@ -202,6 +204,8 @@ class ShardServer:
             raise ServeError(404, "step not held")
         if what == "manifest":
             await reply.small(checkpoint.envelope)
+        elif what == "delta":
+            await self._send_delta(reply, checkpoint, peer)
         else:
             await self._send_range(reply, range_value, checkpoint, peer)
 
@@ -290,6 +294,35 @@ class ShardServer:
                 if not sent_all:
                     checkpoint.uploads[index] -= 1  # it did not arrive; it may be handed out again
             self.on_upload()
+
+    async def _send_delta(self, reply: Reply, checkpoint: Checkpoint, peer: str) -> None:
+        """The step's delta body (specs/deltas.md section 4), under the same upload slots as shards."""
+        delta = checkpoint.manifest.delta
+        if delta is None or not checkpoint.complete:
+            raise ServeError(404, "no delta held for this step")
+        try:
+            fd = self.store.open_delta(checkpoint)
+        except FileNotFoundError:
+            raise ServeError(404, "no delta held for this step") from None
+        try:
+            if self.active >= self.config.max_uploads:
+                raise ServeError(503, "upload slots full", retry_after=1.0)
+            if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
+                raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
+            self.active += 1
+            self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+            try:
+                await reply.body_head(200, 0, delta.size - 1, delta.size)
+                await self._send_body(reply, fd, 0, delta.size, peer)
+                self.stats.deltas += 1
+            finally:
+                self.active -= 1
+                self._active_per_peer[peer] -= 1
+                if not self._active_per_peer[peer]:
+                    del self._active_per_peer[peer]
+                self.on_upload()
+        finally:
+            os.close(fd)
 
     def _seed_check(self, checkpoint: Checkpoint, shards: range) -> None:
         """Seed mode: each shard once, then a while for the peers to pass it on.

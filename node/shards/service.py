@@ -8,6 +8,9 @@
   ``stream_server`` over libp2p streams for peers that cannot dial HTTP), provides a
   DHT record per (step, shard), keeps the newest ``keep_steps`` and advertises the newest complete
   step as its ``policy_step``.
+- A step whose manifest names a delta (specs/deltas.md) against a base held complete here is built
+  from that base and the delta body (megabytes, not the checkpoint), checked against every shard
+  hash, and then held like any fetched step; where that fails, the step is fetched in full.
 - A bad shard is reported on gossip as a signed ``ShardComplaint``.
 
 ``<data_dir>/status.json`` (replaced atomically) tells operators and tests what the node holds,
@@ -16,8 +19,10 @@ fetched and uploaded, and the complaints it made and heard.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import random
 import re
 import shutil
 from collections import deque
@@ -34,6 +39,7 @@ from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
+from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.server import ShardServer
@@ -44,7 +50,8 @@ from intellect_node.node.shards.stream_wire import SHARDS_PROTOCOL
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.streams import connection_path
 from intellect_node.protocol import codec
-from intellect_node.protocol.errors import InvalidValue, Rejected, Unjudgeable
+from intellect_node.protocol.deltas import delta_hash
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected, Unjudgeable
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
     ShardComplaint,
@@ -85,7 +92,9 @@ class ShardService:
                                   relays=self.book.may_relay)
         self.stream_server = ShardStreamServer(self.server, node.scores)
         self.progress = CheckpointProgress()
-        self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0}
+        self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
+                         "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
+                         "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0}
         self.complaints_made: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
         self.complaints_heard: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
         self.http_addr: str | None = None
@@ -205,6 +214,16 @@ class ShardService:
         if len(steps) >= self.config.keep_steps and manifest.step < steps[-self.config.keep_steps]:
             return  # older than everything we keep
         self._starting.add(manifest.step)
+        base = usable_base(self.store, manifest)
+        if base is not None:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._follow_delta, signed, envelope, base)
+            return
+        await self._fetch_in_full(signed, envelope)
+
+    async def _fetch_in_full(self, signed: codec.Signed[CheckpointManifest], envelope: bytes) -> None:
+        """Begin the step's partial checkpoint and fetch every shard (the caller put it in ``_starting``)."""
+        manifest = signed.message
         try:
             checkpoint = await trio.to_thread.run_sync(self.store.begin, signed, envelope)
         except InsufficientDisk as exc:
@@ -236,12 +255,94 @@ class ShardService:
                 self.progress.finish(step, checkpoint.complete)
                 self._fetches.pop(step, None)
             log.info("step %d verified and complete (%d shards)", step, checkpoint.manifest.shard_count)
-            self._provide_shards(checkpoint)  # its manifest was provided when the fetch began
-            self._retain()
-            newest = self.store.newest_complete()
-            if newest is not None:
-                self.node.update_advert(policy_step=newest.step)
-            self._dirty()
+            self._completed(checkpoint)
+
+    def _completed(self, checkpoint: Checkpoint) -> None:
+        """A step became complete here: serve and provide it, retain, advertise the newest."""
+        self._provide_shards(checkpoint)
+        self._retain()
+        newest = self.store.newest_complete()
+        if newest is not None:
+            self.node.update_advert(policy_step=newest.step)
+        self._dirty()
+
+    # ---- following by deltas (specs/deltas.md) -------------------------------------------------
+
+    async def _follow_delta(self, signed: codec.Signed[CheckpointManifest], envelope: bytes,
+                            base: Checkpoint) -> None:
+        """Build the step from ``base`` and its delta; fetch it in full if that fails."""
+        manifest = signed.message
+        checkpoint: Checkpoint | None = None
+        try:
+            body = await self._fetch_delta(manifest)
+            if body is None:
+                self.counters["delta_unavailable"] += 1
+            else:
+                try:
+                    checkpoint = await trio.to_thread.run_sync(build_from_delta, self.store, signed, envelope,
+                                                               base, body)
+                except DeltaFailed as exc:
+                    self.counters[exc.reason] += 1
+                    log.warning("%s; fetching step %d in full", exc, manifest.step)
+                except InsufficientDisk as exc:
+                    log.error("cannot build step %d: %s", manifest.step, exc)
+                    self._starting.discard(manifest.step)
+                    return
+        except BaseException:
+            self._starting.discard(manifest.step)
+            raise
+        if checkpoint is None:
+            await self._fetch_in_full(signed, envelope)
+            return
+        self._starting.discard(manifest.step)
+        self.counters["delta_steps"] += 1
+        self.counters["delta_bytes"] += len(body or b"")
+        self._queue_provide(manifest_key(self.run_id, manifest.step))
+        self._completed(checkpoint)
+
+    def _delta_holders(self, step: int) -> list[tuple[str, tuple[str, ...]]]:
+        """Who may hold ``step``'s delta: members at that step or later (shuffled, so followers
+        spread over them), then the trainer, which always does."""
+        others, trainer = [], []
+        for member in self.node.view.members():
+            advert = member.advert
+            if advert.peer_id == self.node.peer_id or self.node.scores.is_banned(advert.peer_id):
+                continue
+            if advert.peer_id == self.trainer:
+                trainer.append((advert.peer_id, advert.addrs))
+            elif advert.policy_step is not None and advert.policy_step >= step:
+                others.append((advert.peer_id, advert.addrs))
+        random.shuffle(others)
+        return others[:self.config.delta_attempts - 1] + trainer if trainer else others[:self.config.delta_attempts]
+
+    async def _fetch_delta(self, manifest: CheckpointManifest) -> bytes | None:
+        """The delta body the manifest names, from the first holder whose bytes hash right."""
+        ref = manifest.delta
+        assert ref is not None
+        target = f"/ina/v1/{self.run_id}/{manifest.step}/delta"
+        for peer_id, addrs in self._delta_holders(manifest.step):
+            endpoint = http_endpoint(peer_id, addrs)
+            try:
+                with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
+                    if endpoint is not None:
+                        body = await self.client.get(endpoint, target, limit=ref.size)
+                    elif connection_path(self.node.host, peer_id) is not None:
+                        body = await self.streams.get(peer_id, target, limit=ref.size)
+                    else:
+                        continue
+                if len(body) != ref.size:
+                    raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
+                if delta_hash(body) != ref.hash:
+                    self.counters["bad_deltas"] += 1
+                    self.node.scores.reject(peer_id, "bad_delta",
+                                            f"delta of step {manifest.step} does not match the signed manifest")
+                    continue
+                return body
+            except Rejected as exc:
+                self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
+            except (HttpStatus, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
+        return None
 
     def _providers_of(self, step: int) -> Callable[[int], Awaitable[list[str]]]:
         async def find(shard: int) -> list[str]:
@@ -389,8 +490,12 @@ class ShardService:
             log.error("cannot publish %s: %s", path.name, exc)
             staged.unlink(missing_ok=True)
             return
+        delta = await self._delta_for(manifest, staged)
+        if delta is not None:
+            manifest = dataclasses.replace(manifest, delta=delta[0])
         envelope = codec.encode(manifest, self.node.identity, lifetime_s=self.config.manifest_lifetime_s)
-        checkpoint = self.store.add_published(staged, self.decode_manifest(envelope), envelope)
+        checkpoint = self.store.add_published(staged, self.decode_manifest(envelope), envelope,
+                                              delta=delta[1] if delta is not None else None)
         self._retain()
         self.node.update_advert(policy_step=step)
         log.info("published step %d: %d bytes in %d shards, checkpoint %s", step, manifest.total_size,
@@ -398,6 +503,18 @@ class ShardService:
         await self._announce(checkpoint)
         self._provide_held(checkpoint)
         self._dirty()
+
+    async def _delta_for(self, manifest: CheckpointManifest, staged: Path) -> tuple[Any, bytes] | None:
+        """The sparse delta from the parent step to ``staged``, where one pays (specs/deltas.md)."""
+        base = self.store.checkpoints.get(manifest.parent_step) if manifest.parent_step is not None else None
+        if base is None or not base.complete or self.config.max_delta_fraction <= 0:
+            return None
+        delta = await trio.to_thread.run_sync(make_delta, base, staged, manifest, self.config.max_delta_fraction)
+        if delta is not None:
+            self.counters["published_delta_bytes"] = len(delta[1])
+            log.info("step %d ships as a %d-byte delta against step %d (%.4f of the checkpoint)", manifest.step,
+                     len(delta[1]), base.step, len(delta[1]) / manifest.total_size)
+        return delta
 
     async def _announce(self, checkpoint: Checkpoint) -> None:
         """Gossip ``checkpoint``'s manifest: the envelope held, while more than half its lifetime is
@@ -427,11 +544,13 @@ class ShardService:
                                     "shards": c.manifest.shard_count, "total_size": c.manifest.total_size,
                                     "origin": c.origin,
                                     "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
+                                    "delta_size": c.manifest.delta.size if c.manifest.delta else None,
                                     "path": str(c.data_path)}
                       for c in self.store.held()},
             **self.counters,
             "uploaded_bytes": self.server.stats.bytes,
             "uploaded_shards": self.server.stats.shards,
+            "uploaded_deltas": self.server.stats.deltas,
             "uploads_refused": self.server.stats.refused,
             "stream_requests": dict(self.stream_server.counts),
             "complaints_made": list(self.complaints_made),

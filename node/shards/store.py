@@ -1,7 +1,10 @@
 """Checkpoints on disk: one directory per step, partial until every shard is verified.
 
     <data_dir>/<run_id>/<step:012d>.partial/   manifest.ine, checkpoint.safetensors, verified
-    <data_dir>/<run_id>/<step:012d>/           manifest.ine, checkpoint.safetensors
+    <data_dir>/<run_id>/<step:012d>/           manifest.ine, checkpoint.safetensors[, delta.bin]
+
+``delta.bin`` is the step's delta body (specs/deltas.md), kept where this node published or applied
+it, so that it can serve it to the nodes that follow by deltas.
 
 Directory names come only from the configured run id (checked against the run-id pattern) and an
 integer step, never from a peer's string, so nothing can be written outside the data directory.
@@ -36,6 +39,7 @@ PARTIAL = ".partial"
 MANIFEST_FILE = "manifest.ine"
 DATA_FILE = "checkpoint.safetensors"
 VERIFIED_FILE = "verified"
+DELTA_FILE = "delta.bin"
 _STEP_DIR = re.compile(r"(\d{12})(\.partial)?")
 
 
@@ -74,6 +78,10 @@ class Checkpoint:
     @property
     def data_path(self) -> Path:
         return self.directory / DATA_FILE
+
+    @property
+    def delta_path(self) -> Path:
+        return self.directory / DELTA_FILE
 
     @property
     def verified_count(self) -> int:
@@ -204,6 +212,16 @@ class ShardStore:
             except FileNotFoundError:
                 log.info("step %d was dropped while its verified shards were saved", checkpoint.step)
 
+    def write_delta(self, checkpoint: Checkpoint, body: bytes) -> None:
+        """Keep the delta body that made ``checkpoint`` (before ``finalize``: one rename covers both)."""
+        write_durably(checkpoint.directory / DELTA_FILE, body)
+
+    def discard(self, checkpoint: Checkpoint) -> None:
+        """Forget a partial checkpoint and delete its directory (a delta that did not give it)."""
+        if self.checkpoints.get(checkpoint.step) is checkpoint:
+            del self.checkpoints[checkpoint.step]
+        self._remove(checkpoint.directory)
+
     def finalize(self, checkpoint: Checkpoint) -> None:
         """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""
         if checkpoint.verified_count != checkpoint.manifest.shard_count:
@@ -230,19 +248,27 @@ class ShardStore:
                 continue
         raise FileNotFoundError(f"step {checkpoint.step}: no data file")
 
+    def open_delta(self, checkpoint: Checkpoint) -> int:
+        """A read-only descriptor of the step's delta body; FileNotFoundError if none is kept."""
+        return os.open(checkpoint.delta_path, os.O_RDONLY)
+
     # ---- publishing ------------------------------------------------------------------------
 
     def staging_path(self, step: int) -> Path:
         """Where a publisher puts a new file before its manifest exists (removed on restart)."""
         return self.root / f"publish-{step:012d}.tmp"
 
-    def add_published(self, staged: Path, signed: Signed[CheckpointManifest], envelope: bytes) -> Checkpoint:
-        """Move a staged file whose manifest this node signed into place, complete at once."""
+    def add_published(self, staged: Path, signed: Signed[CheckpointManifest], envelope: bytes,
+                      delta: bytes | None = None) -> Checkpoint:
+        """Move a staged file whose manifest this node signed into place, complete at once (with
+        the delta body its manifest names, if any)."""
         manifest = signed.message
         tmp = self.root / f"publish-{manifest.step:012d}.dir.tmp"
         self._remove(tmp)
         tmp.mkdir(mode=0o700)
         write_durably(tmp / MANIFEST_FILE, envelope)
+        if delta is not None:
+            write_durably(tmp / DELTA_FILE, delta)
         os.rename(staged, tmp / DATA_FILE)
         final = self._dir(manifest.step, partial=False)
         self._remove(final)

@@ -28,6 +28,7 @@ PENALTIES: dict[str, float] = {
     "signer_mismatch": 60.0,
     "unauthorized_signer": 60.0,  # a manifest signed by a key other than the run's trainer
     "bad_shard": 60.0,  # shard bytes that contradict the signed manifest's hash
+    "bad_delta": 60.0,  # a delta body that contradicts the signed manifest's hash (specs/deltas.md)
     "malformed": 25.0,
     "malformed_body": 25.0,
     "oversize": 25.0,

@@ -1,0 +1,119 @@
+"""Policy deltas on disk: the publisher makes one from two checkpoint files, a follower turns its
+complete base and a delta body into the next step's complete checkpoint (specs/deltas.md).
+
+Both run in a worker thread (they read and hash whole checkpoints). The follower's result is
+accepted only when every one of its shards hashes to the signed manifest's: a delta, however it
+was made, can never make a node hold bytes the trainer did not sign.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+from intellect_node.node.shards.checkpoint import hash_range
+from intellect_node.node.shards.store import Checkpoint, ShardStore
+from intellect_node.protocol.codec import Signed
+from intellect_node.protocol.deltas import (
+    DELTA_FORMAT,
+    DeltaRecord,
+    apply_delta,
+    decode_delta,
+    delta_hash,
+    encode_delta,
+    same_layout,
+)
+from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.manifest import MIN_DELTA_SIZE, CheckpointManifest, DeltaRef
+
+log = logging.getLogger(__name__)
+
+
+class DeltaFailed(Exception):
+    """The delta could not give the signed checkpoint; ``reason`` is the status counter to bump."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def make_delta(base: Checkpoint, result_path: Path, manifest: CheckpointManifest,
+               max_fraction: float) -> tuple[DeltaRef, bytes] | None:
+    """The delta from ``base`` (complete, held) to the file at ``result_path`` described by
+    ``manifest``; None where the layouts differ or the body would be over ``max_fraction`` of the
+    checkpoint (the step then travels in full)."""
+    if base.manifest.total_size != manifest.total_size or not same_layout(base.manifest.tensors, manifest.tensors):
+        return None
+    limit = int(max_fraction * manifest.total_size)
+    with open(base.data_path, "rb") as old, open(result_path, "rb") as new:
+        with mmap.mmap(old.fileno(), 0, access=mmap.ACCESS_READ) as old_map, \
+                mmap.mmap(new.fileno(), 0, access=mmap.ACCESS_READ) as new_map:
+            body = encode_delta(manifest.tensors, old_map, new_map, max_raw=limit)
+    if body is None or not MIN_DELTA_SIZE <= len(body) <= limit:
+        return None
+    ref = DeltaRef(format=DELTA_FORMAT, base_step=base.step, base_hash=base.manifest.checkpoint_hash,
+                   size=len(body), hash=delta_hash(body))
+    return ref, body
+
+
+def usable_base(store: ShardStore, manifest: CheckpointManifest) -> Checkpoint | None:
+    """The complete checkpoint here that ``manifest``'s delta applies to, if any."""
+    ref = manifest.delta
+    if ref is None:
+        return None
+    base = store.checkpoints.get(ref.base_step)
+    if base is None or not base.complete or base.manifest.checkpoint_hash != ref.base_hash:
+        return None
+    if base.manifest.total_size != manifest.total_size or not same_layout(base.manifest.tensors, manifest.tensors):
+        return None
+    return base
+
+
+def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], envelope: bytes, base: Checkpoint,
+                     body: bytes) -> Checkpoint:
+    """Step ``signed``'s checkpoint, complete, from ``base`` and ``body`` (whose hash the caller
+    checked against the manifest). ``DeltaFailed`` leaves nothing behind: the caller fetches in full."""
+    manifest = signed.message
+    checkpoint = store.begin(signed, envelope)
+    try:
+        try:
+            records = decode_delta(body, manifest.tensors, manifest.total_size)
+        except Rejected as exc:
+            raise DeltaFailed("delta_refused", f"the trainer's delta for step {manifest.step} is refused: "
+                                               f"{exc.reason}: {exc}") from None
+        try:
+            shutil.copyfile(base.data_path, checkpoint.data_path)
+        except OSError as exc:  # the base was pruned meanwhile: fetch in full
+            raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
+        changed = _apply_and_check(checkpoint, records)
+        store.write_delta(checkpoint, body)
+        for index in range(manifest.shard_count):
+            checkpoint.verified[index] = 1
+        store.finalize(checkpoint)
+    except BaseException:
+        store.discard(checkpoint)
+        raise
+    log.info("step %d from step %d's checkpoint and a %d-byte delta (%d elements changed)",
+             manifest.step, base.step, len(body), changed)
+    return checkpoint
+
+
+def _apply_and_check(checkpoint: Checkpoint, records: list[DeltaRecord]) -> int:
+    manifest = checkpoint.manifest
+    fd = os.open(checkpoint.data_path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size != manifest.total_size:
+            raise DeltaFailed("delta_mismatch", f"base file is not {manifest.total_size} bytes")
+        with mmap.mmap(fd, manifest.total_size, access=mmap.ACCESS_WRITE) as mapped:
+            changed = apply_delta(records, memoryview(mapped))
+            mapped.flush()
+        for index in range(manifest.shard_count):
+            if hash_range(fd, *manifest.shard_range(index)) != manifest.shard_hashes[index]:
+                raise DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta does not "
+                                                    "match the signed manifest (a trainer fault)")
+    finally:
+        os.close(fd)
+    return changed

@@ -1,0 +1,132 @@
+"""A follower builds the next step from its held base and a delta (specs/deltas.md section 5):
+exactly the signed bytes, or nothing at all. A delta the trainer signed but that does not give
+the signed checkpoint, or one that does not decode, leaves no trace and no step behind."""
+
+import dataclasses
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.shards.checkpoint import build_manifest, write_safetensors
+from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
+from intellect_node.node.shards.store import PARTIAL, ShardStore
+from intellect_node.protocol import codec
+from intellect_node.protocol.deltas import delta_hash
+from intellect_node.protocol.manifest import DeltaRef
+
+RUN = "delta-store"
+SHARD = 1 << 16
+TRAINER = Identity.generate()
+
+
+def weights(step: int) -> dict[str, torch.Tensor]:
+    """A bf16 policy; each step moves one element in 200 of the first tensor by one ulp or more."""
+    g = torch.Generator().manual_seed(0)
+    policy = {"model.embed_tokens.weight": torch.randn(400, 128, generator=g).to(torch.bfloat16),
+              "model.norm.weight": torch.ones(128, dtype=torch.bfloat16)}
+    flat = policy["model.embed_tokens.weight"].view(-1)
+    for s in range(1, step + 1):
+        flat[s::200] = flat[s::200] * 1.01 + 0.01
+    return policy
+
+
+def publish(store: ShardStore, tmp_path: Path, step: int, *, fraction: float = 0.5):
+    """What the trainer's overlay does: the file, its manifest with the delta, both held."""
+    staged = tmp_path / f"staged-{step}"
+    write_safetensors(weights(step), staged)
+    manifest = build_manifest(staged, run_id=RUN, step=step, parent_step=step - 1 if step else None,
+                              shard_size=SHARD)
+    delta = make_delta(store.checkpoints[step - 1], staged, manifest, fraction) if step else None
+    if delta is not None:
+        manifest = dataclasses.replace(manifest, delta=delta[0])
+    envelope = codec.encode(manifest, TRAINER, lifetime_s=600)
+    checkpoint = store.add_published(staged, codec.decode(envelope, type(manifest)), envelope,
+                                     delta=delta[1] if delta else None)
+    return checkpoint, envelope, delta[1] if delta else None
+
+
+@pytest.fixture
+def stores(tmp_path):
+    trainer = ShardStore(tmp_path / "trainer", RUN)
+    follower = ShardStore(tmp_path / "follower", RUN)
+    base, envelope, _ = publish(trainer, tmp_path, 0)
+    follower.add_published(_copy(base.data_path, tmp_path / "f0"), codec.decode(envelope, type(base.manifest)),
+                           envelope)
+    return trainer, follower
+
+
+def _copy(path: Path, to: Path) -> Path:
+    to.write_bytes(path.read_bytes())
+    return to
+
+
+def test_a_chain_of_deltas_gives_the_trainers_exact_bytes(stores, tmp_path):
+    trainer, follower = stores
+    for step in range(1, 6):
+        published, envelope, body = publish(trainer, tmp_path, step)
+        assert body is not None and len(body) < published.manifest.total_size / 20
+        signed = codec.decode(envelope, type(published.manifest))
+        base = usable_base(follower, signed.message)
+        assert base is not None and base.step == step - 1
+        built = build_from_delta(follower, signed, envelope, base, body)
+        assert built.complete and built.data_path.read_bytes() == published.data_path.read_bytes()
+        assert built.delta_path.read_bytes() == body  # kept, to serve to the next followers
+        assert sum(built.verified) == built.manifest.shard_count
+
+
+def test_dense_changes_publish_no_delta(stores, tmp_path):
+    trainer, _ = stores
+    staged = tmp_path / "dense"
+    write_safetensors({k: v * 3 for k, v in weights(0).items()}, staged)
+    manifest = build_manifest(staged, run_id=RUN, step=1, parent_step=0, shard_size=SHARD)
+    assert make_delta(trainer.checkpoints[0], staged, manifest, 0.5) is None
+
+
+def test_no_base_wrong_base_or_other_layout_is_not_usable(stores, tmp_path):
+    trainer, follower = stores
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    manifest = published.manifest
+    wrong_hash = dataclasses.replace(manifest, delta=dataclasses.replace(manifest.delta, base_hash=b"\x07" * 32))
+    assert usable_base(follower, wrong_hash) is None
+    assert usable_base(follower, dataclasses.replace(manifest, delta=None)) is None
+    assert usable_base(ShardStore(tmp_path / "empty", RUN), manifest) is None
+    staged = tmp_path / "other-layout"
+    write_safetensors(weights(1) | {"model.extra": torch.zeros(4)}, staged)
+    other = build_manifest(staged, run_id=RUN, step=1, parent_step=0, shard_size=SHARD)
+    assert usable_base(follower, dataclasses.replace(other, delta=manifest.delta)) is None
+
+
+def signed_with_body(manifest, body: bytes):
+    """The trainer's own signature on a delta body of its choosing (a trainer fault)."""
+    ref = DeltaRef(format="sparse/v1", base_step=manifest.parent_step, base_hash=manifest.delta.base_hash,
+                   size=len(body), hash=delta_hash(body))
+    envelope = codec.encode(dataclasses.replace(manifest, delta=ref), TRAINER, lifetime_s=600)
+    return codec.decode(envelope, type(manifest)), envelope
+
+
+@pytest.mark.parametrize("fault,reason", [("wrong_element", "delta_mismatch"), ("truncated", "delta_refused"),
+                                          ("empty", "delta_mismatch")])
+def test_a_signed_delta_that_does_not_give_the_checkpoint_leaves_nothing(stores, tmp_path, fault, reason):
+    trainer, follower = stores
+    published, _, body = publish(trainer, tmp_path, 1)
+    if fault == "wrong_element":  # a well-formed body that writes one value the manifest does not sign
+        payload = bytearray(zlib.decompress(body[18:]) if body[9] == 1 else body[18:])
+        payload[-1] ^= 0x01  # the last value's low byte
+        bad = struct.pack(">8sBBQ", b"INADELTA", 1, 0, len(payload)) + bytes(payload)
+    elif fault == "truncated":
+        bad = body[:-5]
+    else:
+        bad = struct.pack(">8sBBQ", b"INADELTA", 1, 0, 0)  # changes nothing: the result is the base
+    signed, envelope = signed_with_body(published.manifest, bad)
+    base = usable_base(follower, signed.message)
+    before = base.data_path.read_bytes()
+    with pytest.raises(DeltaFailed) as failed:
+        build_from_delta(follower, signed, envelope, base, bad)
+    assert failed.value.reason == reason
+    assert 1 not in follower.checkpoints
+    assert not any(p.name.endswith(PARTIAL) for p in follower.root.iterdir())
+    assert base.data_path.read_bytes() == before
