@@ -94,6 +94,9 @@ CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any as
 BRIDGE_OWED_FACTOR = 5
 
 
+POLICY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class TrainerOptions:
     model_dir: Path
@@ -112,8 +115,13 @@ class TrainerOptions:
     loss: LossConfig = LossConfig()
     rewards: RewardConfig = RewardConfig()
     seed: int = 0
+    # the dtype workers and validators run (specs/deltas.md): fp32 masters are rounded to it at each
+    # publish; bfloat16 halves the checkpoint and makes each step's delta sparse at RL learning rates
+    policy_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.policy_dtype not in POLICY_DTYPES:
+            raise ValueError(f"policy_dtype {self.policy_dtype!r}; choose one of {sorted(POLICY_DTYPES)}")
         if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
             raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
         if not self.bridge_after_s > 0:
@@ -249,7 +257,9 @@ class TrainerService:
         embeddings are written once, as ``save_pretrained`` does."""
         assert self.learner is not None
         tied = {"lm_head.weight"} if self.tied_embeddings else set()
-        tensors = {k: v for k, v in self.learner.weights().items() if k not in tied}
+        dtype = POLICY_DTYPES[self.options.policy_dtype]
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v
+                   for k, v in self.learner.weights().items() if k not in tied}
         publish_dir = self.options.publish_dir
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
