@@ -12,22 +12,26 @@ import logging
 import mmap
 import os
 import shutil
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+
+import numpy as np
 
 from intellect_node.node.shards.checkpoint import hash_range
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.protocol.codec import Signed
 from intellect_node.protocol.deltas import (
     DELTA_FORMAT,
-    DeltaRecord,
     apply_delta,
     decode_delta,
     delta_hash,
     encode_delta,
     same_layout,
 )
-from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.manifest import MIN_DELTA_SIZE, CheckpointManifest, DeltaRef
+from intellect_node.protocol.errors import InvalidValue, Rejected
+from intellect_node.protocol.lora import LORA_FORMAT, Adapter, decode_adapter, merged_weight
+from intellect_node.protocol.manifest import DTYPE_SIZES, MIN_DELTA_SIZE, CheckpointManifest, DeltaRef, TensorEntry
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,17 @@ def make_delta(base: Checkpoint, result_path: Path, manifest: CheckpointManifest
     return ref, body
 
 
+def adapter_delta(base: Checkpoint, body: bytes, manifest: CheckpointManifest) -> DeltaRef | None:
+    """The reference to an adapter the trainer wrote beside its merged checkpoint, where its base
+    is held complete here with the same layout (the checkpoint is ``merge(base, adapter)``)."""
+    if base.manifest.total_size != manifest.total_size or not same_layout(base.manifest.tensors, manifest.tensors):
+        return None
+    if not MIN_DELTA_SIZE <= len(body) <= manifest.total_size:
+        return None
+    return DeltaRef(format=LORA_FORMAT, base_step=base.step, base_hash=base.manifest.checkpoint_hash,
+                    size=len(body), hash=delta_hash(body))
+
+
 def usable_base(store: ShardStore, manifest: CheckpointManifest) -> Checkpoint | None:
     """The complete checkpoint here that ``manifest``'s delta applies to, if any."""
     ref = manifest.delta
@@ -80,7 +95,11 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     checkpoint = store.begin(signed, envelope)
     try:
         try:
-            records = decode_delta(body, manifest.tensors, manifest.total_size)
+            if manifest.delta is not None and manifest.delta.format == LORA_FORMAT:
+                change: Callable[[memoryview], int] = partial(_merge_adapter, decode_adapter(body, manifest.tensors),
+                                                              manifest.tensors)
+            else:
+                change = partial(apply_delta, decode_delta(body, manifest.tensors, manifest.total_size))
         except Rejected as exc:
             raise DeltaFailed("delta_refused", f"the trainer's delta for step {manifest.step} is refused: "
                                                f"{exc.reason}: {exc}") from None
@@ -88,7 +107,7 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
             shutil.copyfile(base.data_path, checkpoint.data_path)
         except OSError as exc:  # the base was pruned meanwhile: fetch in full
             raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
-        changed = _apply_and_check(checkpoint, records)
+        changed = _apply_and_check(checkpoint, change)
         store.write_delta(checkpoint, body)
         for index in range(manifest.shard_count):
             checkpoint.verified[index] = 1
@@ -101,15 +120,38 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     return checkpoint
 
 
-def _apply_and_check(checkpoint: Checkpoint, records: list[DeltaRecord]) -> int:
+def _merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview) -> int:
+    """Each targeted weight of the base (in ``target``) replaced by its exact merge with the adapter."""
+    changed = 0
+    for index, (a, b) in adapter.modules.items():
+        entry = tensors[index]
+        itemsize = DTYPE_SIZES[entry.dtype]
+        stored = np.frombuffer(target, dtype=np.float32 if entry.dtype == "F32" else np.uint16,
+                               count=entry.nbytes // itemsize, offset=entry.offset).reshape(entry.shape)
+        try:
+            merged = merged_weight(stored, a, b, adapter.scaling, entry.dtype)
+        except InvalidValue as exc:
+            raise DeltaFailed("delta_refused", f"the trainer's adapter is refused: {exc}") from None
+        stored[...] = merged
+        changed += stored.size
+    return changed
+
+
+def _apply_and_check(checkpoint: Checkpoint, change: Callable[[memoryview], int]) -> int:
     manifest = checkpoint.manifest
     fd = os.open(checkpoint.data_path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size != manifest.total_size:
             raise DeltaFailed("delta_mismatch", f"base file is not {manifest.total_size} bytes")
+        failure: DeltaFailed | None = None
         with mmap.mmap(fd, manifest.total_size, access=mmap.ACCESS_WRITE) as mapped:
-            changed = apply_delta(records, memoryview(mapped))
-            mapped.flush()
+            try:
+                changed = change(memoryview(mapped))
+                mapped.flush()
+            except DeltaFailed as exc:  # raised from here, its traceback's views would keep the mapping open
+                failure = DeltaFailed(exc.reason, str(exc))
+        if failure is not None:
+            raise failure
         for index in range(manifest.shard_count):
             if hash_range(fd, *manifest.shard_range(index)) != manifest.shard_hashes[index]:
                 raise DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta does not "

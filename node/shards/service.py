@@ -39,7 +39,7 @@ from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
-from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
+from intellect_node.node.shards.deltas import DeltaFailed, adapter_delta, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.server import ShardServer
@@ -52,8 +52,10 @@ from intellect_node.node.swarm.streams import connection_path
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import delta_hash
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected, Unjudgeable
+from intellect_node.protocol.lora import LORA_FORMAT
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
+    DeltaRef,
     ShardComplaint,
     UnauthorizedSigner,
     authorize_manifest,
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
+ADAPTER_FILE = re.compile(r"step-(\d{1,12})\.base-(\d{1,12})\.lora")  # the trainer's adapter beside it
 PUBLISH_POLL_S = 0.1
 STATUS_EVERY_S = 0.5
 PROVIDE_GAP_S = 0.2  # between provider records: DHT puts cost CPU on every node they touch
@@ -211,9 +214,14 @@ class ShardService:
                 self.store.replace_envelope(held, envelope)  # serve the copy that lasts longest
             return
         steps = sorted(self.store.checkpoints)
-        if len(steps) >= self.config.keep_steps and manifest.step < steps[-self.config.keep_steps]:
-            return  # older than everything we keep
+        old = len(steps) >= self.config.keep_steps and manifest.step < steps[-self.config.keep_steps]
+        if old and manifest.step not in self._adapter_bases():
+            return  # older than everything we keep (an adapter's base is kept however old)
         self._starting.add(manifest.step)
+        ref = manifest.delta
+        if ref is not None and ref.format == LORA_FORMAT and ref.base_step not in self.store.checkpoints:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._fetch_adapter_base, ref)
         base = usable_base(self.store, manifest)
         if base is not None:
             assert self._nursery is not None
@@ -300,6 +308,38 @@ class ShardService:
         self._queue_provide(manifest_key(self.run_id, manifest.step))
         self._completed(checkpoint)
 
+    async def _fetch_adapter_base(self, ref: DeltaRef) -> None:
+        """Fetch the frozen base an adapter applies to (a joiner holds none): its manifest from a
+        holder, accepted only if it is the one the adapter names, then the base in full, once; the
+        steps after it then arrive as adapters."""
+        await trio.sleep(0)  # let the step that named it register first, so the base counts as pinned
+        if ref.base_step in self.store.checkpoints or ref.base_step in self._starting:
+            return
+        target = f"/ina/v1/{self.run_id}/{ref.base_step}/manifest"
+        for peer_id, addrs in self._delta_holders(ref.base_step):
+            endpoint = http_endpoint(peer_id, addrs)
+            try:
+                with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
+                    if endpoint is not None:
+                        envelope = await self.client.get(endpoint, target, limit=CheckpointManifest.MAX_SIZE)
+                    elif connection_path(self.node.host, peer_id) is not None:
+                        envelope = await self.streams.get(peer_id, target, limit=CheckpointManifest.MAX_SIZE)
+                    else:
+                        continue
+                signed = self.decode_manifest(envelope)
+            except Rejected as exc:
+                self.node.scores.reject(peer_id, exc.reason, f"adapter base manifest: {exc}")
+                continue
+            except (HttpStatus, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.debug("adapter base manifest from %s: %s", peer_id, exc)
+                continue
+            if signed.message.step != ref.base_step or signed.message.checkpoint_hash != ref.base_hash:
+                log.warning("peer %s answered step %d's manifest with another checkpoint", peer_id, ref.base_step)
+                continue
+            log.info("fetching step %d, the frozen base of the run's adapters", ref.base_step)
+            await self._accept(signed, envelope)
+            return
+
     def _delta_holders(self, step: int) -> list[tuple[str, tuple[str, ...]]]:
         """Who may hold ``step``'s delta: members at that step or later (shuffled, so followers
         spread over them), then the trainer, which always does."""
@@ -351,13 +391,19 @@ class ShardService:
 
     def _retain(self) -> None:
         """Keep the newest ``keep_steps`` steps (complete or not): cancel and delete the rest."""
-        steps = sorted(self.store.checkpoints)
+        pinned = self._adapter_bases()
+        steps = sorted(step for step in self.store.checkpoints if step not in pinned)
         for step in steps[: max(0, len(steps) - self.config.keep_steps)]:
             scope = self._fetches.pop(step, None)
             if scope is not None:
                 scope.cancel()
-        for step in self.store.prune(self.config.keep_steps):
+        for step in self.store.prune(self.config.keep_steps, pinned):
             log.info("dropped step %d (keeping the newest %d)", step, self.config.keep_steps)
+
+    def _adapter_bases(self) -> frozenset[int]:
+        """The frozen bases that the adapters of the steps held apply to: kept however old."""
+        return frozenset(c.manifest.delta.base_step for c in self.store.held()
+                         if c.manifest.delta is not None and c.manifest.delta.format == LORA_FORMAT)
 
     # ---- fetch events (called by CheckpointFetch) -------------------------------------------
 
@@ -471,6 +517,18 @@ class ShardService:
                 last_announce = trio.current_time()
             await trio.sleep(PUBLISH_POLL_S)
 
+    def _take_adapter(self, step: int) -> tuple[int, bytes] | None:
+        """The adapter body the trainer wrote as ``step-<N>.base-<B>.lora`` before handing over
+        ``step-<N>.safetensors`` (read and removed), with its base step B."""
+        assert self.config.publish_dir is not None
+        found = None
+        for path in self.config.publish_dir.glob(f"step-{step}.base-*.lora"):
+            match = ADAPTER_FILE.fullmatch(path.name)
+            if match and int(match[1]) == step and path.is_file() and not path.is_symlink():
+                found = (int(match[2]), path.read_bytes())
+            path.unlink(missing_ok=True)
+        return found
+
     def _published_files(self) -> list[tuple[int, Path]]:
         assert self.config.publish_dir is not None
         found = []
@@ -504,8 +562,21 @@ class ShardService:
         self._provide_held(checkpoint)
         self._dirty()
 
-    async def _delta_for(self, manifest: CheckpointManifest, staged: Path) -> tuple[Any, bytes] | None:
-        """The sparse delta from the parent step to ``staged``, where one pays (specs/deltas.md)."""
+    async def _delta_for(self, manifest: CheckpointManifest, staged: Path) -> tuple[DeltaRef, bytes] | None:
+        """The trainer's adapter, if it wrote one beside the checkpoint, else the sparse delta from
+        the parent step to ``staged`` where one pays (specs/deltas.md)."""
+        adapter = await trio.to_thread.run_sync(self._take_adapter, manifest.step)
+        if adapter is not None:
+            base_step, body = adapter
+            base = self.store.checkpoints.get(base_step)
+            ref = adapter_delta(base, body, manifest) if base is not None and base.complete else None
+            if ref is not None and manifest.parent_step is not None and base_step <= manifest.parent_step:
+                self.counters["published_delta_bytes"] = len(body)
+                log.info("step %d ships as a %d-byte adapter on step %d", manifest.step, len(body), base_step)
+                return ref, body
+            log.warning("step %d: its adapter's base step %d is not held complete here; publishing it in full",
+                        manifest.step, base_step)
+            return None
         base = self.store.checkpoints.get(manifest.parent_step) if manifest.parent_step is not None else None
         if base is None or not base.complete or self.config.max_delta_fraction <= 0:
             return None

@@ -285,9 +285,11 @@ class ShardStore:
 
     # ---- retention -------------------------------------------------------------------------
 
-    def prune(self, keep: int) -> list[int]:
-        """Delete every step but the newest ``keep``; returns the deleted steps."""
-        doomed = sorted(self.checkpoints)[:max(0, len(self.checkpoints) - keep)]
+    def prune(self, keep: int, pinned: frozenset[int] = frozenset()) -> list[int]:
+        """Delete every step but the newest ``keep`` and the ``pinned`` ones (the frozen base an
+        adapter applies to); returns the deleted steps."""
+        unpinned = sorted(step for step in self.checkpoints if step not in pinned)
+        doomed = unpinned[:max(0, len(unpinned) - keep)]
         for step in doomed:
             self._remove(self.checkpoints.pop(step).directory)
         return doomed
