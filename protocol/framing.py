@@ -54,6 +54,7 @@ def decode_envelope_list(payload: bytes) -> list[bytes]:
 
 ROLLOUTS_PROTOCOL = "/ina/rollouts/1.0.0"
 DIALBACK_PROTOCOL = "/ina/dialback/1.0.0"  # node/swarm/nat/reachability.py
+SHARDS_PROTOCOL = "/ina/shards/1.0.0"  # node/shards/stream_wire.py; named here for the stream guard's table
 # a batch: stored, duplicate, busy, rejected; a work commitment also late, early, too_many_groups
 # or not_judging (specs/rollouts.md)
 DELIVERY_STATUSES = frozenset({"stored", "duplicate", "busy", "rejected", "late", "early", "too_many_groups",

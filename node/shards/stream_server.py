@@ -7,6 +7,11 @@ request bucket, have streams, seed mode) are shared with HTTP and keyed on the p
 connection authenticated. This module only reads the request (size-limited frame, deadline,
 strict schema: ``stream_wire``) and writes answers. A request that is malformed, oversized or
 never sent is counted (``counts`` and the scores' ``p2p_<reason>``) and charged to its peer.
+
+How many streams are served at once, per peer and per IP, and how fast a request must arrive is
+the stream guard's table (``node/swarm/guard.py``: 64 streams, a complete request within 4 s, a
+slow request evicted for a newcomer), not a count here: a count here was filled by strangers
+sending one byte each, and refused every honest request until their deadline (issue 50).
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from libp2p.abc import INetStream
 
 from intellect_node.node.shards.server import ServeError, ShardServer
 from intellect_node.node.shards.stream_wire import MAX_REQUEST, decode_request, encode_head
+from intellect_node.node.swarm.guard import busy_reply
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
 
 log = logging.getLogger(__name__)
-REQUEST_TIMEOUT_S = 10.0
-MAX_STREAMS = 64  # requests being answered at once over libp2p (have streams included)
+REQUEST_TIMEOUT_S = 10.0  # a backstop: the guard resets a stream without its request 4 s after it opened
 WRITE_CHUNK = 256 << 10  # yamux's default window: one write fills it
 
 
@@ -63,14 +68,20 @@ class StreamReply:
         return len(data)
 
 
+async def answer_busy(stream: INetStream) -> None:
+    """What the guard answers when every shard stream slot is held by a request being answered: a
+    fetcher retries a 503 after ``Retry-After`` as it would over HTTP."""
+    await write_frame(stream, encode_head(503, 0, "too many shard streams"))
+
+
 class ShardStreamServer:
     """The ``/ina/shards/1.0.0`` handler: register ``handle`` on the host."""
 
     def __init__(self, server: ShardServer, scores: PeerScores) -> None:
         self.server, self.scores = server, scores
-        self.counts: Counter[str] = Counter()  # answered, busy, banned, and each rejection reason
-        self.active = 0
+        self.counts: Counter[str] = Counter()  # answered, banned, and each rejection reason
 
+    @busy_reply(answer_busy)
     async def handle(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
         reply = StreamReply(stream)
@@ -78,15 +89,7 @@ class ShardStreamServer:
             if self.scores.is_banned(peer):
                 self.counts["banned"] += 1
                 return
-            if self.active >= MAX_STREAMS:
-                self.counts["busy"] += 1
-                await reply.error(ServeError(503, "too many shard streams", retry_after=1.0))
-                return
-            self.active += 1
-            try:
-                await self._answer(reply, stream, peer)
-            finally:
-                self.active -= 1
+            await self._answer(reply, stream, peer)
         finally:
             await close_quietly(stream)
 

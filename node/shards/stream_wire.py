@@ -16,8 +16,8 @@ import json
 
 from intellect_node.node.shards.server import ROUTE
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, WrongType
+from intellect_node.protocol.framing import SHARDS_PROTOCOL as SHARDS_PROTOCOL  # its users import it from here
 
-SHARDS_PROTOCOL = "/ina/shards/1.0.0"
 MAX_REQUEST = 512  # a route is under 128 characters; anything longer is not a request
 MAX_ANSWER_HEAD = 8192  # a 409's suggestion list of 64 shards is the longest reason
 MAX_BODY = 1 << 40

@@ -23,6 +23,8 @@ What those parts stand on:
 - ``host``: the libp2p host (Noise only, yamux), its dialable addresses, peer multiaddr parsing.
 - ``connections``: inbound admission and the connection manager (specs/connections.md).
 - ``guard``: ``StreamGuard``, every stream handler under a first-byte deadline and an error count.
+- ``stream_table``: one table of inbound streams per protocol: caps, request deadlines, eviction of
+  the slowest incomplete request for a newcomer (specs/guards.md G3, G4).
 - ``streams``: length-prefixed frames over raw libp2p streams, with limits and deadlines.
 - ``gossip``: gossipsub topics per run, with validators that drop and charge bad input.
 - ``dht_get``: the bounded DHT get (the few closest peers at once, first valid reply wins).

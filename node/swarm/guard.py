@@ -7,11 +7,13 @@ identify push, ping, kad and meshsub, runs inside ``StreamGuard``: an exception 
 is counted (``handler_error``), logged with its traceback once per protocol and type, and charged to
 the peer through ``PeerScores``, the one ban path. It never reaches the host.
 
-The guard also hands out stream slots per peer and per IP for each protocol, so idle streams of
-one peer cannot occupy a protocol for everybody (kad's own limit is 12 streams for the whole
-node), and resets a stream whose dialer has not sent its first byte within the protocol's
-deadline. Protocols whose dialer may rightly stay silent (identify: the listener speaks first;
-meshsub: a long-lived stream that carries RPCs when there are any) get no first-byte deadline.
+The guard also keeps one table of streams per protocol (``stream_table``): slots per peer and per
+IP, so idle streams of one peer cannot occupy a protocol for everybody (kad's own limit is 12
+streams for the whole node), and, for our own protocols, a capacity with room kept for newcomers
+(when it is full, a newcomer from a less represented IP takes the place of the slowest stream still
+in its request) and deadlines for the first byte and the complete request. Protocols whose dialer
+may rightly stay silent (identify: the listener speaks first; meshsub: a long-lived stream that
+carries RPCs when there are any) get no first-byte deadline.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -33,24 +34,19 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP_PROTOCOL
 
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL
+from intellect_node.node.swarm.stream_table import RequestStream, Slot, SlotPolicy, StreamTable
+from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL, SHARDS_PROTOCOL
 
 log = logging.getLogger(__name__)
 Handler = Callable[[INetStream], Awaitable[None]]
+BusyReply = Callable[[INetStream], Awaitable[None]]
 RESET_TIMEOUT_S = 1.0
 
 
-@dataclass(frozen=True)
-class SlotPolicy:
-    """Concurrent inbound streams of one protocol allowed per peer and per IP, and how long the
-    dialer may take to send its first byte (None: no deadline, the protocol allows silence)."""
-
-    per_peer: int
-    per_ip: int
-    first_byte_s: float | None
-
-
 # Per IP is larger than per peer: several honest nodes share an IP behind NAT or on one machine.
+# Our own request/response protocols (/ina/...) open with one frame the dialer writes at once: their
+# tables have a capacity, a first byte within 2 s and the whole request within a few seconds (a
+# rollout batch, up to 16 MiB, within 30 s), and, where the answer is bounded, a life.
 POLICIES: dict[str, SlotPolicy] = {
     "/ipfs/id/1.0.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=None),  # the listener speaks first
     "/ipfs/id/push/1.0.0": SlotPolicy(per_peer=2, per_ip=32, first_byte_s=5.0),
@@ -61,17 +57,35 @@ POLICIES: dict[str, SlotPolicy] = {
     # one live reader per peer, but pubsub opens one per connection, and a reconnected peer's stale
     # streams can still hold slots: at 2, a trainer's third was refused and its gossip cut (the demo)
     "/meshsub/1.1.0": SlotPolicy(per_peer=4, per_ip=32, first_byte_s=None),
-    MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0),
+    # the answer is at most 1 MiB of adverts: a caller that does not read it is cut at 10 s
+    MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=2.0, capacity=64, request_s=4.0, stream_s=10.0),
     # two: a worker's outbox offers a waiting batch again while its next batch or commitment is on
-    # the way (at 1 the second stream was closed unanswered and retried with back-off)
-    ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=8, first_byte_s=5.0),
-    DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),  # each answer costs us a dial
+    # the way (at 1 the second stream was closed unanswered and retried with back-off). No life: a
+    # stored batch must reach the judge (cutting it there would lose it), and the reply is one
+    # small frame, so a worker that never reads it cannot hold the stream.
+    ROLLOUTS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=8, first_byte_s=2.0, capacity=32, request_s=30.0),
+    # each answer costs us a dial (at most 5 s) and is a few bytes
+    DIALBACK_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=2.0, capacity=16, request_s=2.0, stream_s=15.0),
+    # a have stream lives 300 s and a body is cut by the server's own stall window: no life here
+    SHARDS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=2.0, capacity=64, request_s=4.0),
     # A hop stream lives as long as its circuit; the relay's own reservation limit bounds the rest.
     HOP_PROTOCOL: SlotPolicy(per_peer=4, per_ip=16, first_byte_s=5.0),
     STOP_PROTOCOL: SlotPolicy(per_peer=8, per_ip=16, first_byte_s=5.0),  # every circuit comes from the relay
     DCUTR_PROTOCOL: SlotPolicy(per_peer=1, per_ip=4, first_byte_s=5.0),
 }
 DEFAULT_POLICY = SlotPolicy(per_peer=2, per_ip=16, first_byte_s=5.0)
+
+
+def busy_reply(reply: BusyReply) -> Callable[[Handler], Handler]:
+    """Mark a handler with what its protocol answers when the guard has no room for a stream (e.g.
+    the shard protocol's 503 "too many shard streams"); without one such a stream is reset. Why a
+    mark on the handler: its protocol's wire format lives with the handler, not in the swarm."""
+
+    def mark(handler: Handler) -> Handler:
+        handler.busy_reply = reply  # type: ignore[attr-defined]
+        return handler
+
+    return mark
 
 
 class PrefetchedStream:
@@ -123,7 +137,7 @@ class StreamGuard:
     def __init__(self, scores: PeerScores) -> None:
         self.scores = scores
         self.errors: Counter[str] = Counter()  # "protocol: ExceptionType" -> count, for status
-        self._held: Counter[tuple[str, str]] = Counter()
+        self.tables: dict[str, StreamTable] = {}  # protocol -> its stream table
         self._logged: set[tuple[str, str]] = set()
 
     def install(self, host: IHost) -> None:
@@ -146,35 +160,77 @@ class StreamGuard:
     def wrap(self, protocol: str, handler: Handler) -> Handler:
         if getattr(handler, "guarded", False):
             return handler
-        policy = POLICIES.get(protocol, DEFAULT_POLICY)
+        table = self.tables.setdefault(protocol, StreamTable(protocol, POLICIES.get(protocol, DEFAULT_POLICY)))
+        busy: BusyReply | None = getattr(handler, "busy_reply", None)
 
         async def guarded(stream: INetStream) -> None:
             peer, ip = peer_of(stream) or "", ip_of(stream)
             if peer and self.scores.is_banned(peer):
                 await reset_quietly(stream)
                 return
-            limits = [(f"peer:{peer}", policy.per_peer)] + ([(f"ip:{ip}", policy.per_ip)] if ip else [])
-            taken = [(protocol, key) for key, _ in limits]
-            if any(self._held[(protocol, key)] >= cap for key, cap in limits):
-                self.scores.reject(peer or None, "no_slot", f"{protocol}: all stream slots of this peer or IP held")
-                await reset_quietly(stream)
+            slot = table.admit(peer, ip)
+            if not isinstance(slot, Slot):
+                if slot == "no_slot":
+                    self.scores.reject(peer or None, "no_slot", f"{protocol}: all stream slots of this peer or IP held")
+                await self._refuse(stream, busy if slot == "full" else None)
                 return
-            self._held.update(taken)
             try:
-                await self._contained(protocol, handler)(await self._first_byte(stream, protocol, policy)
-                                                         if policy.first_byte_s is not None else stream)
-            except _FirstByteMissing:
-                detail = f"{protocol}: no first byte within {policy.first_byte_s:g} s"
-                self.scores.reject(peer or None, "timeout", detail)
-                await reset_quietly(stream)
+                await self._run(protocol, handler, stream, slot, table)
             finally:
-                self._held.subtract(taken)
-                for key in taken:
-                    if self._held[key] <= 0:
-                        del self._held[key]
+                table.release(slot)
 
         guarded.guarded = True  # type: ignore[attr-defined]
         return guarded
+
+    async def _run(self, protocol: str, handler: Handler, stream: INetStream, slot: Slot, table: StreamTable) -> None:
+        """``handler`` on an admitted stream, under the slot's deadlines (and its eviction)."""
+        policy = slot.policy
+        try:
+            with slot.scope:
+                opened: INetStream = stream
+                if policy.first_byte_s is not None:
+                    opened = await self._first_byte(stream, protocol, policy)
+                if not slot.complete:
+                    opened = RequestStream(opened, slot)  # type: ignore[assignment]
+                await self._contained(protocol, handler)(opened)
+        except _FirstByteMissing:
+            table.counts["first_byte"] += 1
+            detail = f"{protocol}: no first byte within {policy.first_byte_s:g} s"
+            self.scores.reject(slot.peer or None, "timeout", detail)
+            await reset_quietly(stream)
+            return
+        if not slot.scope.cancelled_caught:
+            return
+        if slot.evicted:  # its place went to a newcomer; slow is not proven hostile, so no charge
+            log.debug("%s: evicted a slow request of %s from %s", protocol, slot.peer, slot.ip)
+        elif not slot.complete:
+            table.counts["request"] += 1
+            detail = f"{protocol}: no complete request within {policy.request_s:g} s"
+            self.scores.reject(slot.peer or None, "timeout", detail)
+        else:
+            table.counts["stream"] += 1
+            detail = f"{protocol}: stream still open after {policy.stream_s:g} s"
+            self.scores.reject(slot.peer or None, "timeout", detail)
+        await reset_quietly(stream)
+
+    async def _refuse(self, stream: INetStream, busy: BusyReply | None) -> None:
+        """Close a stream the table has no room for: with the protocol's busy answer where it has one
+        (the dialer then retries as it would for any busy server), else by a reset."""
+        if busy is None:
+            await reset_quietly(stream)
+            return
+        with trio.move_on_after(RESET_TIMEOUT_S):
+            try:
+                await busy(stream)
+                await stream.close()
+                return
+            except Exception:
+                pass
+        await reset_quietly(stream)
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """Per protocol with a capacity: open streams and what the table did (``StreamTable.counts``)."""
+        return {protocol: table.status() for protocol, table in self.tables.items() if table.policy.capacity}
 
     async def _first_byte(self, stream: INetStream, protocol: str, policy: SlotPolicy) -> INetStream:
         assert policy.first_byte_s is not None

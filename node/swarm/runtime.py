@@ -267,6 +267,7 @@ class Node:
             "banned": sorted(self.scores.banned),
             "services": {service.name: service.status() for service in self.services},
             "handler_errors": dict(self.guard.errors),
+            "stream_tables": self.guard.status(),
             "supervisor": self.supervisor.snapshot(),
         }
 
