@@ -10,6 +10,7 @@
 - ``intellect_node.node.shards.stream_server``: serving that protocol (peers that cannot dial our HTTP server).
 - ``intellect_node.node.shards.stream_client``: fetching over it from peers without a dialable HTTP address.
 - ``intellect_node.node.shards.fetcher``: which shard from which parent; retries, penalties, complaints.
+- ``intellect_node.node.shards.deltas``: deltas and adapters on disk: made by the trainer, built on by followers.
 - ``intellect_node.node.shards.loader``: tensors as views into one mmapped file.
 - ``intellect_node.node.shards.progress``: a rich bar per checkpoint (log lines when not on a terminal).
 - ``intellect_node.node.shards.config``: the overlay's settings (environment and flags).

@@ -96,7 +96,7 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     try:
         try:
             if manifest.delta is not None and manifest.delta.format == LORA_FORMAT:
-                change: Callable[[memoryview], int] = partial(_merge_adapter, decode_adapter(body, manifest.tensors),
+                change: Callable[[memoryview], int] = partial(merge_adapter, decode_adapter(body, manifest.tensors),
                                                               manifest.tensors)
             else:
                 change = partial(apply_delta, decode_delta(body, manifest.tensors, manifest.total_size))
@@ -120,7 +120,7 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     return checkpoint
 
 
-def _merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview) -> int:
+def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview) -> int:
     """Each targeted weight of the base (in ``target``) replaced by its exact merge with the adapter."""
     changed = 0
     for index, (a, b) in adapter.modules.items():

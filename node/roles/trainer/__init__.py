@@ -7,6 +7,8 @@
 - ``rewards``: task and length rewards, group advantages, the online filter.
 - ``loss``: the GRPO objective with INTELLECT-2's two-sided clipping.
 - ``learner``: one GRPO update from a batch of groups; compute only.
+- ``lora``: low-rank adapters: train and ship a few small matrices, the base frozen.
+- ``lora_publish``: a LoRA step as it ships: the adapter body and the exactly merged checkpoint.
 - ``sharded``: the learner sharded with FSDP2 over several processes (specs/trainer_sharding.md).
 - ``ranks``: one trainer in N processes: rank 0 leads the learner and runs the node, the rest follow.
 - ``launch``: starts those processes with torchrun (``join --role trainer --nproc N``).

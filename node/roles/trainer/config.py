@@ -28,7 +28,7 @@ from intellect_node.node.roles.trainer.service import TrainerOptions
 
 SECTIONS = ("optim", "loss", "rewards")
 TOP_LEVEL = ("batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed",
-             "verify_fraction", "bridge_after_s", "policy_dtype")
+             "verify_fraction", "bridge_after_s", "policy_dtype", "lora_rank", "lora_alpha", "lora_targets")
 DEPRECATED_FILE = ("--trainer-config is deprecated: move the file's keys into config.toml's [trainer] section "
                    "([optim] becomes [trainer.optim], and so on)")
 

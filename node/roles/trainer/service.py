@@ -50,14 +50,16 @@ import torch
 import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.home.durable import append_durably, fsync_file, rename_durably
+from intellect_node.node.home.durable import append_durably, fsync_file, rename_durably, write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
+from intellect_node.node.roles.trainer.lora import LoraConfig, apply_lora, merged_weights
+from intellect_node.node.roles.trainer.lora_publish import adapter_body, round_frozen_weights, write_merged
 from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.pool import GroupPool
-from intellect_node.node.roles.trainer.ranks import LeadLearner, make_learner
+from intellect_node.node.roles.trainer.ranks import LeadLearner, distributed, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.commitments import WARM_UP_STEP
@@ -118,8 +120,17 @@ class TrainerOptions:
     # the dtype workers and validators run (specs/deltas.md): fp32 masters are rounded to it at each
     # publish; bfloat16 halves the checkpoint and makes each step's delta sparse at RL learning rates
     policy_dtype: str = "float32"
+    # LoRA (specs/deltas.md 3a): 0 trains every weight; >= 1 trains only adapters of this rank on the
+    # targeted linear layers, and each step ships the adapter instead of the weights
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
 
     def __post_init__(self) -> None:
+        if self.lora_rank:
+            LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)  # its own checks
+        elif self.lora_rank < 0:
+            raise ValueError("lora_rank must be >= 0")
         if self.policy_dtype not in POLICY_DTYPES:
             raise ValueError(f"policy_dtype {self.policy_dtype!r}; choose one of {sorted(POLICY_DTYPES)}")
         if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
@@ -182,6 +193,9 @@ class TrainerService:
         self.learner: GRPOLearner | LeadLearner | None = None
         self.tied_embeddings = False
         self.tokenizer: Any = None
+        self.lora = (LoraConfig(options.lora_rank, options.lora_alpha, options.lora_targets)
+                     if options.lora_rank else None)
+        self.lora_base_step: int | None = None  # the step whose checkpoint is the adapters' frozen base
 
     # ---- intake (the validator's hook) ------------------------------------------------------------
 
@@ -220,6 +234,11 @@ class TrainerService:
 
         options = self.options
         model = AutoModelForCausalLM.from_pretrained(options.model_dir, dtype=torch.float32)
+        if self.lora is not None:
+            if distributed():
+                raise ValueError("LoRA runs on one trainer process (lora_rank with several ranks is not supported)")
+            apply_lora(model, self.lora, seed=options.seed)
+            round_frozen_weights(model, POLICY_DTYPES[options.policy_dtype])
         self.tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
         reference = None
         if options.loss.kl_coef:
@@ -231,6 +250,7 @@ class TrainerService:
         state = load_state(self.directory)
         if state is not None:
             self.learner.load_state_dict(state["learner"])
+            self.lora_base_step = state.get("lora_base_step")
             self.consumed = {int(k): list(v) for k, v in state["consumed"].items()}
             saved = state["counters"]
             for name, value in saved.items():
@@ -256,24 +276,36 @@ class TrainerService:
         Runs in a worker thread between steps (the weights do not change meanwhile); tied
         embeddings are written once, as ``save_pretrained`` does."""
         assert self.learner is not None
-        tied = {"lm_head.weight"} if self.tied_embeddings else set()
-        dtype = POLICY_DTYPES[self.options.policy_dtype]
-        tensors = {k: v.to(dtype) if v.is_floating_point() else v
-                   for k, v in self.learner.weights().items() if k not in tied}
         publish_dir = self.options.publish_dir
         publish_dir.mkdir(parents=True, exist_ok=True)
         staging = publish_dir / f".writing-{step}"
-        write_safetensors(tensors, staging)
-        # the overlay takes a published file as complete without re-hashing it after a restart: torn
-        # by a power loss, its bytes would not match the signed manifest and peers would ban this trainer
-        fsync_file(staging)
+        if self.lora is not None and self.lora_base_step is not None and step > self.lora_base_step:
+            # an adapter step: the file is merge(base, adapter) exactly as followers build it, and the
+            # adapter goes beside it (written before the hand-over rename, so the overlay finds both)
+            base = self.shards.store.checkpoints.get(self.lora_base_step)
+            if base is None or not base.complete:
+                raise RuntimeError(f"LoRA base step {self.lora_base_step} is not held by this trainer's overlay")
+            body = adapter_body(self.learner.inference_model(), self.lora, base)
+            write_merged(base, body, staging)
+            write_durably(publish_dir / f"step-{step}.base-{self.lora_base_step}.lora", body)
+        else:
+            tied = {"lm_head.weight"} if self.tied_embeddings else set()
+            dtype = POLICY_DTYPES[self.options.policy_dtype]
+            weights = merged_weights(self.learner.inference_model()) if self.lora else self.learner.weights()
+            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items() if k not in tied}
+            write_safetensors(tensors, staging)
+            # the overlay takes a published file as complete without re-hashing it after a restart: torn
+            # by a power loss, its bytes would not match the signed manifest and peers would ban this trainer
+            fsync_file(staging)
+            if self.lora is not None:
+                self.lora_base_step = step  # the frozen base every later adapter applies to
         rename_durably(staging, publish_dir / f"step-{step}.safetensors")
 
     def _save(self) -> None:
         assert self.learner is not None
         counters = self.counters.to_state() | {"elapsed_s": self._elapsed()}
         save_state(self.directory, {"learner": self.learner.state_dict(), "consumed": self.consumed,
-                                    "counters": counters})
+                                    "counters": counters, "lora_base_step": self.lora_base_step})
 
     def _elapsed(self) -> float:
         """Wall time of the run, across restarts (the time a crashed trainer was down excluded)."""
