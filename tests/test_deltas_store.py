@@ -3,6 +3,7 @@ exactly the signed bytes, or nothing at all. A delta the trainer signed but that
 the signed checkpoint, or one that does not decode, leaves no trace and no step behind."""
 
 import dataclasses
+import random
 import struct
 import zlib
 from pathlib import Path
@@ -11,12 +12,12 @@ import pytest
 import torch
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.shards.checkpoint import build_manifest, write_safetensors
+from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, write_safetensors
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.store import PARTIAL, ShardStore
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import delta_hash
-from intellect_node.protocol.manifest import DeltaRef
+from intellect_node.protocol.manifest import CheckpointManifest, DeltaRef
 
 RUN = "delta-store"
 SHARD = 1 << 16
@@ -130,3 +131,62 @@ def test_a_signed_delta_that_does_not_give_the_checkpoint_leaves_nothing(stores,
     assert 1 not in follower.checkpoints
     assert not any(p.name.endswith(PARTIAL) for p in follower.root.iterdir())
     assert base.data_path.read_bytes() == before
+
+
+def fetched_in_full(store: ShardStore, envelope: bytes, source: Path) -> None:
+    """What the overlay's full fetch leaves: every shard checked, the step complete."""
+    signed = codec.decode(envelope, CheckpointManifest)
+    checkpoint = store.begin(signed, envelope)
+    checkpoint.data_path.write_bytes(source.read_bytes())
+    assert hash_shards(checkpoint.data_path, SHARD) == signed.message.shard_hashes
+    for index in range(signed.message.shard_count):
+        store.mark_verified(checkpoint, index)
+    store.finalize(checkpoint)
+
+
+def test_two_hundred_steps_with_misses_joiners_restarts_and_dense_steps_stay_exact(tmp_path):
+    """Followers that miss steps, join late or restart never hold a byte the trainer did not sign:
+    after every step each one's file is the trainer's, whichever way it got there."""
+    rng = random.Random(11)
+    trainer = ShardStore(tmp_path / "trainer", RUN)
+    weights_now = {k: v.clone() for k, v in weights(0).items()}
+    followers = {"steady": ShardStore(tmp_path / "steady", RUN), "lossy": ShardStore(tmp_path / "lossy", RUN),
+                 "restarting": ShardStore(tmp_path / "restarting", RUN)}
+    how: dict[str, list[str]] = {name: [] for name in [*followers, "joiner"]}
+    for step in range(200):
+        flat = weights_now["model.embed_tokens.weight"].view(-1)
+        picks = torch.randperm(flat.numel())[: (flat.numel() if step % 37 == 36 else 40)]  # now and then: dense
+        flat[picks] = flat[picks] + 0.05
+        staged = tmp_path / f"staged-{step}"
+        write_safetensors(weights_now, staged)
+        manifest = build_manifest(staged, run_id=RUN, step=step, parent_step=step - 1 if step else None,
+                                  shard_size=SHARD)
+        delta = make_delta(trainer.checkpoints[step - 1], staged, manifest, 0.5) if step else None
+        if delta is not None:
+            manifest = dataclasses.replace(manifest, delta=delta[0])
+        envelope = codec.encode(manifest, TRAINER, lifetime_s=600)
+        published = trainer.add_published(staged, codec.decode(envelope, CheckpointManifest), envelope,
+                                          delta=delta[1] if delta else None)
+        trainer.prune(3)
+        if step == 100:
+            followers["joiner"] = ShardStore(tmp_path / "joiner", RUN)
+        for name, store in followers.items():
+            if name == "lossy" and rng.random() < 0.15:
+                continue  # missed this manifest altogether
+            if name == "restarting" and step % 50 == 49:
+                store = followers[name] = ShardStore(tmp_path / name, RUN)
+                store.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
+            signed = codec.decode(envelope, CheckpointManifest)
+            base = usable_base(store, signed.message)
+            if base is not None:
+                build_from_delta(store, signed, envelope, base, delta[1])
+                how[name].append("delta")
+            else:
+                fetched_in_full(store, envelope, published.data_path)
+                how[name].append("full")
+            store.prune(3)
+            assert store.checkpoints[step].data_path.read_bytes() == published.data_path.read_bytes(), (name, step)
+    assert how["steady"].count("full") == 1 + sum(1 for s in range(200) if s % 37 == 36)
+    assert how["lossy"].count("full") > how["steady"].count("full")  # a miss costs one full step, then deltas
+    assert how["joiner"][0] == "full" and how["joiner"][1:].count("delta") >= 80
+    assert how["restarting"].count("delta") >= 180
