@@ -617,6 +617,7 @@ class ShardService:
                                     "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
                                     "delta_size": c.manifest.delta.size if c.manifest.delta else None,
                                     "delta_format": c.manifest.delta.format if c.manifest.delta else None,
+                                    "completed_at": c.completed_at,
                                     "path": str(c.data_path)}
                       for c in self.store.held()},
             **self.counters,

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class Checkpoint:
     uploaded_at: list[float] = field(default_factory=list)  # per shard: when the last upload ended
     version: int = 0
     changed: trio.Event = field(default_factory=trio.Event)
+    completed_at: float | None = None  # wall time it became complete here (None: before a restart)
 
     def __post_init__(self) -> None:
         self.uploads = [0] * self.manifest.shard_count
@@ -233,6 +235,7 @@ class ShardStore:
         os.rename(checkpoint.directory, final)
         checkpoint.directory = final
         fsync_directory(self.root)
+        checkpoint.completed_at = time.time()
         checkpoint.bump()
 
     def open_data(self, checkpoint: Checkpoint) -> int:
@@ -274,7 +277,8 @@ class ShardStore:
         self._remove(final)
         os.rename(tmp, final)
         fsync_directory(self.root)
-        checkpoint = Checkpoint(manifest, envelope, final, bytearray([1]) * manifest.shard_count, origin=True)
+        checkpoint = Checkpoint(manifest, envelope, final, bytearray([1]) * manifest.shard_count, origin=True,
+                                completed_at=time.time())
         self.checkpoints[manifest.step] = checkpoint
         return checkpoint
 
