@@ -292,6 +292,8 @@ class ShardService:
                 except DeltaFailed as exc:
                     self.counters[exc.reason] += 1
                     log.warning("%s; fetching step %d in full", exc, manifest.step)
+                except OSError as exc:  # a disk error while building: the full fetch may still fit
+                    log.warning("building step %d from its delta failed (%s); fetching it in full", manifest.step, exc)
                 except InsufficientDisk as exc:
                     log.error("cannot build step %d: %s", manifest.step, exc)
                     self._starting.discard(manifest.step)
