@@ -48,7 +48,7 @@ from intellect_node.node.roles.validator.validation import BatchVerdict, RunCont
 from intellect_node.node.tasks.schema import Task  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
-from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens  # noqa: E402
+from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import (  # noqa: E402
     TORCH_TORCH,
     EnginePair,  # noqa: E402
@@ -153,14 +153,16 @@ class Figures:
 
     def add(self, judged: Judged, recorded: Recording, pair: EnginePair) -> None:
         """Fold in one judged batch (``recorded``: the engine that judged it; its record is emptied)."""
-        proofs = {(tuple(unpack_tokens(g.prompt_ids).tolist()), tuple(unpack_tokens(c.token_ids).tolist())): c.proofs
-                  for g in judged.built.batch.groups for c in g.completions}
+        batch = judged.built.batch
+        proofs = {(tuple(unpack_tokens(g.prompt_ids).tolist()), tuple(unpack_tokens(c.token_ids).tolist())):
+                  (c.proofs, proof_key(batch.manifest_hash, batch.policy_step, g.prompt_ids, c.token_ids))
+                  for g in batch.groups for c in g.completions}
         limits = Thresholds(max_exp_mismatches=pair.toploc_max_exp_mismatches,
                             max_mant_err_mean=pair.toploc_max_mant_err_mean,
                             max_mant_err_median=pair.toploc_max_mant_err_median)
         for prompt, completion, again in recorded.seen:
-            for v in verify_proofs(again.hidden_states, list(proofs[tuple(prompt), tuple(completion)]),
-                                   thresholds=limits):
+            claimed, key = proofs[tuple(prompt), tuple(completion)]
+            for v in verify_proofs(again.hidden_states, list(claimed), key=key, thresholds=limits):
                 self.chunks += 1
                 self.exp_mismatches = max(self.exp_mismatches, v.exp_mismatches)
                 self.mant_err_mean = max(self.mant_err_mean, v.mant_err_mean)

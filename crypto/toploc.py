@@ -24,6 +24,14 @@ Why the code looks the way it does:
   heavy parts are small float64 matrix products; every intermediate stays below 2**53, so the
   float arithmetic is exact and the result is the unique interpolating polynomial, equal to
   the reference's Newton form coefficient for coefficient.
+- A proof is bound to its row, chunk and checkpoint by a key (``key=``): the coefficients are the
+  reference's plus a mask polynomial drawn from ``(key, chunk index)``. Activations alone cannot
+  bind a row: siblings of one prompt have nearly the same states on short rows (the first state
+  of every completion is the prompt's last, identical across the group; the last token never
+  enters a state at all), within the tolerance TOPLOC must grant honest recomputation. A mask
+  removed with the wrong key leaves a uniformly random polynomial: about ``topk`` exponent
+  mismatches. The modulus and the reference's coefficients are unchanged underneath
+  (``unbind_proofs`` recovers them), so interop stays byte for byte.
 - ``verify_proofs`` never raises because of the proofs: any malformed proof, a wrong number of
   proofs or a non-bytes item is a rejection with a stable reason string. It raises only for
   invalid local arguments (the verifier's own hidden states or parameters).
@@ -31,6 +39,7 @@ Why the code looks the way it does:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -47,6 +56,8 @@ NOT_MEASURED: Final = float(2**64)
 
 DEFAULT_CHUNK_SIZE: Final = 32
 DEFAULT_TOPK: Final = 128
+MASK_DOMAIN: Final = b"intellect-node/toploc/chunk-mask/v1"
+"""Domain of the SHAKE-256 stream a chunk's mask polynomial is drawn from (specs/toploc.md 3.1)."""
 
 _INV_PRIME: Final = 1.0 / PRIME
 _SIGN_EXP_SHIFT: Final = 7  # bf16: 1 sign bit, 8 exponent bits, 7 mantissa bits
@@ -107,17 +118,25 @@ def chunk_count(tokens: int, chunk_size: int = DEFAULT_CHUNK_SIZE) -> int:
 
 
 def build_proofs(
-    hidden: torch.Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE, topk: int = DEFAULT_TOPK
+    hidden: torch.Tensor,
+    *,
+    key: bytes | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    topk: int = DEFAULT_TOPK,
 ) -> list[bytes]:
     """Proofs for the generated tokens' final hidden states ``hidden`` of shape [tokens, hidden].
 
     fp32 / fp16 inputs are rounded to bf16 first (round to nearest even, as ``Tensor.to``), the
-    same way ``verify_proofs`` does, so prover and verifier compare the same numbers. Equals the
-    reference's ``build_proofs_bytes(hidden, chunk_size, topk, skip_prefill=True)`` for bf16.
+    same way ``verify_proofs`` does, so prover and verifier compare the same numbers. Without a
+    ``key``, equals the reference's ``build_proofs_bytes(hidden, chunk_size, topk,
+    skip_prefill=True)`` for bf16: activations only, which any row with similar states also
+    passes. With a ``key`` (the protocol's row key, ``protocol.rollouts.proof_key``), chunk c's
+    coefficients carry the mask of ``(key, c)``: ``bind_proofs`` of the unbound bytes.
     Raises ``ValueError`` for invalid arguments, including a chunk of fewer than ``topk`` values
     (where the reference logs an error and returns all-zero proofs).
     """
     rows = _as_bf16(hidden, chunk_size, topk)
+    _check_key(key)
     positions = _chunk_topk_positions(rows, chunk_size, topk)
     if positions.shape[0] == 0:
         return []
@@ -125,6 +144,8 @@ def build_proofs(
     moduli = _injective_moduli(positions)
     xs = positions % moduli[:, None]
     coeffs = _interpolate(xs, bits)
+    if key is not None:
+        coeffs = (coeffs + chunk_masks(key, positions.shape[0], topk)) % PRIME
     table = np.empty((positions.shape[0], topk + 1), dtype=">u2")
     table[:, 0] = moduli
     table[:, 1:] = coeffs
@@ -137,20 +158,27 @@ def verify_proofs(
     hidden: torch.Tensor,
     proofs: Sequence[bytes],
     *,
+    key: bytes | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     topk: int = DEFAULT_TOPK,
     thresholds: Thresholds | None = None,
 ) -> list[ChunkVerdict]:
     """Check ``proofs`` against recomputed final hidden states ``hidden`` [tokens, hidden].
 
+    ``key`` is the row key the proofs must have been built with (None: unbound proofs, the
+    reference's); chunk c's mask of ``(key, c)`` is removed before the polynomial is evaluated,
+    so a proof built for another row, step or chunk evaluates to random values here and fails
+    as ``exp_mismatch`` with nearly every entry mismatched.
+
     Returns one verdict per chunk. If ``proofs`` is not a list or tuple, or holds a different
     number of proofs than there are chunks, every verdict is a rejection (``malformed_type`` /
     ``count_mismatch``), and there is always at least one: ``all(v.ok for v in verdicts)`` is a
     safe acceptance test even for zero tokens. A malformed single proof rejects its own chunk.
-    Raises ``ValueError`` only for invalid ``hidden``, ``chunk_size`` or ``topk``.
+    Raises ``ValueError`` only for invalid ``hidden``, ``key``, ``chunk_size`` or ``topk``.
     """
     limits = thresholds if thresholds is not None else Thresholds()
     rows = _as_bf16(hidden, chunk_size, topk)
+    _check_key(key)
     chunks = chunk_count(rows.shape[0], chunk_size)
     if not isinstance(proofs, (list, tuple)):
         return [_unmeasured("malformed_type", topk)] * max(chunks, 1)
@@ -159,6 +187,8 @@ def verify_proofs(
     if chunks == 0:
         return []
     moduli, coeffs, problems = _parse_proofs(proofs, topk)
+    if key is not None:
+        coeffs = (coeffs - chunk_masks(key, chunks, topk)) % PRIME
     positions = _chunk_topk_positions(rows, chunk_size, topk)
     actual = _gather_bits(rows, chunk_size, positions)
     good = np.array([p is None for p in problems])
@@ -174,6 +204,60 @@ def verify_proofs(
         else:
             verdicts.append(_judge(int(exp_mm[i]), float(mean[i]), float(median[i]), limits))
     return verdicts
+
+
+def chunk_masks(key: bytes, chunks: int, topk: int = DEFAULT_TOPK, *, first: int = 0) -> np.ndarray:
+    """[chunks, topk] mask coefficients in [0, PRIME) of chunks ``first ..`` of the row ``key``.
+
+    Chunk c's mask is SHAKE-256 of ``MASK_DOMAIN || u16be(len(key)) || key || u32be(c)``, read as
+    ``topk`` big-endian u32 values reduced mod PRIME (bias below 2**-15 per value: harmless, the
+    mask is public and only has to differ between rows). Deterministic and public: it binds,
+    it hides nothing.
+    """
+    _check_key(key)
+    if key is None:
+        raise ValueError("a mask needs a key")
+    prefix = MASK_DOMAIN + len(key).to_bytes(2, "big") + key
+    stream = b"".join(hashlib.shake_256(prefix + c.to_bytes(4, "big")).digest(4 * topk)
+                      for c in range(first, first + chunks))
+    return np.frombuffer(stream, dtype=">u4").reshape(chunks, topk).astype(np.int64) % PRIME
+
+
+def bind_proofs(
+    proofs: Sequence[bytes], key: bytes, *, first_chunk: int = 0, topk: int = DEFAULT_TOPK
+) -> list[bytes]:
+    """Unbound proofs (the reference's bytes) of chunks ``first_chunk ..`` of row ``key``, bound:
+    each coefficient plus its mask, mod PRIME; the modulus is unchanged. For a prover that
+    builds many rows' chunks in one call (``node.engine.proofs``). Raises ``ValueError`` on a
+    malformed proof: these are the caller's own."""
+    return _shift(proofs, key, first_chunk, topk, 1)
+
+
+def unbind_proofs(
+    proofs: Sequence[bytes], key: bytes, *, first_chunk: int = 0, topk: int = DEFAULT_TOPK
+) -> list[bytes]:
+    """The inverse of ``bind_proofs``: the reference's bytes under bound proofs (interop tests)."""
+    return _shift(proofs, key, first_chunk, topk, -1)
+
+
+def _shift(proofs: Sequence[bytes], key: bytes, first: int, topk: int, sign: int) -> list[bytes]:
+    if not proofs:
+        return []
+    moduli, coeffs, problems = _parse_proofs(list(proofs), topk)
+    bad = next((p for p in problems if p is not None), None)
+    if bad is not None:
+        raise ValueError(f"cannot bind a malformed proof: {bad}")
+    table = np.empty((len(proofs), topk + 1), dtype=">u2")
+    table[:, 0] = moduli
+    table[:, 1:] = (coeffs + sign * chunk_masks(key, len(proofs), topk, first=first)) % PRIME
+    blob = table.tobytes()
+    size = proof_size(topk)
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
+
+
+def _check_key(key: object) -> None:
+    if key is not None and not (isinstance(key, bytes) and 1 <= len(key) <= 0xFFFF):
+        raise ValueError("key must be None or 1 to 65535 bytes")
 
 
 _MEASURED_REASONS = frozenset({"ok", "exp_mismatch", "mantissa_mean", "mantissa_median"})

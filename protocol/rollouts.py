@@ -8,6 +8,7 @@ normative.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -54,6 +55,26 @@ def unpack_logprobs(data: bytes) -> np.ndarray:
 
 def proof_count(tokens: int) -> int:
     return -(-tokens // TOPLOC_CHUNK)
+
+
+PROOF_KEY_DOMAIN = b"intellect-node/toploc/row-key/v1"
+
+
+def proof_key(manifest_hash: bytes, policy_step: int, prompt_ids: bytes, token_ids: bytes) -> bytes:
+    """The key a completion's TOPLOC proofs are bound with (``crypto.toploc``, ``key=``).
+
+    sha256 of the domain, the checkpoint's manifest hash, the policy step (u64 big-endian) and the
+    packed prompt and completion tokens as they travel (u32 little-endian, each length-prefixed
+    u32 big-endian). Why: a proof's activations cannot tell a row from its siblings (same prompt,
+    similar states on short rows) or from the same row under a slightly trained checkpoint, so the
+    key names the row, and the chunk index is added per chunk (specs/toploc.md section 5).
+    """
+    digest = hashlib.sha256(PROOF_KEY_DOMAIN)
+    digest.update(len(manifest_hash).to_bytes(4, "big") + manifest_hash)
+    digest.update(policy_step.to_bytes(8, "big"))
+    for packed in (prompt_ids, token_ids):
+        digest.update(len(packed).to_bytes(4, "big") + packed)
+    return digest.digest()
 
 
 @dataclass(frozen=True)

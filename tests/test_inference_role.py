@@ -18,7 +18,7 @@ from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.rollouts.inbox import RolloutInbox
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
-from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
+from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_tokens
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import demo_tiny_model, wide_tiny_model
 
@@ -47,7 +47,8 @@ def proofs_hold(engine: TorchEngine, batch: RolloutBatch) -> bool:
     group = batch.groups[0]
     record = group.completions[0]
     again = engine.prefill([unpack_tokens(group.prompt_ids).tolist()], [unpack_tokens(record.token_ids).tolist()])[0]
-    return all(v.ok for v in verify_proofs(again.hidden_states, list(record.proofs)))
+    key = proof_key(batch.manifest_hash, batch.policy_step, group.prompt_ids, record.token_ids)
+    return all(v.ok for v in verify_proofs(again.hidden_states, list(record.proofs), key=key))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from intellect_node.node.roles.inference.builder import RolloutSettings, build_b
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import task_index
-from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs, unpack_tokens
+from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_logprobs, unpack_tokens
 from tests.support.engine_helpers import wide_tiny_model
 
 WORKER = Identity.generate()
@@ -53,7 +53,8 @@ def test_proofs_and_logprobs_match_a_prefill_with_the_same_checkpoint(built):
         completions = [unpack_tokens(c.token_ids).tolist() for c in group.completions]
         recomputed = engine.prefill([prompt] * len(completions), completions)
         for record, again in zip(group.completions, recomputed):
-            verdicts = verify_proofs(again.hidden_states, list(record.proofs))
+            key = proof_key(result.batch.manifest_hash, result.batch.policy_step, group.prompt_ids, record.token_ids)
+            verdicts = verify_proofs(again.hidden_states, list(record.proofs), key=key)
             assert all(v.ok for v in verdicts), verdicts
             assert np.allclose(unpack_logprobs(record.logprobs), again.logprobs.numpy(), atol=1e-4)
 
@@ -67,4 +68,5 @@ def test_proofs_do_not_verify_against_other_weights(built):
     group = result.batch.groups[0]
     record = group.completions[0]
     again = other.prefill([unpack_tokens(group.prompt_ids).tolist()], [unpack_tokens(record.token_ids).tolist()])[0]
-    assert not all(v.ok for v in verify_proofs(again.hidden_states, list(record.proofs)))
+    key = proof_key(result.batch.manifest_hash, result.batch.policy_step, group.prompt_ids, record.token_ids)
+    assert not all(v.ok for v in verify_proofs(again.hidden_states, list(record.proofs), key=key))

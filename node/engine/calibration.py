@@ -130,19 +130,23 @@ def tail_quantile(samples: np.ndarray, exceed: float = UNIT_FALSE_REJECT, points
     return float(threshold + mean_excess * math.log((points / n) / exceed))
 
 
-def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillResult]) -> PairFigures:
+def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillResult],
+                 keys: Sequence[bytes]) -> PairFigures:
     """Figures of honest ``claims`` (as a worker delivered them) against the judging engine's
-    prefill of the same completions, with replays, in the same order."""
+    prefill of the same completions, with replays, in the same order; ``keys`` are the claims'
+    proof keys (``protocol.rollouts.proof_key``), with which their proofs were bound."""
+    if len(keys) != len(claims):
+        raise ValueError("need one proof key per claimed completion")
     if len(claims) != len(judged) or any(r.sampling_margins is None or r.sampling_gaps is None for r in judged):
         raise ValueError("need one prefill with replays per claimed completion")
     margins = np.concatenate([r.sampling_margins for r in judged]) if judged else np.zeros(0)
     gaps = np.concatenate([r.sampling_gaps for r in judged]) if judged else np.zeros(0)
     flips = int(np.count_nonzero(margins < 0))
     errors, chunks = [], []
-    for claim, result in zip(claims, judged):
+    for claim, result, key in zip(claims, judged, keys):
         if len(result.logprobs):
             errors.append(np.abs(unpack_logprobs(claim.logprobs) - result.logprobs.float().numpy()))
-        chunks.extend(verify_proofs(result.hidden_states, list(claim.proofs), thresholds=MEASURING))
+        chunks.extend(verify_proofs(result.hidden_states, list(claim.proofs), key=key, thresholds=MEASURING))
     logprob_errors = np.concatenate(errors) if errors else np.zeros(0)
     exp_mismatches = np.array([c.exp_mismatches for c in chunks], dtype=np.float64)
     mant_means = np.array([c.mant_err_mean for c in chunks], dtype=np.float64)

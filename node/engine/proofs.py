@@ -12,6 +12,10 @@ A GPU worker's batch is far larger (256 completions of 256 tokens), and one call
 slower per row than calls over a few thousand rows (measured: 0.82 s in one call, 0.40 s in parts of
 16 completions, 0.28 s in those parts on 2 threads, for 65,536 rows of 576): so the completions go in
 parts of about ``PART_ROWS`` rows, on a few threads (numpy and torch release the GIL in the heavy steps).
+
+Each completion's proofs are bound to it afterwards (``bind_proofs`` with its row key): binding adds
+a mask per chunk to the coefficients, so it commutes with the batching, and the bound bytes equal
+``[build_proofs(h, key=k) for h, k in zip(hidden_states, keys)]``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from intellect_node.crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, build_proofs
+from intellect_node.crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, bind_proofs, build_proofs
 
 PART_ROWS = 4096  # rows proved per call (whole completions; one long completion alone may exceed it)
 MAX_THREADS = 8
@@ -31,10 +35,23 @@ MAX_THREADS = 8
 
 def build_completion_proofs(
     hidden_states: Sequence[torch.Tensor],
+    keys: Sequence[bytes] | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     topk: int = DEFAULT_TOPK,
 ) -> list[list[bytes]]:
-    """Proofs per completion, from each completion's captured hidden states [tokens, hidden]."""
+    """Proofs per completion, from each completion's captured hidden states [tokens, hidden],
+    each bound to its completion's row key in ``keys`` (``protocol.rollouts.proof_key``; None:
+    unbound, the reference's bytes, which a validator of the protocol refuses)."""
+    if keys is not None and len(keys) != len(hidden_states):
+        raise ValueError("need one key per completion")
+    unbound = _build_unbound(hidden_states, chunk_size, topk)
+    if keys is None:
+        return unbound
+    return [bind_proofs(proofs, key, topk=topk) for proofs, key in zip(unbound, keys)]
+
+
+def _build_unbound(hidden_states: Sequence[torch.Tensor], chunk_size: int, topk: int) -> list[list[bytes]]:
+    """The unbound proofs of every completion: parts of about PART_ROWS rows, on a few threads."""
     parts, start, rows = [], 0, 0
     for index, hidden in enumerate(hidden_states):
         if index > start and rows + hidden.shape[0] > PART_ROWS:

@@ -20,7 +20,7 @@ from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, verify_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
-from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, unpack_tokens
+from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, proof_key, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from tests.support.engine_helpers import untrained_wide_tiny_model, wide_tiny_model
 
@@ -84,12 +84,14 @@ class World:
                tokens: list[list[int]] | None = None, proof_prompt: list[int] | None = None,
                finish: list[str] | None = None) -> RolloutBatch:
         """A consistent forgery of one group: logprobs and proofs recomputed by the cheater's own
-        prefill over ``tokens`` (after ``proof_prompt``, default the claimed prompt)."""
+        prefill over ``tokens`` (after ``proof_prompt``, default the claimed prompt), bound to the
+        claimed rows (their proof keys) as any worker can."""
         group = batch.groups[group_index]
         prompt = prompt if prompt is not None else unpack_tokens(group.prompt_ids).tolist()
         tokens = tokens if tokens is not None else [unpack_tokens(c.token_ids).tolist() for c in group.completions]
         again = self.worker.prefill([proof_prompt or prompt] * len(tokens), tokens)
-        proofs = build_completion_proofs([a.hidden_states for a in again])
+        keys = [proof_key(batch.manifest_hash, batch.policy_step, pack_tokens(prompt), pack_tokens(t)) for t in tokens]
+        proofs = build_completion_proofs([a.hidden_states for a in again], keys)
         records = tuple(
             dataclasses.replace(record, token_ids=pack_tokens(t), logprobs=pack_logprobs(a.logprobs.numpy()),
                                 proofs=tuple(p), finish_reason=(finish[j] if finish else record.finish_reason))

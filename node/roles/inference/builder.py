@@ -24,6 +24,7 @@ from intellect_node.protocol.rollouts import (
     SamplingSettings,
     pack_logprobs,
     pack_tokens,
+    proof_key,
 )
 
 DEFAULT_LENGTH_TARGETS = (16, 32, 64, 128)
@@ -66,7 +67,9 @@ def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run
     groups = []
     generated = 0
     for counter, task, target, prompt_ids, completions in zip(counters, chosen, targets, prompts, generations):
-        proofs = build_completion_proofs([c.hidden_states for c in completions])
+        packed_prompt = pack_tokens(prompt_ids)
+        keys = [proof_key(manifest_hash, step, packed_prompt, pack_tokens(c.token_ids)) for c in completions]
+        proofs = build_completion_proofs([c.hidden_states for c in completions], keys)
         records = []
         for completion, completion_proofs in zip(completions, proofs):
             text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -79,7 +82,7 @@ def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run
             ))
             generated += len(completion.token_ids)
         groups.append(RolloutGroup(counter=counter, task_id=task.problem_id, length_target=target,
-                                   prompt_ids=pack_tokens(prompt_ids), completions=tuple(records)))
+                                   prompt_ids=packed_prompt, completions=tuple(records)))
     batch = RolloutBatch(
         run_id=run_id, worker=worker, policy_step=step, manifest_hash=manifest_hash, engine=engine.name,
         sampling=SamplingSettings(temperature=float(settings.temperature), top_p=float(settings.top_p),

@@ -34,6 +34,7 @@ from intellect_node.protocol.assignment import length_target, sampling_seed, tas
 from intellect_node.protocol.rollouts import (
     RolloutBatch,
     RolloutGroup,
+    proof_key,
     unpack_logprobs,
     unpack_tokens,
 )
@@ -107,6 +108,7 @@ class _Pending:
     """A group that passed the cheap checks and waits for the prefill."""
 
     group: RolloutGroup
+    proof_context: tuple[bytes, int]  # (manifest_hash, policy_step): what each row's proof key names
     task: Task
     prompt: list[int]
     completions: list[list[int]]
@@ -166,7 +168,8 @@ def verify_batch(
             continue
         seed = sampling_seed(batch.run_id, batch.worker, batch.policy_step, group.counter)
         pending.append(_Pending(
-            group, task, prompt, [unpack_tokens(c.token_ids).tolist() for c in group.completions],
+            group, (batch.manifest_hash, batch.policy_step), task, prompt,
+            [unpack_tokens(c.token_ids).tolist() for c in group.completions],
             [Replay(derive_seed(seed, j), spec.temperature, spec.top_p, pair.sampling_slack)
              for j in range(len(group.completions))], duplicate))
     prefilled = _prefill(engine, pending)
@@ -289,13 +292,20 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     logprob_proof, slack_proof = PROOF_FACTOR * pair.logprob_atol, PROOF_FACTOR * pair.sampling_slack
     logprobs, margin, worst, beyond_tolerance = [], float("inf"), 0.0, []
     for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed)):
-        verdicts = verify_proofs(again.hidden_states, list(record.proofs), thresholds=proof)
-        bad = [v for v in verdicts if not v.ok]
+        if again.hidden_states.shape[0] != len(tokens):  # the engine's contract: one state per token
+            raise RuntimeError(f"prefill gave {again.hidden_states.shape[0]} states for {len(tokens)} tokens")
+        key = proof_key(*item.proof_context, item.group.prompt_ids, record.token_ids)
+        verdicts = verify_proofs(again.hidden_states, list(record.proofs), key=key, thresholds=proof)
+        bad = [(c, v) for c, v in enumerate(verdicts) if not v.ok]
         if bad:
-            return GroupResult(counter, "toploc", detail=f"completion {j}: {bad[0]}")
-        loose = [v for v in (rejudge(v, tolerance) for v in verdicts) if not v.ok]
+            c, v = bad[0]
+            return GroupResult(counter, "toploc", detail=(
+                f"completion {j}: chunk {c} of {len(verdicts)} ({len(tokens)} tokens): {v.reason} "
+                f"({v.exp_mismatches} sign/exponent mismatches, mantissa mean {v.mant_err_mean:.3g}, "
+                f"median {v.mant_err_median:.3g}) against this row's states and its proof key"))
+        loose = [(c, v) for c, v in enumerate(rejudge(v, tolerance) for v in verdicts) if not v.ok]
         if loose:
-            beyond_tolerance.append(f"completion {j}: TOPLOC {loose[0]}")
+            beyond_tolerance.append(f"completion {j}: TOPLOC chunk {loose[0][0]} {loose[0][1]}")
         ours = again.logprobs.to(torch.float32).numpy()  # engines return CPU tensors (engine.base)
         error = float(np.max(np.abs(unpack_logprobs(record.logprobs) - ours)))
         if not error <= logprob_proof:
