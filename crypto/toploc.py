@@ -210,49 +210,68 @@ def chunk_masks(key: bytes, chunks: int, topk: int = DEFAULT_TOPK, *, first: int
     """[chunks, topk] mask coefficients in [0, PRIME) of chunks ``first ..`` of the row ``key``.
 
     Chunk c's mask is SHAKE-256 of ``MASK_DOMAIN || u16be(len(key)) || key || u32be(c)``, read as
-    ``topk`` big-endian u32 values reduced mod PRIME (bias below 2**-15 per value: harmless, the
-    mask is public and only has to differ between rows). Deterministic and public: it binds,
-    it hides nothing.
+    ``topk`` big-endian u16 values reduced mod PRIME. The reduction makes 0..38 twice as likely as
+    other values (39 of 65536 draws): harmless, since the mask only has to differ between rows and
+    chunks, and two bytes per value keep the hashing a few microseconds per chunk. Deterministic
+    and public: it binds, it hides nothing.
     """
     _check_key(key)
     if key is None:
         raise ValueError("a mask needs a key")
     prefix = MASK_DOMAIN + len(key).to_bytes(2, "big") + key
-    stream = b"".join(hashlib.shake_256(prefix + c.to_bytes(4, "big")).digest(4 * topk)
+    stream = b"".join(hashlib.shake_256(prefix + c.to_bytes(4, "big")).digest(2 * topk)
                       for c in range(first, first + chunks))
-    return np.frombuffer(stream, dtype=">u4").reshape(chunks, topk).astype(np.int64) % PRIME
+    return np.frombuffer(stream, dtype=">u2").reshape(chunks, topk).astype(np.int64) % PRIME
 
 
 def bind_proofs(
     proofs: Sequence[bytes], key: bytes, *, first_chunk: int = 0, topk: int = DEFAULT_TOPK
 ) -> list[bytes]:
     """Unbound proofs (the reference's bytes) of chunks ``first_chunk ..`` of row ``key``, bound:
-    each coefficient plus its mask, mod PRIME; the modulus is unchanged. For a prover that
-    builds many rows' chunks in one call (``node.engine.proofs``). Raises ``ValueError`` on a
-    malformed proof: these are the caller's own."""
-    return _shift(proofs, key, first_chunk, topk, 1)
+    each coefficient plus its mask, mod PRIME; the modulus is unchanged. Raises ``ValueError`` on
+    a malformed proof: these are the caller's own."""
+    return _shift([proofs], [key], first_chunk, topk, 1)[0]
 
 
 def unbind_proofs(
     proofs: Sequence[bytes], key: bytes, *, first_chunk: int = 0, topk: int = DEFAULT_TOPK
 ) -> list[bytes]:
     """The inverse of ``bind_proofs``: the reference's bytes under bound proofs (interop tests)."""
-    return _shift(proofs, key, first_chunk, topk, -1)
+    return _shift([proofs], [key], first_chunk, topk, -1)[0]
 
 
-def _shift(proofs: Sequence[bytes], key: bytes, first: int, topk: int, sign: int) -> list[bytes]:
-    if not proofs:
-        return []
-    moduli, coeffs, problems = _parse_proofs(list(proofs), topk)
-    bad = next((p for p in problems if p is not None), None)
-    if bad is not None:
-        raise ValueError(f"cannot bind a malformed proof: {bad}")
-    table = np.empty((len(proofs), topk + 1), dtype=">u2")
-    table[:, 0] = moduli
-    table[:, 1:] = (coeffs + sign * chunk_masks(key, len(proofs), topk, first=first)) % PRIME
-    blob = table.tobytes()
+def bind_rows(
+    rows: Sequence[Sequence[bytes]], keys: Sequence[bytes], *, topk: int = DEFAULT_TOPK
+) -> list[list[bytes]]:
+    """``[bind_proofs(proofs, key) for proofs, key in zip(rows, keys)]`` in one table: for a
+    prover that builds many rows' chunks in one call (``node.engine.proofs``), where binding
+    row by row would cost a tenth of the proving."""
+    if len(rows) != len(keys):
+        raise ValueError("need one key per row")
+    return _shift(rows, keys, 0, topk, 1)
+
+
+def _shift(
+    rows: Sequence[Sequence[bytes]], keys: Sequence[bytes], first: int, topk: int, sign: int
+) -> list[list[bytes]]:
+    """Every row's proofs with its masks (of chunks ``first ..``) added (sign 1) or removed (-1)."""
     size = proof_size(topk)
-    return [blob[i : i + size] for i in range(0, len(blob), size)]
+    flat = [proof for proofs in rows for proof in proofs]
+    if any(not isinstance(proof, bytes) or len(proof) != size for proof in flat):
+        raise ValueError(f"cannot bind a proof that is not {size} bytes")
+    masks = [chunk_masks(key, len(proofs), topk, first=first) for proofs, key in zip(rows, keys) if proofs]
+    if not masks:
+        return [[] for _ in rows]
+    table = np.frombuffer(b"".join(flat), dtype=">u2").reshape(len(flat), topk + 1).astype(np.int64)
+    if not ((table[:, 0] >= topk) & (table[:, 0] <= PRIME)).all() or (table[:, 1:] >= PRIME).any():
+        raise ValueError("cannot bind a proof with a bad modulus or a coefficient outside the field")
+    table[:, 1:] = (table[:, 1:] + sign * np.concatenate(masks)) % PRIME
+    blob = table.astype(">u2").tobytes()
+    out, start = [], 0
+    for proofs in rows:
+        out.append([blob[(start + i) * size : (start + i + 1) * size] for i in range(len(proofs))])
+        start += len(proofs)
+    return out
 
 
 def _check_key(key: object) -> None:

@@ -86,6 +86,16 @@ def chunks(n: int) -> int:
     return -(-n // 32)
 
 
+def test_the_row_key_follows_the_spec() -> None:
+    """specs/toploc.md section 5 (and protocol.rollouts.proof_key), written out independently."""
+    prompt, tokens = pack_tokens([1, 2, 3]), pack_tokens([7])
+    expected = hashlib.sha256(b"intellect-node/toploc/row-key/v1" + (32).to_bytes(4, "big") + bytes(32)
+                              + (5).to_bytes(8, "big") + (12).to_bytes(4, "big") + prompt
+                              + (4).to_bytes(4, "big") + tokens).digest()
+    assert proof_key(bytes(32), 5, prompt, tokens) == expected
+    assert expected.hex().startswith("2cfe78109ae63fd7")
+
+
 def test_the_batched_worker_build_equals_one_bound_build_per_row(rows: Rows) -> None:
     for name in "ab":
         for n in (1, 31, 32, 33, 64, LONGEST):

@@ -7,6 +7,7 @@ interop tests compare against the reference itself.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import numpy as np
@@ -20,9 +21,12 @@ from intellect_node.crypto.toploc import (
     PRIME,
     ChunkVerdict,
     Thresholds,
+    bind_proofs,
     build_proofs,
     chunk_count,
+    chunk_masks,
     proof_size,
+    unbind_proofs,
     verify_proofs,
 )
 from tests.support.toploc_model import TinyConfig, TinyLlama
@@ -119,6 +123,36 @@ def test_proof_layout_modulus_and_polynomial() -> None:
         assert max(coeffs) < PRIME
         bits = [b & 0xFFFF for b in flat.view(torch.int16)[idx].tolist()]
         assert [horner(coeffs, i % m) for i in idx] == [b % PRIME for b in bits]
+
+
+def test_bound_proofs_follow_the_spec() -> None:
+    """specs/toploc.md 3.1, written out independently: chunk c's mask is SHAKE-256 of the domain,
+    the key's u16be length, the key and u32be(c), read as u16be values mod p; a bound proof is the
+    unbound modulus and the coefficients plus the mask, mod p. A short key's vector is pinned."""
+    key = bytes(range(32))
+    hidden = randn(40, 1024, seed=1)
+    unbound, bound = build_proofs(hidden), build_proofs(hidden, key=key)
+    for chunk, (plain, masked) in enumerate(zip(unbound, bound)):
+        stream = hashlib.shake_256(b"intellect-node/toploc/chunk-mask/v1" + b"\x00\x20" + key
+                                   + chunk.to_bytes(4, "big")).digest(256)
+        mask = [int.from_bytes(stream[2 * i : 2 * i + 2], "big") % PRIME for i in range(128)]
+        assert chunk_masks(key, 1, first=chunk)[0].tolist() == mask
+        m, *coeffs = struct.unpack(">129H", plain)
+        assert struct.unpack(">129H", masked) == (m, *((c + x) % PRIME for c, x in zip(coeffs, mask)))
+    assert chunk_masks(key, 1, first=3)[0, :4].tolist() == [6818, 35699, 61889, 21169]
+    assert bind_proofs(unbound, key) == bound and unbind_proofs(bound, key) == unbound
+    assert bind_proofs(unbound[1:], key, first_chunk=1) == bound[1:]
+    assert [v.reason for v in verify_proofs(hidden, bound, key=key)] == ["ok", "ok"]
+    assert [v.reason for v in verify_proofs(hidden, bound)] == ["exp_mismatch"] * 2  # a bound proof read unbound
+    assert [v.reason for v in verify_proofs(hidden, unbound, key=key)] == ["exp_mismatch"] * 2  # an unbound one
+
+
+@pytest.mark.parametrize("key", [b"", "text", bytes(65536), bytearray(32)], ids=["empty", "str", "long", "bytearray"])
+def test_invalid_keys_raise(key) -> None:
+    hidden = randn(40, 1024, seed=1)
+    for call in (lambda: build_proofs(hidden, key=key), lambda: verify_proofs(hidden, build_proofs(hidden), key=key)):
+        with pytest.raises(ValueError, match="key"):
+            call()
 
 
 @pytest.mark.parametrize(

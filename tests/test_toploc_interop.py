@@ -8,6 +8,7 @@ that) and compare on fresh inputs, both directions, and pin where we deliberatel
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from intellect_node.crypto.toploc import PRIME, build_proofs, verify_proofs
+from intellect_node.crypto.toploc import PRIME, build_proofs, unbind_proofs, verify_proofs
 from tests.support import toploc_golden
 from tests.support.toploc_model import TinyConfig, TinyLlama
 
@@ -106,6 +107,25 @@ def test_each_side_verifies_the_others_proofs_with_the_same_figures(ref) -> None
         assert _our_figures(hidden, theirs) == expected, name
         assert _ref_figures(ref, hidden, ours) == expected, name
     assert _ref_figures(ref, prover, ours) == [(0, 0.0, 0.0)] * 3
+
+
+def test_bound_proofs_are_the_references_under_the_row_mask(ref) -> None:
+    """The protocol's proofs (bound to a row key) are the reference's bytes plus a public mask:
+    unbound, they are the reference's to the byte and its verifier gives the same figures; as sent,
+    the reference (which knows no key) sees random polynomials, and so does our verifier under any
+    other key."""
+    prover = _model_states(1024, 8 + 70).to(torch.bfloat16)
+    verifier = _model_states(1024, 8 + 70, dtype=torch.bfloat16)
+    key = hashlib.sha256(b"interop row").digest()
+    bound = build_proofs(prover, key=key)
+    theirs = _ref_build(ref, prover)
+    assert unbind_proofs(bound, key) == theirs and bound != theirs
+    assert [p[:2] for p in bound] == [p[:2] for p in theirs]  # the modulus is not masked
+    figures = [(v.exp_mismatches, v.mant_err_mean, v.mant_err_median) for v in verify_proofs(verifier, bound, key=key)]
+    assert figures == _ref_figures(ref, verifier, theirs)
+    assert all(e > 100 for e, _, _ in _ref_figures(ref, verifier, bound))
+    other = hashlib.sha256(b"another row").digest()
+    assert all(v.exp_mismatches > 100 for v in verify_proofs(verifier, bound, key=other))
 
 
 # ---- where we differ on purpose --------------------------------------------------------------------

@@ -13,7 +13,7 @@ slower per row than calls over a few thousand rows (measured: 0.82 s in one call
 16 completions, 0.28 s in those parts on 2 threads, for 65,536 rows of 576): so the completions go in
 parts of about ``PART_ROWS`` rows, on a few threads (numpy and torch release the GIL in the heavy steps).
 
-Each completion's proofs are bound to it afterwards (``bind_proofs`` with its row key): binding adds
+Each completion's proofs are bound to it afterwards (``bind_rows`` with its row key): binding adds
 a mask per chunk to the coefficients, so it commutes with the batching, and the bound bytes equal
 ``[build_proofs(h, key=k) for h, k in zip(hidden_states, keys)]``.
 """
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from intellect_node.crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, bind_proofs, build_proofs
+from intellect_node.crypto.toploc import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK, bind_rows, build_proofs
 
 PART_ROWS = 4096  # rows proved per call (whole completions; one long completion alone may exceed it)
 MAX_THREADS = 8
@@ -47,7 +47,7 @@ def build_completion_proofs(
     unbound = _build_unbound(hidden_states, chunk_size, topk)
     if keys is None:
         return unbound
-    return [bind_proofs(proofs, key, topk=topk) for proofs, key in zip(unbound, keys)]
+    return bind_rows(unbound, keys, topk=topk)
 
 
 def _build_unbound(hidden_states: Sequence[torch.Tensor], chunk_size: int, topk: int) -> list[list[bytes]]:
