@@ -61,8 +61,9 @@ def _gap_width(largest: int) -> int:
 def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, result: bytes | memoryview,
                  *, level: int = 6, max_raw: int | None = None) -> bytes | None:
     """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout), or None
-    once the payload passes ``max_raw`` bytes: a dense change (an fp32 policy, a high learning rate)
-    is then published in full without paying for compressing hundreds of megabytes first.
+    once the payload passes ``max_raw`` bytes (at most the file's size, which is what a receiver
+    accepts): a dense change (an fp32 policy, a high learning rate) is then published in full
+    without paying for compressing hundreds of megabytes first.
 
     Only tensor data is compared: the caller guarantees the header and any padding are identical
     (same tensor index, same total size), and the receiver's hash check catches it if they are not.
@@ -70,6 +71,7 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
     base_view, result_view = memoryview(base).cast("B"), memoryview(result).cast("B")
     if len(base_view) != len(result_view):
         raise ValueError("a delta needs two files of the same size")
+    max_raw = len(result_view) if max_raw is None else min(max_raw, len(result_view))
     parts: list[bytes] = []
     raw_len = 0
     for index, entry in enumerate(tensors):
@@ -85,7 +87,7 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
         parts.append(gaps.astype(f"<u{width}").tobytes())
         parts.append(new[positions].astype(new.dtype.newbyteorder("<")).tobytes())
         raw_len += sum(len(part) for part in parts[-3:])
-        if max_raw is not None and raw_len > max_raw:
+        if raw_len > max_raw:
             return None
     raw = b"".join(parts)
     packed = zlib.compress(raw, level)
@@ -102,6 +104,8 @@ def _payload(body: bytes | memoryview, total_size: int) -> memoryview:
     magic, version, codec, raw_len = _HEAD.unpack_from(view)
     if magic != MAGIC or version != VERSION:
         raise MalformedBody("not a sparse/v1 delta body (magic or version)")
+    if codec not in (RAW, DEFLATE):
+        raise MalformedBody(f"delta codec {codec}; 0 (raw) and 1 (deflate) exist")
     if raw_len > total_size:
         raise Oversize(f"delta payload of {raw_len} bytes for a {total_size}-byte checkpoint")
     rest = view[HEAD_SIZE:]
@@ -109,8 +113,6 @@ def _payload(body: bytes | memoryview, total_size: int) -> memoryview:
         if len(rest) != raw_len:
             raise MalformedBody(f"raw delta payload of {len(rest)} bytes, its head says {raw_len}")
         return rest
-    if codec != DEFLATE:
-        raise MalformedBody(f"delta codec {codec}; 0 (raw) and 1 (deflate) exist")
     inflater = zlib.decompressobj()
     try:
         raw = inflater.decompress(rest, raw_len + 1)

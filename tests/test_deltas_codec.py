@@ -91,6 +91,17 @@ def test_gap_widths(tmp_path, gap):
     assert round_trip(manifest, (tmp_path / "base.safetensors").read_bytes(), result)[1] == result
 
 
+def test_a_change_denser_than_the_file_encodes_to_nothing(tmp_path):
+    """Every element of a float32 tensor changed: gaps plus values outgrow the file, which no
+    receiver would accept (raw_len above total_size), so no body is made at all."""
+    def everything(result):
+        for name, tensor in result.items():
+            if tensor.is_floating_point() and tensor.numel():
+                result[name] = tensor + 1
+    manifest, base, result = files(tmp_path, everything)
+    assert encode_delta(manifest.tensors, base, result) is None
+
+
 def test_hash_names_the_body():
     assert delta_hash(b"x" * 20) != delta_hash(b"x" * 21)
     assert len(delta_hash(b"")) == 32
@@ -131,6 +142,7 @@ def test_bad_heads(layout):
     refused(layout, raw_body(b"", codec=7), MalformedBody)
     refused(layout, raw_body(b"abc", raw_len=2), MalformedBody)  # raw length disagrees
     refused(layout, raw_body(b"", raw_len=layout.total_size + 1), Oversize)
+    refused(layout, raw_body(b"", codec=7, raw_len=2**60), MalformedBody)  # the codec is judged first
 
 
 def test_deflate_bombs_and_trailing_bytes(layout):
