@@ -235,15 +235,21 @@ def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]
 
 
 def prepare_model(options: DemoOptions, log: Callable[[str], None]) -> Path:
-    """The demo model's directory, built (tiny) or imported (smollm2) into the cache on first use."""
+    """The demo model's directory, built (tiny) or imported (smollm2) into the cache on first use.
+    A tiny model already there goes through ``ensure_tiny_model``'s check (its recorded start must
+    be in the band, else it is rebuilt): the demo's promise starts from that number."""
     cache = options.model_cache
-    if (cache / "config.json").exists():
-        return cache
     if options.model == "tiny":
         from intellect_node.node.models.tiny import ensure_tiny_model
+        from intellect_node.node.models.tiny.build import RECIPE_FILE
 
-        log(f"building the tiny model into {cache} (once; two to three minutes)...")
-        return ensure_tiny_model(cache)
+        if not (cache / RECIPE_FILE).exists():
+            if (cache / "config.json").exists():
+                return cache  # a model directory of the user's own, not a tiny-model build: used as given
+            log(f"building the tiny model into {cache} (once; a few minutes)...")
+        return ensure_tiny_model(cache, log=log)
+    if (cache / "config.json").exists():
+        return cache
     from intellect_node.node.models.importer import import_gguf
     from intellect_node.node.models.sources import resolve_source
 
