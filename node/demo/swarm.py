@@ -218,6 +218,9 @@ def summarize(lines: list[dict[str, Any]], seconds: float, stopped_by: str) -> d
         "eval_accuracy_start": measured[0]["eval_accuracy"] if measured else None,
         "eval_accuracy_end": measured[-1]["eval_accuracy"] if measured else None,
         "eval_accuracy_best": max((m["eval_accuracy"] for m in measured), default=None),
+        # evaluations after the starting point: with none, start and end are one measurement
+        "evaluations_after_start": max(0, len(measured) - 1),
+        "last_evaluated_step": measured[-1]["step"] if measured else None,
         "task_reward_first5": _mean([line["task_reward"] for line in trained[:5]]),
         "task_reward_last5": _mean([line["task_reward"] for line in trained[-5:]]),
         "accepted_groups": last.get("accepted_groups", 0), "rejected_groups": last.get("rejected_groups", 0),

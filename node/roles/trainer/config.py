@@ -27,8 +27,9 @@ from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.roles.trainer.service import TrainerOptions
 
 SECTIONS = ("optim", "loss", "rewards")
-TOP_LEVEL = ("batch_groups", "async_level", "max_steps", "eval_every", "eval_tasks", "engine", "seed",
-             "verify_fraction", "bridge_after_s", "policy_dtype", "lora_rank", "lora_alpha", "lora_targets")
+TOP_LEVEL = ("batch_groups", "async_level", "max_steps", "eval_every", "eval_every_s", "first_eval_s", "eval_tasks",
+             "engine", "seed", "verify_fraction", "bridge_after_s", "policy_dtype", "lora_rank", "lora_alpha",
+             "lora_targets")
 DEPRECATED_FILE = ("--trainer-config is deprecated: move the file's keys into config.toml's [trainer] section "
                    "([optim] becomes [trainer.optim], and so on)")
 

@@ -108,6 +108,10 @@ class TrainerOptions:
     async_level: int = 2
     max_steps: int | None = None  # stop training after this step (the node keeps serving)
     eval_every: int = 5
+    # and by wall time: a slow model's steps take minutes, so a step count alone left a 14-minute
+    # real-model demo with no evaluation after step 0 (issue 52)
+    eval_every_s: float = 180.0
+    first_eval_s: float = 120.0  # the first evaluation after step 0, counted from the first trained step
     eval_tasks: int = 200
     engine: str = "torch"  # for verification
     trusted: tuple[str, ...] = ()
@@ -137,6 +141,8 @@ class TrainerOptions:
             raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
         if not self.bridge_after_s > 0:
             raise ValueError("bridge_after_s must be > 0")
+        if not (self.eval_every_s > 0 and self.first_eval_s > 0):
+            raise ValueError("eval_every_s and first_eval_s must be > 0")
         if not 0.0 <= self.verify_fraction <= 1.0:
             raise ValueError("verify_fraction must be in [0, 1]")
         if self.verify_fraction < 1.0 and not self.trusted:
@@ -190,6 +196,8 @@ class TrainerService:
             tasks, async_window=options.async_level, settings=rollout, run_spec=run_spec, on_judged=self._on_judged)
         self._pool_changed = trio.Event()
         self._started = time.monotonic()
+        self._first_trained_at: float | None = None  # this process's first trained step
+        self._last_eval_at: float | None = None  # this process's last evaluation after a trained step
         self.learner: GRPOLearner | LeadLearner | None = None
         self.tied_embeddings = False
         self.tokenizer: Any = None
@@ -387,9 +395,15 @@ class TrainerService:
         metrics = await trio.to_thread.run_sync(self.learner.step, groups)
         step = self.step
         self._consume(step, [g.key for g in groups])
-        evaluated = bool(self.eval_tasks) and step % self.options.eval_every == 0
+        now = time.monotonic()
+        if self._first_trained_at is None:
+            self._first_trained_at = now
+        evaluated = bool(self.eval_tasks) and evaluation_due(
+            step, self.options, since_eval_s=None if self._last_eval_at is None else now - self._last_eval_at,
+            since_first_step_s=now - self._first_trained_at)
         if evaluated:
             self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
+            self._last_eval_at = time.monotonic()
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
         self.counters.wait_s += wait_s
@@ -455,6 +469,17 @@ class TrainerService:
         assert self.learner is not None
         engine = TorchEngine(self.learner.inference_model(), max_batch_rows=256)
         return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
+
+
+def evaluation_due(step: int, options: TrainerOptions, since_eval_s: float | None, since_first_step_s: float) -> bool:
+    """Whether the trainer evaluates after ``step``: every ``eval_every`` steps, or once
+    ``eval_every_s`` passed since the last evaluation after a trained step, or (none yet in this
+    process) ``first_eval_s`` after its first trained step."""
+    if step % options.eval_every == 0:
+        return True
+    if since_eval_s is None:
+        return since_first_step_s >= options.first_eval_s
+    return since_eval_s >= options.eval_every_s
 
 
 def bridge_due(step: int, idle_s: float, next_step_committed: bool, owed_in_window: int,
