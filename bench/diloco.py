@@ -78,7 +78,7 @@ from tests.support.netns import LimitedSwitch, enter, unavailable_reason  # noqa
 TARGET, BYTES_TARGET, UTILIZATION_TARGET = 1.02, 1000.0, 0.97  # utilization: issue 35's (was 0.95)
 OPENDILOCO_OUTER = (0.7, 0.9)  # OpenDiLoCo's outer Nesterov lr and momentum, whatever [diloco] says
 BYTES_LOSS_TARGET = 1.00  # bytes count only for a run whose held-out loss is at most this times DDP's (issue 35)
-SPARSE = "topk128"  # at H = 25 the first to reach 1000x at loss <= DDP's (bench/RESULTS.md, issue 35)
+SPARSE = "topk128"  # at H = 25 the first to reach 1000x at loss <= DDP's (bench/HISTORY.md, issue 35)
 WORKERS = 2
 HELD_OUT = 256
 DDP_PORT = 29511

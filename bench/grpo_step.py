@@ -89,7 +89,7 @@ TARGET = 1.0
 @dataclass(frozen=True)
 class Shape:
     """The batch: prompts x group_size completions of <= max_tokens; the defaults are the tiny
-    model's figures, bench/real_model's section of RESULTS.md runs a smaller batch of the real model."""
+    model's figures, bench/real_model's section of HISTORY.md runs a smaller batch of the real model."""
 
     prompts: int = 16
     group_size: int = 8

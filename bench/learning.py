@@ -27,7 +27,7 @@ single process. Its headline is on the held-out gain (end - start), as issue 34 
 ``learning_smollm2: ours=<swarm gain> peer=<single-process gain> ratio=<x> target=0.8 ok|short``
 (ok: the swarm gains >= 0.15 and >= 0.8x the single process).
 
-What staleness alone costs per step (bench/RESULTS.md, "Staleness per step"): the single run with
+What staleness alone costs per step (bench/HISTORY.md, "Staleness per step"): the single run with
 ``--single-lag N`` generates with the weights of N steps before; ``--single-steps`` and
 ``--single-seed`` make it a per-step study, ``--lr`` and ``--lr-decay-steps`` change every run's recipe.
 

@@ -30,7 +30,7 @@ keeps up with training.
    ``--outer-momentum`` (0: plain averaging at ``--outer-lr``), ``--warmup-steps`` (θ0 is first trained
    that many one-peer AdamW steps on warm-up draws, rounds from ``WARMUP_ROUND`` under a key no peer
    has, and both arms start from that model, as DiLoCo starts from a pretrained checkpoint), and
-   ``--long`` (the ``LONG`` preset of them, the regime bench/RESULTS.md found; fits 30 minutes on 2
+   ``--long`` (the ``LONG`` preset of them, the regime bench/HISTORY.md found; fits 30 minutes on 2
    shared cores); an explicit option overrides the preset. ``--genomes pyrodigal``: the four real
    genomes in pyrodigal's test data (the demo's ``--genomes``) instead of the generated metagenome.
    ``--held-out region``: held-out reads from the last tenth of each genome, which no training read
@@ -239,7 +239,7 @@ class LearningConfig:
     eval_reads_per_organism: int
 
 
-# --long: fits in 30 minutes on 2 shared cores (bench/RESULTS.md, "DiLoCo's regime on METAGENE" and "Against
+# --long: fits in 30 minutes on 2 shared cores (bench/HISTORY.md, "DiLoCo's regime on METAGENE" and "Against
 # each baseline at its best lr", 2026-11-27): 120 rounds, and the baselines at the three lrs that bracket their best
 LONG = {"rounds": 120, "H": 20, "inner_lr": 2e-3, "outer_lr": 1.0, "outer_momentum": 0.0, "warmup_steps": 0,
         "baseline_lrs": (5e-4, 1e-3, 2e-3)}

@@ -416,7 +416,7 @@ def demo(steps: Annotated[int | None, typer.Option(
                   f"a step reached the last worker in {shipping['step_to_last_worker_s_median']} s (median)",
                   soft_wrap=True)
     err.print(f"wrote {summary['out']}/metrics.jsonl, reward.png and summary.json (with a CPU profile per node); "
-              f"bench/RESULTS.md's Learning section has the figures of the 10-minute run to compare with",
+              f"bench/HISTORY.md's Learning section has the figures of the 10-minute run to compare with",
               soft_wrap=True)
     if summary["stopped_by"].startswith("node died"):
         raise typer.Exit(1)

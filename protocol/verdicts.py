@@ -36,7 +36,7 @@ CHEATING_BATCH = "cheating_batch"
 # charged), and it is not trained on or rewarded, so a forgery that lands here earns nothing.
 INCONCLUSIVE = "inconclusive"
 # How far past its engine pair's tolerance a figure proves a cheat (specs/validation.md, "Two
-# bounds"): measured honest extremes reach 1.3 times a calibrated tolerance (bench/RESULTS.md).
+# bounds"): measured honest extremes reach 1.3 times a calibrated tolerance (bench/HISTORY.md).
 PROOF_FACTOR = 2.0
 # Reasons a group is rejected, in the order validation checks them.
 REASONS = (

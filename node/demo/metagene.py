@@ -58,7 +58,7 @@ def split_genomes(organisms: list[Any], held_out: str, read_length: int = 150) -
 
     ``reads``: both from the whole genome (METAGENE-1's held-out reads: other reads of the same
     organisms). On a small genome the training reads then cover every base many times, so held-out
-    perplexity rewards remembering the genome (bench/RESULTS.md, 2026-11-27: the arm with more
+    perplexity rewards remembering the genome (bench/HISTORY.md, 2026-11-27: the arm with more
     sequential steps wins on a 20 kbp genome only). ``region``: the last ``HELD_OUT_FRACTION`` of each
     genome is held out, no training read overlaps it, so the figure measures what generalises."""
     from intellect_node.node.metagene.synthetic import Organism

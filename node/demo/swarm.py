@@ -9,7 +9,7 @@ A trainer, ``workers`` inference nodes and a validator run as separate ``intelle
 processes on 127.0.0.1 (node.local_swarm, each in its own session so that a terminal's Ctrl-C
 reaches only the demo, which then stops them in order), sharing one tiny model built once into
 the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer: on
-two cores a separate bootstrap process took 7% of the swarm's CPU (bench/RESULTS.md, "Cutting the
+two cores a separate bootstrap process took 7% of the swarm's CPU (bench/HISTORY.md, "Cutting the
 swarm's CPU per step"). Identities are created up front so that every node can be told the
 trainer's peer id (the run's manifest authority) and the trainer which validator to trust. The demo watches
 through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
@@ -57,7 +57,7 @@ class DemoOptions:
     lr: float = 5e-4
     # cosine decay of the lr to a tenth over this many trainer steps, constant after (10 minutes
     # on two cores take the swarm about 415): late steps then move a sharp policy less, which the
-    # swarm's rollouts, a step or more stale, need (bench/RESULTS.md, "Staleness per step")
+    # swarm's rollouts, a step or more stale, need (bench/HISTORY.md, "Staleness per step")
     lr_decay_steps: int = 600
     batch_groups: int = 16
     eval_tasks: int = 200  # held-out prompts the trainer answers greedily at its start and every few steps
@@ -70,7 +70,7 @@ class DemoOptions:
     # limit; None: ``worker_groups_per_step``, half as much again as its share of the trainer's
     # batch): the workers together make what the trainer trains on and a little more, so that the
     # trainer finds its next batch ready, without cores spent on groups that arrive stale
-    # (bench/RESULTS.md, "Cutting the swarm's CPU per step": 8, 12 and 16 each of 16)
+    # (bench/HISTORY.md, "Cutting the swarm's CPU per step": 8, 12 and 16 each of 16)
     groups_per_step: int | None = None
     dashboard: bool = True
     model: str = "tiny"  # or smollm2: see for_model

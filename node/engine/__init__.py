@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # base imports torch: `import node.engine` must not (the CLI'
 ENGINE_NAMES = ("auto", "torch", "vllm")
 PRECISIONS = ("float32", "bfloat16", "float16")
 DEFAULT_PRECISION = {"torch": "float32", "vllm": "bfloat16"}  # each engine's own default
-TESTED_VLLM = "0.26.0"  # the vLLM the engine ran on (bench/RESULTS.md, "GPU engines"); the gpu extra pins it
+TESTED_VLLM = "0.26.0"  # the vLLM the engine ran on (bench/HISTORY.md, "GPU engines"); the gpu extra pins it
 
 
 class EngineUnavailable(RuntimeError):

@@ -18,13 +18,13 @@ the other's prefill with replays, and derives (specs/sampling.md section 4):
   ``LOGPROB_SAFETY`` / ``TOPLOC_SAFETY``, at least their tail fits' values, never below the
   torch/torch pair's.
 
-Why tail fits: the errors between precisions are heavy-tailed (bench/RESULTS.md, "Cross-engine
+Why tail fits: the errors between precisions are heavy-tailed (bench/HISTORY.md, "Cross-engine
 tolerances": a slack from the deepest flip of 512 groups missed flips among the next 1,000), so the
 maximum of a calibration set does not bound a run's worth of honest tokens. ``tail_quantile``
 extrapolates peaks over a threshold with an exponential tail (the mean excess of the largest
 ``TAIL_POINTS`` figures), which rests on several points instead of the one largest. Few points,
 because the extreme tail is the heavy part: fitted to the 50 largest of 18,600 bf16/fp32 positions
-the exponential still undershot the deepest of 73,600 (scratch analysis in bench/RESULTS.md).
+the exponential still undershot the deepest of 73,600 (scratch analysis in bench/HISTORY.md).
 
 A pair is only as good as its calibration set: the figures name how many positions they rest on.
 """

@@ -3,7 +3,7 @@
 transformers' ``DynamicCache`` grows every layer's keys and values by concatenation each step (a
 copy of the whole cache per token: a fifth of a CPU decode step on the tiny model), and its
 forward rebuilds masks and cache bookkeeping in Python per step. A GPU decoding a 135M model is
-bound by that Python and by kernel launches, not by arithmetic (bench/RESULTS.md, "Real model on
+bound by that Python and by kernel launches, not by arithmetic (bench/HISTORY.md, "Real model on
 a GPU"): the cure vLLM uses is one CUDA graph per batch size, replayed each step, which needs
 every tensor the step touches at a fixed address and every shape fixed.
 

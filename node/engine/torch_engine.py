@@ -19,7 +19,7 @@ Verification prefill reads the same positions the generation captured (see
 once (a GRPO group's rows share one), its cache is repeated for the rows that continue it, and
 only ``completion[:-1]`` runs per row, at the positions the generation gave those tokens. On the
 demo's short answers that is a third of the tokens of prefilling every ``prompt + completion``
-(bench/RESULTS.md, "Cutting the swarm's CPU per step").
+(bench/HISTORY.md, "Cutting the swarm's CPU per step").
 """
 
 from __future__ import annotations

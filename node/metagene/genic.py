@@ -2,7 +2,7 @@
 
 Why: an order-2 Markov genome (``synthetic.random_genome``) has 16 contexts to learn. A model
 reaches its entropy floor on a few hundred thousand bases, so no amount of further data, and no
-number of DiLoCo peers, can show in its held-out loss (bench/RESULTS.md measured the floor). Real
+number of DiLoCo peers, can show in its held-out loss (bench/HISTORY.md measured the floor). Real
 bacterial genomes are about 88% genes, and most of what a genomic model learns from more data is
 the proteins those genes encode: homologs recur across organisms and as paralogs within one, each
 organism spelling them in its own codon usage. These genomes have that structure, so held-out

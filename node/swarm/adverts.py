@@ -108,7 +108,7 @@ class Advertiser:
                     # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
                     # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
                     # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
-                    # (bench/RESULTS.md, "Cutting the swarm's CPU per step"). A new policy step reaches
+                    # (bench/HISTORY.md, "Cutting the swarm's CPU per step"). A new policy step reaches
                     # members by gossip at once; the DHT copy catches up at its refresh.
                     addrs = self.advertised_addrs()
                     if addrs != stored_addrs or signed_at - stored_at >= settings.advert_lifetime_s / 2:

@@ -3,7 +3,7 @@
 Why not ``KadDHT.get_value`` alone: in py-libp2p 0.8.1 it runs a full iterative FIND_NODE lookup,
 then sends GET_VALUE to every peer the lookup found (with quorum 0 it never stops early), then
 awaits entry-correction puts. In a 20-node swarm that cost 184 ms a get, 8.9x hivemind's
-(bench/RESULTS.md). Our values are signed adverts: one honest holder is enough, because the record
+(bench/HISTORY.md). Our values are signed adverts: one honest holder is enough, because the record
 check (``check``, e.g. ``intellect_node.node.swarm.membership.check_advert_record``) decides whether an answer is
 genuine, not a majority of peers. Asking the ``ASK_PEERS`` closest peers of our own routing table
 in parallel cost 12 ms and found 40 of 40 (``bench/membership.py --variants``). libp2p's full get

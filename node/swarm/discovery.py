@@ -105,7 +105,7 @@ class Discovery:
         advert once a mesh exists; and pull the adverts a random peer holds a few times in the
         first seconds. In a 20-node start on 2 cores, gossip took several gossip heartbeats per
         hop while every node was busy joining, and the last joiners' adverts reached some nodes
-        only through their first discovery round (bench/RESULTS.md).
+        only through their first discovery round (bench/HISTORY.md).
         """
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.adverts.gossip_once_meshed)

@@ -25,7 +25,7 @@ The recipe:
 - model: Qwen2 (4 layers, hidden 192, intermediate 576, 6 heads over 2 KV heads, tied
   embeddings), about 1.8M parameters (small on purpose: a GRPO step on two cores must take well
   under a second; version 1's hidden 128, 0.83M, stopped near 0.58 under GRPO where this one goes
-  past 0.9 in one process: bench/RESULTS.md, "Model size is the lever"), random init from the
+  past 0.9 in one process: bench/HISTORY.md, "Model size is the lever"), random init from the
   recipe seed;
 - training: supervised, loss on the answer and EOS only, AdamW with warm-up and cosine decay
   over 850 steps of 32, three addition batches for one reversal batch, stopped (version 3) once

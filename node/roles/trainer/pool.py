@@ -75,7 +75,7 @@ class GroupPool:
     def newest_first(self) -> list[TrainingGroup]:
         """The pooled groups, newest policy step first, each step's in key order (deterministic).
         A trainer fills its batch from the front: every step of lag costs learning per step
-        (bench/RESULTS.md, "Staleness per step"), and an older group is still used while newer
+        (bench/HISTORY.md, "Staleness per step"), and an older group is still used while newer
         ones do not fill a batch."""
         return sorted(self.groups.values(), key=lambda g: (-g.policy_step, g.key))
 
