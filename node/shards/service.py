@@ -322,15 +322,10 @@ class ShardService:
             return
         target = f"/ina/v1/{self.run_id}/{ref.base_step}/manifest"
         for peer_id, addrs in self._delta_holders(ref.base_step):
-            endpoint = http_endpoint(peer_id, addrs)
             try:
-                with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
-                    if endpoint is not None:
-                        envelope = await self.client.get(endpoint, target, limit=CheckpointManifest.MAX_SIZE)
-                    elif connection_path(self.node.host, peer_id) is not None:
-                        envelope = await self.streams.get(peer_id, target, limit=CheckpointManifest.MAX_SIZE)
-                    else:
-                        continue
+                envelope = await self._get_whole(peer_id, addrs, target, CheckpointManifest.MAX_SIZE)
+                if envelope is None:
+                    continue
                 signed = self.decode_manifest(envelope)
             except Rejected as exc:
                 self.node.scores.reject(peer_id, exc.reason, f"adapter base manifest: {exc}")
@@ -360,21 +355,27 @@ class ShardService:
         random.shuffle(others)
         return others[:self.config.delta_attempts - 1] + trainer if trainer else others[:self.config.delta_attempts]
 
+    async def _get_whole(self, peer_id: str, addrs: tuple[str, ...], target: str, limit: int) -> bytes | None:
+        """A whole body of at most ``limit`` bytes from ``peer_id``: over HTTP where it advertises
+        a server, else over a libp2p connection held to it (None: neither), within a bounded time."""
+        endpoint = http_endpoint(peer_id, addrs)
+        with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
+            if endpoint is not None:
+                return await self.client.get(endpoint, target, limit=limit)
+            if connection_path(self.node.host, peer_id) is not None:
+                return await self.streams.get(peer_id, target, limit=limit)
+        return None
+
     async def _fetch_delta(self, manifest: CheckpointManifest) -> bytes | None:
         """The delta body the manifest names, from the first holder whose bytes hash right."""
         ref = manifest.delta
         assert ref is not None
         target = f"/ina/v1/{self.run_id}/{manifest.step}/delta"
         for peer_id, addrs in self._delta_holders(manifest.step):
-            endpoint = http_endpoint(peer_id, addrs)
             try:
-                with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
-                    if endpoint is not None:
-                        body = await self.client.get(endpoint, target, limit=ref.size)
-                    elif connection_path(self.node.host, peer_id) is not None:
-                        body = await self.streams.get(peer_id, target, limit=ref.size)
-                    else:
-                        continue
+                body = await self._get_whole(peer_id, addrs, target, ref.size)
+                if body is None:
+                    continue
                 if len(body) != ref.size:
                     raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
                 if delta_hash(body) != ref.hash:
