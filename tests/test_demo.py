@@ -71,6 +71,9 @@ def test_demo_on_smollm2_runs_its_recipe_through_every_role(tmp_path) -> None:
     for home in (tmp_path / "nodes").iterdir():
         assert "temperature = 0.7" in (home / "config.toml").read_text()  # every node: the same [run]
     assert all(entry["cpu_s"] > 0 for entry in summary["profile"].values())
+    # the recipe's bf16 policy (each step a sparse delta): step 0 is the 269 MB bf16 file, not 538 MB
+    shards = json.loads((tmp_path / "nodes" / "trainer" / "shards" / "status.json").read_text())
+    assert 250e6 < shards["steps"]["0"]["total_size"] < 300e6, shards["steps"]["0"]
 
 
 def test_demo_recipes_name_their_model_and_refuse_unknown_ones() -> None:

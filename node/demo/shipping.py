@@ -73,7 +73,7 @@ class ShippingLog:
         return {"checkpoint_bytes": full, "shipped_bytes_per_step": shipped,
                 "shipped_fraction": round(shipped / full, 5) if shipped and full else None,
                 "steps_by_format": formats,
-                "step_to_last_worker_s_median": statistics.median(reach) if reach else None,
+                "step_to_last_worker_s_median": round(statistics.median(reach), 2) if reach else None,
                 "step_to_last_worker_s_max": max(reach) if reach else None}
 
     def line(self) -> str:

@@ -94,7 +94,10 @@ class DemoOptions:
             recipe = dict(model=model, model_cache=MODELS_DIR / "smollm2",
                           tasks="toy:seed=0,count=4000,kinds=add1+mul1", run_settings=(("temperature", 0.7),
                                                                                         ("max_tokens", 32)),
-                          lr=2e-5, lr_decay_steps=200, batch_groups=8)
+                          lr=2e-5, lr_decay_steps=200, batch_groups=8,
+                          # a bf16 policy: each step ships as a sparse delta (14.5 and 8.2 MB, not the 538 MB
+                          # fp32 checkpoint) and it learned as the fp32 one did (bench/HISTORY.md, issue 48)
+                          policy_dtype="bfloat16")
             return cls(**(recipe | given))
         raise ValueError(f"unknown demo model {model!r}; choose one of {DEMO_MODELS}")
 
