@@ -45,8 +45,22 @@ def test_a_lora_trainer_ships_adapters_that_workers_merge_to_its_exact_checkpoin
     adapter_steps = [s for s, held in ours["steps"].items() if held["delta_format"] == "lora/v1" and held["complete"]]
     assert len(adapter_steps) >= 2, ours["steps"]
     for step in adapter_steps:
-        assert sha(ours["steps"][step]["path"]) == sha(theirs["steps"][step]["path"])
         assert ours["steps"][step]["delta_size"] < ours["steps"][step]["total_size"] / 20
+    # byte-identical where both still hold the step: the trainer runs ahead and prunes older steps,
+    # and a file may go between reading the status and hashing it
+    def compared() -> int:
+        theirs, ours = shard_status(trainer), shard_status(worker)
+        count = 0
+        for step, held in ours.get("steps", {}).items():
+            if held.get("delta_format") == "lora/v1" and held.get("complete") and step in theirs.get("steps", {}):
+                try:
+                    same = sha(held["path"]) == sha(theirs["steps"][step]["path"])
+                except FileNotFoundError:
+                    continue
+                assert same, step
+                count += 1
+        return count
+    swarm.wait_until(lambda: compared() >= 1, timeout_s=60, poll_s=0.2)
     assert ours["delta_steps"] >= 2 and ours["delta_refused"] == ours["delta_mismatch"] == 0
     assert "0" in ours["steps"]  # the base stays, however many steps came after it
     # the worker generates on the adapter steps it built
