@@ -385,13 +385,13 @@ def _opened(conn: INetConn) -> float:
 
 
 async def _closed(muxed: IMuxedConn) -> None:
-    """Return once the connection is closed, by either side, for any reason."""
+    """Return once the connection is closed, by either side, for any reason: the muxer sets its
+    ``event_closed`` then. host.py configures Yamux only, which has it (so has py-libp2p's Mplex);
+    a muxer without it is a wiring mistake, named here rather than polled for."""
     event = getattr(muxed, "event_closed", None)
-    if isinstance(event, trio.Event):
-        await event.wait()
-        return
-    while not muxed.is_closed:  # a muxer without the event (none we configure today)
-        await trio.sleep(1.0)
+    if not isinstance(event, trio.Event):
+        raise TypeError(f"{type(muxed).__name__} has no event_closed to wait on: configure Yamux (host.py)")
+    await event.wait()
 
 
 def _ignored_bad_id() -> contextlib.AbstractContextManager[None]:
