@@ -150,7 +150,9 @@ class Advertiser:
         next heartbeat is ``heartbeat_s`` away: in a 20-node start that gap set convergence."""
         topic = members_topic(self.settings.run_id)
         with trio.move_on_after(MESH_WAIT_S):
-            while not self.pubsub.router.mesh.get(topic):
+            # a poll, bounded: py-libp2p's router wakes a waiter per (peer, topic) only (wait_for_mesh),
+            # and which peers will form the mesh is unknown while joining (pubsub has met none yet)
+            while not self.pubsub.router.mesh.get(topic):  # noqa: ASYNC110
                 await trio.sleep(0.1)
         await self.publish()
         await trio.sleep(1.0)  # node.gossip's heartbeat: by then the mesh has grown to its degree
