@@ -89,8 +89,8 @@ async def serve_control(path: Path, snapshot: Callable[[], dict[str, Any]],
     try:
         task_status.started()
         await trio.serve_listeners(handle, [listener])
-    finally:
-        path.unlink(missing_ok=True)
+    finally:  # one unlink, kept synchronous: an await here would be cancelled before removing the socket
+        path.unlink(missing_ok=True)  # noqa: ASYNC240
 
 
 async def read_request(stream: trio.SocketStream) -> bytes | None:
