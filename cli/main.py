@@ -15,11 +15,12 @@ from rich.table import Table
 
 from intellect_node.cli.calibrate import calibrate as calibrate_command
 from intellect_node.cli.doctor import doctor
+from intellect_node.cli.join_options import with_join_flags
 from intellect_node.cli.metagene import metagene_app
 from intellect_node.cli.model import model_app
 from intellect_node.cli.verify import verify as verify_command
 from intellect_node.node.app.config import NodeConfig, load_config
-from intellect_node.node.app.join import JoinFlags, role_options
+from intellect_node.node.app.join import role_options
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError
 from intellect_node.protocol.run_spec import DILOCO_COMPRESSIONS, DILOCO_DEFAULT_COMPRESSION
@@ -141,53 +142,13 @@ def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = N
 
 
 @app.command()
+@with_join_flags
 def join(
     role: Annotated[list[str], typer.Option("--role", help="inference, trainer, validator or diloco; repeatable")],
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
     new_swarm: Annotated[bool | None, typer.Option(
         "--new-swarm", help="Start a new swarm if no peer is reachable")] = None,
-    trainer: Annotated[str | None, typer.Option(
-        "--trainer", help="Peer id of the run's trainer: the only key whose checkpoint manifests are accepted")] = None,
-    publish_dir: Annotated[Path | None, typer.Option(
-        "--publish-dir", help="Trainer: publish each step-<N>.safetensors written here")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model",
-        help="Base model directory (HF layout), or 'tiny' to build the project's tiny model. "
-             "Inference: without it the node relays checkpoints but generates nothing; "
-             "trainer: without it the node publishes what is written to --publish-dir")] = None,
-    tasks: Annotated[str | None, typer.Option(
-        "--tasks",
-        help="toy:seed=S,count=N[,kinds=add+reverse], math:seed=S,count=N, "
-             "humaneval[:count=N] or a tasks .jsonl file [toy:seed=0,count=1000]")] = None,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", help="Inference engine: auto, torch or vllm, optionally with :float32|bfloat16|float16 "
-                         "(torch:bfloat16); the run's [[run.engines]] pairs must cover it [auto]")] = None,
-    trust_validator: Annotated[list[str] | None, typer.Option(
-        "--trust-validator", help="Ban workers whose cheats this validator's verdicts prove; repeatable")] = None,
-    verify_fraction: Annotated[float | None, typer.Option(
-        "--verify-fraction",
-        help="Validator, trainer: fraction of batches verified, drawn from a local secret "
-             "(a trainer takes agreeing --trust-validator verdicts for the rest) [1.0]",
-        min=0.0, max=1.0)] = None,
-    groups_per_step: Annotated[int | None, typer.Option(
-        "--groups-per-step",
-        help="Inference: informative groups (completions scored differently) generated on one "
-             "policy step before waiting (up to 10 s at a time) for the next; 0: no limit [0]",
-        min=0)] = None,
-    steps: Annotated[int | None, typer.Option(
-        "--steps", help="Trainer: stop training after this step (keeps serving)", min=1)] = None,
-    batch_groups: Annotated[int | None, typer.Option(
-        "--batch-groups", help="Trainer: GRPO groups per step [16]", min=1)] = None,
-    async_level: Annotated[int | None, typer.Option(
-        "--async-level",
-        help="Run-wide ([run] async_level): the oldest usable policy is step - this; 0 is synchronous [2]",
-        min=0)] = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="Trainer: AdamW learning rate", min=0.0)] = None,
-    trainer_config: Annotated[Path | None, typer.Option(
-        "--trainer-config",
-        help="Deprecated (still read): a TOML file with [optim], [loss], "
-             "[rewards]; use config.toml's [trainer] section")] = None,
     nproc: Annotated[int, typer.Option(
         "--nproc",
         help="Trainer: processes on this machine sharing the model "
@@ -201,22 +162,7 @@ def join(
         "--master-addr", help="Trainer: address of machine rank 0, for torchrun's rendezvous")] = "127.0.0.1",
     master_port: Annotated[int, typer.Option(
         "--master-port", help="Trainer: torchrun's rendezvous port on --master-addr", min=1, max=65535)] = 29500,
-    data: Annotated[str | None, typer.Option(
-        "--data",
-        help="DiLoCo: the data, generated:sequences=N,seq_len=L,vocab=V,seed=S or metagene:store=DIR[,seq_len=L] "
-             "(a store from `metagene store`; use a metagene --model such as tiny) ([diloco] data)")] = None,
-    workload: Annotated[str | None, typer.Option(
-        "--workload",
-        help="DiLoCo: 'metagene' pretrains a genomic model on --reads: the tokenizer and store are "
-             "built once in the home and reused on re-joins (also chosen by [metagene] reads)")] = None,
-    reads: Annotated[list[str] | None, typer.Option(
-        "--reads",
-        help="DiLoCo --workload metagene: FASTQ/FASTA file (plain or .gz), "
-             "directory or glob; repeatable ([metagene] reads)")] = None,
-    tokenizer: Annotated[Path | None, typer.Option(
-        "--tokenizer",
-        help="DiLoCo --workload metagene: a `metagene tokenizer` directory every peer "
-             "shares; without it one is trained on the reads ([metagene] tokenizer)")] = None,
+    join_flags: dict[str, Any] | None = None,
 ) -> None:
     """Join the run, advertise this node and stay until Ctrl-C."""
     bad = [r for r in role if r not in ROLE_CHOICES]
@@ -235,13 +181,9 @@ def join(
                                         master_addr=master_addr, master_port=master_port))
     cfg = _config(home=home, config=config, run_id=run_id, listen=listen, bootstrap=bootstrap,
                   log_level=log_level, roles=role, new_swarm=new_swarm)
-    flags = JoinFlags(
-        roles=tuple(role), trainer=trainer, publish_dir=publish_dir, model=model, tasks=tasks, engine=engine,
-        trust_validator=tuple(trust_validator or ()), verify_fraction=verify_fraction,
-        groups_per_step=groups_per_step, steps=steps, batch_groups=batch_groups, async_level=async_level, lr=lr,
-        trainer_config=trainer_config, data=data, workload=workload, reads=tuple(reads or ()), tokenizer=tokenizer)
     try:
-        roles = role_options(cfg, flags, say=lambda line: err.print(line, soft_wrap=True, markup=False))
+        roles = role_options(cfg, tuple(role), join_flags or {},
+                             say=lambda line: err.print(line, soft_wrap=True, markup=False))
     except ConfigError as exc:
         _config_error(exc)
     if sharded:  # rank 0 serves this node with these options, loaded once, here

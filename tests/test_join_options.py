@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from intellect_node.node.app.config import load_config
-from intellect_node.node.app.join import JoinFlags, role_options
+from intellect_node.node.app.join import role_options
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.metagene.job import MetageneJob
 from tests.support.engine_helpers import quick_tiny_model
@@ -20,12 +20,12 @@ from tests.support.engine_helpers import quick_tiny_model
 TASKS = "toy:seed=0,count=4"
 
 
-def options(home: Path, toml: str, environ: dict[str, str], **flags):
-    """The role options of a node in ``home`` with ``toml`` as its config file."""
+def options(home: Path, toml: str, environ: dict[str, str], roles: tuple[str, ...], **flags):
+    """The role options of a node in ``home`` with ``toml`` as its config file and ``join``'s ``flags``."""
     (home / "config.toml").write_text(toml)
     said: list[str] = []
     config = load_config({"home": str(home)}, environ={})
-    return config, role_options(config, JoinFlags(**flags), said.append, environ), said
+    return config, role_options(config, roles, flags, said.append, environ), said
 
 
 @pytest.fixture

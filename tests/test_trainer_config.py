@@ -28,7 +28,7 @@ def test_defaults(tmp_path) -> None:
 
 def test_file_then_flags(tmp_path) -> None:
     text = "batch_groups = 8\n[optim]\nlr = 1e-3\nbetas = [0.9, 0.95]\n[loss]\nnormalization = 'constant'\n"
-    options = load(tmp_path, text, lr=2e-4, async_level=0, batch_groups=None)
+    options = load(tmp_path, text, optim={"lr": 2e-4}, async_level=0, batch_groups=None)
     assert options.batch_groups == 8 and options.async_level == 0
     assert options.optim.lr == 2e-4 and options.optim.betas == (0.9, 0.95)
     assert options.loss.normalization == "constant"

@@ -1,8 +1,9 @@
 """What ``intellect-node join`` asks for, turned into each role's options: one place decides.
 
-The CLI parses the flags into ``JoinFlags`` and prints; this module reads the config's sections
-(each with its environment layer, ``INTELLECT_NODE_<SECTION>_<KEY>``) and the flags on top, checks
-every value before a node starts, and raises ``ConfigError`` naming the flag or the key and file.
+The CLI parses the flags of node/app/join_flags.py's table and prints; this module reads the
+config's sections (each with its environment layer, ``INTELLECT_NODE_<SECTION>_<KEY>``) and the
+flags on top (each section's flag layer is the table's keys under it), checks every value before a
+node starts, and raises ``ConfigError`` naming the flag or the key and file.
 One node's roles agree: ``model``, ``tasks`` and ``engine`` come from a flag, else the first of
 ``[inference]``, ``[validator]`` that sets them (for the roles this node takes), else a default.
 """
@@ -13,11 +14,11 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from intellect_node.node.app.config import ROLE_SECTION_KEYS, InferenceOptions, NodeConfig, RoleSection
+from intellect_node.node.app.join_flags import flag_values, section_flags
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, build, whole_number
 from intellect_node.node.config.loader import layered
@@ -29,48 +30,27 @@ SHARED_SECTIONS = ("inference", "validator")  # the role sections whose model/ta
 Say = Callable[[str], None]  # how the caller shows progress and notices (the CLI: stderr)
 
 
-@dataclass(frozen=True)
-class JoinFlags:
-    """The flags ``join`` was given; None (or empty): not given, the config decides."""
-
-    roles: tuple[str, ...]
-    trainer: str | None = None
-    publish_dir: Path | None = None
-    model: str | None = None
-    tasks: str | None = None
-    engine: str | None = None
-    trust_validator: tuple[str, ...] = ()
-    verify_fraction: float | None = None
-    groups_per_step: int | None = None
-    steps: int | None = None
-    batch_groups: int | None = None
-    async_level: int | None = None
-    lr: float | None = None
-    trainer_config: Path | None = None
-    data: str | None = None
-    workload: str | None = None
-    reads: tuple[str, ...] = ()
-    tokenizer: Path | None = None
-
-
-def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
+def role_options(cfg: NodeConfig, roles: tuple[str, ...], given: Mapping[str, Any], say: Say,
                  environ: Mapping[str, str] | None = None) -> RoleOptions:
-    """Every role's options for this node. ``--async-level`` is run-wide: it is written into
-    ``cfg.run``, which the workers and validators of this node read too."""
+    """Every role's options for this node; ``given``: the ``join`` flags the user gave, by name
+    (node/app/join_flags.py). ``--async-level`` is run-wide: it is written into ``cfg.run``, which
+    the workers and validators of this node read too."""
     environ = os.environ if environ is None else environ
-    roles = flags.roles
-    if "diloco" not in roles and (flags.workload is not None or flags.reads or flags.tokenizer is not None):
-        raise ConfigError("--workload, --reads and --tokenizer are for --role diloco")
-    if flags.async_level is not None:
-        cfg.run = dataclasses.replace(cfg.run, async_level=flags.async_level)
+    flags = flag_values(given)
+    if "diloco" not in roles and any(path.startswith(("diloco.", "metagene.")) for path in flags):
+        raise ConfigError("--data, --workload, --reads and --tokenizer are for --role diloco")
+    if "run.async_level" in flags:
+        cfg.run = dataclasses.replace(cfg.run, async_level=flags["run.async_level"])
     shared = _SharedRoleValues(cfg, roles, environ)
-    model = shared.value("model", flags.model, None)
-    tasks = shared.value("tasks", flags.tasks, DEFAULT_TASKS)
-    engine = shared.value("engine", flags.engine, "auto")
-    verify_fraction = shared.value("verify_fraction", flags.verify_fraction, None, only=("validator",))
+    model = shared.value("model", flags.get("roles.model"), None)
+    tasks = shared.value("tasks", flags.get("roles.tasks"), DEFAULT_TASKS)
+    engine = shared.value("engine", flags.get("roles.engine"), "auto")
+    trusted = flags.get("roles.trust_validator", ())
+    verify_fraction = shared.value("verify_fraction", flags.get("validator.verify_fraction"), None,
+                                   only=("validator",))
     if verify_fraction is not None and not 0.0 <= verify_fraction <= 1.0:  # checked here: the roles start later
         raise ConfigError(f"[validator] verify_fraction: {verify_fraction!r} is not a fraction from 0 to 1")
-    shards = load_shard_config(cfg.home, {"trainer": flags.trainer, "publish_dir": flags.publish_dir}, environ,
+    shards = load_shard_config(cfg.home, section_flags(flags, "shards"), environ,
                                file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
     inference = None
     if "inference" in roles:
@@ -78,11 +58,12 @@ def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
             say("no --model: this inference node fetches and relays checkpoints but generates no rollouts")
         else:
             per_step = whole_number("[inference] groups_per_step",
-                                    shared.value("groups_per_step", flags.groups_per_step, 0, only=("inference",)), 0)
+                                    shared.value("groups_per_step", flags.get("inference.groups_per_step"), 0,
+                                                         only=("inference",)), 0)
             inference = dataclasses.replace(inference_options(cfg, model, tasks, engine, say), groups_per_step=per_step)
     training = None
     if "trainer" in roles and model is not None:
-        training = _trainer_options(cfg, shards, model, tasks, flags, verify_fraction, environ, say)
+        training = _trainer_options(cfg, shards, model, tasks, flags, verify_fraction, trusted, environ, say)
         shards = dataclasses.replace(shards, publish_dir=training.publish_dir)
     elif "trainer" in roles:
         say("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
@@ -93,9 +74,9 @@ def role_options(cfg: NodeConfig, flags: JoinFlags, say: Say,
         checked = inference_options(cfg, model, tasks, engine, say)
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,
-                                     trusted=flags.trust_validator)
+                                     trusted=trusted)
     diloco = _diloco_settings(cfg, flags, model, environ, say) if "diloco" in roles else None
-    return RoleOptions(shards, inference, validator, training, flags.trust_validator, diloco)
+    return RoleOptions(shards, inference, validator, training, trusted, diloco)
 
 
 class _SharedRoleValues:
@@ -169,23 +150,25 @@ def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
                           f"{named}{', ...' if len(unfit) > 5 else ''}; drop or shorten them, or lower max_tokens")
 
 
-def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: JoinFlags,
-                     verify_fraction: float | None, environ: Mapping[str, str], say: Say) -> Any:
+def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: Mapping[str, Any],
+                     verify_fraction: float | None, trusted: tuple[str, ...], environ: Mapping[str, str],
+                     say: Say) -> Any:
     from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, load_trainer_options
 
     checked = inference_options(cfg, model, tasks, "torch", say)
-    if flags.trainer_config is not None:
+    given = section_flags(flags, "trainer")
+    config_file = given.pop("config_file", None)
+    if config_file is not None:
         say(f"deprecated: {DEPRECATED_FILE}")
-    given = {"max_steps": flags.steps, "batch_groups": flags.batch_groups, "async_level": flags.async_level,
-             "lr": flags.lr, "verify_fraction": verify_fraction}
+    given |= {"async_level": flags.get("run.async_level"), "verify_fraction": verify_fraction}
     return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
                                 publish_dir=shards.publish_dir or cfg.layout.publish,
-                                config_file=flags.trainer_config, flags=given, trusted=flags.trust_validator,
+                                config_file=config_file, flags=given, trusted=trusted,
                                 section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
                                 source=str(cfg.config_file), environ=environ)
 
 
-def _diloco_settings(cfg: NodeConfig, flags: JoinFlags, model: str | None, environ: Mapping[str, str],
+def _diloco_settings(cfg: NodeConfig, flags: Mapping[str, Any], model: str | None, environ: Mapping[str, str],
                      say: Say) -> Any:
     """``[diloco]`` (environment, then --model as a preset name and --data on top) and the allowlist
     of its signed run spec; the metagene workload builds its data from the reads first."""
@@ -194,7 +177,7 @@ def _diloco_settings(cfg: NodeConfig, flags: JoinFlags, model: str | None, envir
 
     source = str(cfg.config_file)
     table = dict(cfg.sections.get("diloco", {}))
-    data = flags.data
+    data = flags.get("diloco.data")
     if _is_metagene(cfg, flags, table):
         data = _metagene_data(cfg, flags, environ, say)
         model = model or table.get("model") or "tiny"
@@ -209,28 +192,30 @@ def _diloco_settings(cfg: NodeConfig, flags: JoinFlags, model: str | None, envir
     return settings
 
 
-def _is_metagene(cfg: NodeConfig, flags: JoinFlags, diloco_table: Mapping[str, Any]) -> bool:
+def _is_metagene(cfg: NodeConfig, flags: Mapping[str, Any], diloco_table: Mapping[str, Any]) -> bool:
     """Whether this diloco node runs the metagene workload (--workload metagene, or a ``[metagene]``
     section naming reads); contradicting flags are errors that say which."""
-    if flags.workload not in (None, "metagene"):
-        raise ConfigError(f"unknown workload {flags.workload!r}: the diloco role's workload is 'metagene' "
+    workload = flags.get("diloco.workload")
+    if workload not in (None, "metagene"):
+        raise ConfigError(f"unknown workload {workload!r}: the diloco role's workload is 'metagene' "
                           "(or none: --data decides)")
-    if flags.workload is None and (flags.reads or flags.tokenizer is not None):
+    if workload is None and ("metagene.reads" in flags or "metagene.tokenizer" in flags):
         raise ConfigError("--reads and --tokenizer go with --workload metagene")
-    metagene = flags.workload == "metagene" or "reads" in cfg.sections.get("metagene", {})
-    if metagene and (flags.data is not None or "data" in diloco_table):
+    metagene = workload == "metagene" or "reads" in cfg.sections.get("metagene", {})
+    if metagene and ("diloco.data" in flags or "data" in diloco_table):
         raise ConfigError("--workload metagene builds its own data from the reads: drop --data ([diloco] data)")
     return metagene
 
 
-def _metagene_data(cfg: NodeConfig, flags: JoinFlags, environ: Mapping[str, str], say: Say) -> str:
+def _metagene_data(cfg: NodeConfig, flags: Mapping[str, Any], environ: Mapping[str, str], say: Say) -> str:
     """The data spec of this node's METAGENE store, built from the reads (or reused: node/metagene/prepare.py)."""
     from intellect_node.node.metagene.job import MetageneJob
     from intellect_node.node.metagene.prepare import prepare_store
 
     source = str(cfg.config_file)
-    job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), list(flags.reads) or None,
-                                   flags.tokenizer, source, environ)
+    reads = list(flags.get("metagene.reads", ())) or None
+    job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), reads, flags.get("metagene.tokenizer"),
+                                   source, environ)
     try:
         store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
                               job.read_options(), job.vocab, job.tokenizer_reads, log=say)

@@ -39,16 +39,15 @@ def load_trainer_options(*, model_dir: Path, task_spec: str, publish_dir: Path, 
                          section: Mapping[str, Any] | None = None,
                          run_async_level: int | None = None, source: str = "config file",
                          environ: Mapping[str, str] | None = None) -> TrainerOptions:
-    """``flags``: top-level keys and ``lr`` (None = not given); ``section``: ``[trainer]`` of ``source``;
+    """``flags``: top-level keys and sub-tables (``{"optim": {"lr": ...}}``; None = not given);
+    ``section``: ``[trainer]`` of ``source``;
     ``config_file``: an old ``--trainer-config`` file, still read; the environment
     (``INTELLECT_NODE_TRAINER_<KEY>``, top-level keys) over both."""
     table = _merged({} if run_async_level is None else {"async_level": run_async_level}, section or {})
     if config_file is not None:
         table, source = _merged(table, read_toml(config_file, explicit=True)), str(config_file)
     table |= layered(TrainerOptions, "trainer", {}, source, {}, environ, TOP_LEVEL)
-    given = {k: v for k, v in flags.items() if k in TOP_LEVEL and v is not None}
-    if flags.get("lr") is not None:
-        given["optim"] = {"lr": flags["lr"]}
+    given = {k: v for k, v in flags.items() if k in (*TOP_LEVEL, *SECTIONS) and v is not None}
     return build(TrainerOptions, _merged(table, given), source, "[trainer]", (*TOP_LEVEL, *SECTIONS),
                  model_dir=model_dir, task_spec=task_spec, publish_dir=publish_dir, trusted=trusted)
 
