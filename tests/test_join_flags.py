@@ -74,3 +74,14 @@ def test_a_trainer_flag_overrides_its_sub_table_key_by_key(tmp_path: Path) -> No
                                    config_file=tmp_path / "config.toml", flags=given)
     assert (options.optim.lr, options.optim.weight_decay, options.batch_groups) == (2e-4, 0.25, 3)
     assert dataclasses.is_dataclass(options)
+
+
+def test_a_shards_flag_added_as_one_row_reaches_the_overlay_config(tmp_path: Path) -> None:
+    from intellect_node.node.app.config import load_config
+    from intellect_node.node.app.join import role_options
+
+    (tmp_path / "config.toml").write_text("[shards]\nmax_delta_fraction = 0.25\n")
+    config = load_config({"home": str(tmp_path)}, environ={})
+    assert role_options(config, ("inference",), {}, print, {}).shards.max_delta_fraction == 0.25
+    roles = role_options(config, ("inference",), {"max_delta_fraction": 0.0}, print, {})
+    assert roles.shards.max_delta_fraction == 0.0

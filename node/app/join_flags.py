@@ -41,6 +41,9 @@ JOIN_FLAGS: tuple[JoinFlag, ...] = (
     JoinFlag("--trainer", "shards.trainer", str,
              "Peer id of the run's trainer: the only key whose checkpoint manifests are accepted"),
     JoinFlag("--publish-dir", "shards.publish_dir", Path, "Trainer: publish each step-<N>.safetensors written here"),
+    JoinFlag("--max-delta-fraction", "shards.max_delta_fraction", float,
+             "Trainer: publish a step as a sparse delta when it is at most this fraction of the checkpoint; "
+             "0 ships whole checkpoints (specs/deltas.md) [0.5]", min=0.0, max=1.0),
     JoinFlag("--model", "roles.model", str,
              "Base model directory (HF layout), or 'tiny' to build the project's tiny model. Inference: without it "
              "the node relays checkpoints but generates nothing; trainer: without it the node publishes what is "
