@@ -41,7 +41,7 @@ BootstrapOpt = Annotated[list[str] | None, typer.Option(
 ListenOpt = Annotated[list[str] | None, typer.Option(
     "--listen", help="Listen multiaddr; repeatable [default: /ip4/0.0.0.0/tcp/4001]")]
 LogOpt = Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR")]
-ROLE_CHOICES = ("inference", "trainer", "validator", "diloco")
+ROLE_CHOICES = ("inference", "trainer", "validator", "diloco", "seeder")
 
 
 def _config(**flags: Any) -> NodeConfig:
@@ -144,7 +144,9 @@ def bootstrap(home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = N
 @app.command()
 @with_join_flags
 def join(
-    role: Annotated[list[str], typer.Option("--role", help="inference, trainer, validator or diloco; repeatable")],
+    role: Annotated[list[str], typer.Option(
+        "--role", help="inference, trainer, validator, diloco or seeder (a light member: no model; "
+                       "gossips, relays and serves checkpoint shards); repeatable")],
     home: HomeOpt = None, config: ConfigOpt = None, run_id: RunOpt = None, listen: ListenOpt = None,
     bootstrap: BootstrapOpt = None, log_level: LogOpt = None,
     new_swarm: Annotated[bool | None, typer.Option(
@@ -169,6 +171,8 @@ def join(
     if bad:
         err.print(f"[red]error:[/red] unknown role {bad[0]!r}; choose from {', '.join(ROLE_CHOICES)}")
         raise typer.Exit(2)
+    if "seeder" in role and (len(set(role)) > 1 or (join_flags or {}).get("model") is not None):
+        _usage("--role seeder is a light member without a model: use it alone and without --model")
     sharded = nproc * nnodes > 1
     if sharded and role != ["trainer"]:
         _usage("--nproc/--nnodes shard the trainer: use them with --role trainer alone")

@@ -22,7 +22,7 @@ from intellect_node.protocol.schema import (
 
 PEER_ID_PATTERN = r"[1-9A-HJ-NP-Za-km-z]{32,64}"  # base58btc
 RUN_ID_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
-ROLES = frozenset({"bootstrap", "inference", "trainer", "validator", "diloco"})
+ROLES = frozenset({"bootstrap", "inference", "trainer", "validator", "diloco", "seeder"})
 ACCELERATORS = frozenset({"cpu", "cuda", "rocm", "mps", "xpu"})
 MAX_BYTES = 2**50  # a petabyte: larger than any memory or disk a node can report
 

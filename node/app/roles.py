@@ -132,6 +132,7 @@ def _diloco(a: Assembly) -> None:
 
 
 # In this order: the trainer's verifier must exist before the validator role looks for one.
+# "seeder" (a light member, no model) has no builder: the swarm and the overlay every node runs are its whole job.
 ROLE_BUILDERS: dict[str, Callable[[Assembly], None]] = {
     "trainer": _trainer,
     "validator": _validator,
