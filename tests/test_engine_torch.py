@@ -114,7 +114,7 @@ def test_prefill_in_any_order_and_head_budget_matches_per_pair_prefill(
     """Each prompt runs once for the rows that continue it: shuffled rows of mixed prompts, empty
     and one-token completions, and a head budget of one position (every completion its own
     span) give what each pair gives alone, replay margins included."""
-    from intellect_node.node.engine import torch_engine
+    from intellect_node.node.engine import torch_prefill
     from intellect_node.protocol.sampling import Replay
 
     flat = [c for group in sampled for c in group]
@@ -122,7 +122,7 @@ def test_prefill_in_any_order_and_head_budget_matches_per_pair_prefill(
     pairs += [(prompts[0], []), (prompts[1], list(flat[0].token_ids[:1])), (prompts[2], list(flat[3].token_ids[:2]))]
     order = list(reversed(range(len(pairs))))
     replays = [Replay(seed=7 + i, temperature=1.0, top_p=0.9, slack=1e-3) for i in range(len(pairs))]
-    monkeypatch.setattr(torch_engine, "HEAD_ELEMENTS", 1)
+    monkeypatch.setattr(torch_prefill, "HEAD_ELEMENTS", 1)
     together = engine.prefill([pairs[i][0] for i in order], [pairs[i][1] for i in order], [replays[i] for i in order])
     for i, got in zip(order, together):
         (alone,) = engine.prefill([pairs[i][0]], [pairs[i][1]], [replays[i]])

@@ -5,6 +5,8 @@
   token, which log-probability is reported, how per-completion seeds are derived).
 - ``intellect_node.node.engine.torch_engine``: ``TorchEngine``, the GPU when torch sees one, else the CPU; \
 HF-layout Llama and Qwen2.
+- ``intellect_node.node.engine.torch_prefill``: the torch engine's verification prefill of one batch
+  (each distinct prompt once, ``completion[:-1]`` per row, the head over a bounded span).
 - ``intellect_node.node.engine.static_decode``: the torch engine's per-token step over a KV cache
   allocated once (exact shapes on a CPU; padded shapes replayed as CUDA graphs on a GPU).
 - ``intellect_node.node.engine.vllm_engine``: ``VllmEngine``, GPU only; ``vllm`` is imported when it is built.

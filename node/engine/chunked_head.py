@@ -13,7 +13,7 @@ checkpointed: its logits are recomputed in backward instead of kept, which is wh
 trainer's memory.
 
 The trainer's ``token_logprobs`` (node/roles/trainer/learner.py) computes its policy and reference
-log-probabilities through it. ``TorchEngine.prefill`` bounds its own head calls (``HEAD_ELEMENTS``)
+log-probabilities through it. ``TorchEngine.prefill`` bounds its own head calls (torch_prefill.py ``HEAD_ELEMENTS``)
 because verification also needs each row's full logits for the sampling margins.
 """
 

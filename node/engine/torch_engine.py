@@ -24,7 +24,6 @@ demo's short answers that is a third of the tokens of prefilling every ``prompt 
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,11 +41,10 @@ from intellect_node.node.engine.base import (
     check_prompts,
 )
 from intellect_node.node.engine.static_decode import StaticDecoder
-from intellect_node.protocol.sampling import Replay, margins_of_rows, sample
+from intellect_node.node.engine.torch_prefill import prefill_batch
+from intellect_node.protocol.sampling import Replay, sample
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-HEAD_ELEMENTS = 1 << 24  # verification logits at once: 64 MiB of float32 (a row of positions at least)
-GPU_HEAD_ELEMENTS = 1 << 26  # on a GPU (256 MiB): fewer head calls, each with its sync back to the CPU
 CACHE_COLUMNS = 64  # the decode cache's length is a multiple of this: one padded shape serves nearby lengths
 
 
@@ -128,7 +126,7 @@ class TorchEngine(Engine):
 
     # --- generation ---------------------------------------------------------------------------
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden).float()
 
     def generate(
@@ -161,7 +159,7 @@ class TorchEngine(Engine):
                     self._decoder = None  # a CPU cache is cheap to rebuild and costly to keep
         return results
 
-    def _run_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
+    def run_prompts(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
         """The prompts left-padded in one batch (each ends at the last column, positions counted
         from its first token), run once: each prompt's last state [prompts, hidden], the attention
         mask and the KV cache, for generation and for verification alike."""
@@ -186,7 +184,7 @@ class TorchEngine(Engine):
         capture: bool,
     ) -> list[list[Completion]]:
         lengths = torch.tensor([len(prompts[p]) for p in chunk], device=self.device)
-        last, mask, cache = self._run_prompts([prompts[p] for p in chunk])
+        last, mask, cache = self.run_prompts([prompts[p] for p in chunk])
         width = mask.shape[1]
         rows = len(chunk) * n
         max_tokens = params.max_tokens
@@ -213,7 +211,7 @@ class TorchEngine(Engine):
         for step in range(max_tokens):
             if captured is not None:
                 captured[active, step] = hidden
-            logits = self._head(hidden)
+            logits = self.head(hidden)
             chosen = self._sample(logits, params, [seeds[r] for r in active_rows], step)
             tokens[active, step] = chosen
             logprobs[active, step] = torch.log_softmax(logits, dim=-1).gather(
@@ -300,77 +298,6 @@ class TorchEngine(Engine):
         with torch.inference_mode():
             for start in range(0, len(order), self.max_batch_rows):
                 batch = order[start : start + self.max_batch_rows]
-                for i, result in zip(batch, self._prefill_batch(prompts, completions, batch, replays)):
+                for i, result in zip(batch, prefill_batch(self, prompts, completions, batch, replays)):
                     results[i] = result
         return [r for r in results if r is not None]
-
-    def _prefill_batch(
-        self,
-        prompts: Sequence[Sequence[int]],
-        completions: Sequence[Sequence[int]],
-        batch: list[int],
-        replays: Sequence[Replay] | None,
-    ) -> list[PrefillResult]:
-        distinct: dict[tuple[int, ...], int] = {}
-        prompt_of_row = [distinct.setdefault(tuple(prompts[i]), len(distinct)) for i in batch]
-        prompt_states, mask, cache = self._run_prompts(list(distinct))
-        rows = torch.tensor(prompt_of_row, device=self.device)
-        # completion[:-1] per row, right-padded after the prompt's columns, at positions len(prompt) + j
-        tails = [list(completions[i])[:-1] for i in batch]
-        tail_width = max(len(t) for t in tails)
-        tail_states = None
-        if tail_width:
-            cache.batch_select_indices(rows)  # each row continues its prompt's cache
-            tail_ids = torch.full((len(batch), tail_width), self.pad_id, dtype=torch.long, device=self.device)
-            tail_mask = torch.zeros((len(batch), tail_width), dtype=torch.long, device=self.device)
-            for row, tail in enumerate(tails):
-                tail_ids[row, : len(tail)] = torch.tensor(tail, dtype=torch.long, device=self.device)
-                tail_mask[row, : len(tail)] = 1
-            lengths = torch.tensor([len(prompts[i]) for i in batch], device=self.device)
-            positions = lengths[:, None] + torch.arange(tail_width, device=self.device)[None, :]
-            tail_states = self.model.model(input_ids=tail_ids,
-                                           attention_mask=torch.cat([mask.index_select(0, rows), tail_mask], 1),
-                                           position_ids=positions, past_key_values=cache,
-                                           use_cache=True).last_hidden_state
-        # the state before completion token j: the prompt's last for j = 0, tail token j - 1's after
-        states = prompt_states.index_select(0, rows)[:, None]
-        if tail_states is not None:
-            states = torch.cat([states, tail_states], dim=1)
-        counts = [len(completions[i]) for i in batch]
-        valid = (torch.arange(states.shape[1], device=self.device)[None, :]
-                 < torch.tensor(counts, device=self.device)[:, None])
-        flat = states[valid]  # row by row: each completion's positions in order
-        hidden = flat.to("cpu", copy=True)
-        bounds = [0, *itertools.accumulate(counts)]
-        results = []
-        budget = GPU_HEAD_ELEMENTS if self.device.type == "cuda" else HEAD_ELEMENTS
-        for first, last in _spans(counts, max(1, budget // self.vocab_size)):
-            part = flat[bounds[first] : bounds[last]]  # the head over whole completions, a bounded number of positions
-            targets = torch.tensor([t for i in batch[first:last] for t in completions[i]], dtype=torch.long,
-                                   device=self.device)
-            logits = self._head(part)
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0].cpu()
-            replayed = (margins_of_rows(logits, targets, [replays[i] for i in batch[first:last]],
-                                        counts[first:last])
-                        if replays is not None else [None] * (last - first))
-            for row, replay in zip(range(first, last), replayed):
-                a, b = bounds[row] - bounds[first], bounds[row + 1] - bounds[first]
-                results.append(PrefillResult(hidden_states=hidden[bounds[row] : bounds[row + 1]],
-                                             logprobs=logprobs[a:b],
-                                             sampling_margins=None if replay is None else replay.margins,
-                                             sampling_gaps=None if replay is None else replay.gaps))
-        return results
-
-
-def _spans(counts: Sequence[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive index ranges ``[first, last)`` of ``counts`` whose sum stays within ``budget``
-    (a range holds at least one item, however large)."""
-    spans, first, total = [], 0, 0
-    for index, count in enumerate(counts):
-        if index > first and total + count > budget:
-            spans.append((first, index))
-            first, total = index, 0
-        total += count
-    if first < len(counts):
-        spans.append((first, len(counts)))
-    return spans
