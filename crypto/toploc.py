@@ -259,7 +259,7 @@ def _shift(
     flat = [proof for proofs in rows for proof in proofs]
     if any(not isinstance(proof, bytes) or len(proof) != size for proof in flat):
         raise ValueError(f"cannot bind a proof that is not {size} bytes")
-    masks = [chunk_masks(key, len(proofs), topk, first=first) for proofs, key in zip(rows, keys) if proofs]
+    masks = [chunk_masks(key, len(proofs), topk, first=first) for proofs, key in zip(rows, keys, strict=True) if proofs]
     if not masks:
         return [[] for _ in rows]
     table = np.frombuffer(b"".join(flat), dtype=">u2").reshape(len(flat), topk + 1).astype(np.int64)

@@ -138,7 +138,7 @@ def sample(logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int],
     the top-p set (the smallest prefix of the tokens sorted by probability, descending, ties by
     lower id, whose mass reaches ``top_p``: a token is in it when the mass before it is below
     ``top_p``). Picks token i with probability q_i, the top-p-renormalized softmax(logits / T)."""
-    return choose(logits, [position_key(s, p) for s, p in zip(seeds, positions)], temperature, top_p)
+    return choose(logits, [position_key(s, p) for s, p in zip(seeds, positions, strict=True)], temperature, top_p)
 
 
 def choose(logits: torch.Tensor, keys: Sequence[int] | torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
