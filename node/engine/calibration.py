@@ -143,7 +143,7 @@ def measure_pair(claims: Sequence[CompletionRecord], judged: Sequence[PrefillRes
     gaps = np.concatenate([r.sampling_gaps for r in judged]) if judged else np.zeros(0)
     flips = int(np.count_nonzero(margins < 0))
     errors, chunks = [], []
-    for claim, result, key in zip(claims, judged, keys):
+    for claim, result, key in zip(claims, judged, keys, strict=True):
         if len(result.logprobs):
             errors.append(np.abs(unpack_logprobs(claim.logprobs) - result.logprobs.float().numpy()))
         chunks.extend(verify_proofs(result.hidden_states, list(claim.proofs), key=key, thresholds=MEASURING))

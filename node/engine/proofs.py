@@ -69,7 +69,7 @@ def _build_unbound(hidden_states: Sequence[torch.Tensor], chunk_size: int, topk:
 def _build_part(hidden_states: Sequence[torch.Tensor], chunk_size: int, topk: int) -> list[list[bytes]]:
     """``build_completion_proofs`` of one part, in a few batched calls."""
     full_counts = [h.shape[0] // chunk_size for h in hidden_states]
-    full_rows = [h[: n * chunk_size] for h, n in zip(hidden_states, full_counts) if n]
+    full_rows = [h[: n * chunk_size] for h, n in zip(hidden_states, full_counts, strict=True) if n]
     full_proofs = (
         build_proofs(torch.cat(full_rows), chunk_size=chunk_size, topk=topk) if full_rows else []
     )
@@ -80,7 +80,7 @@ def _build_part(hidden_states: Sequence[torch.Tensor], chunk_size: int, topk: in
     tail_proofs: dict[int, bytes] = {}
     for length, members in tails.items():
         rows = torch.cat([hidden_states[i][-length:] for i in members])
-        for i, proof in zip(members, build_proofs(rows, chunk_size=length, topk=topk)):
+        for i, proof in zip(members, build_proofs(rows, chunk_size=length, topk=topk), strict=True):
             tail_proofs[i] = proof
     result, start = [], 0
     for i, count in enumerate(full_counts):

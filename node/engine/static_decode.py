@@ -106,7 +106,7 @@ class StaticDecoder:
         rows = prompts * repeats
         if rows > self.capacity or width >= self.length:
             raise ValueError(f"{rows} rows x {width} columns do not fit {self.capacity} x {self.length}")
-        for layer, keys, values in zip(cache.layers, self.keys, self.values):
+        for layer, keys, values in zip(cache.layers, self.keys, self.values, strict=True):
             keys[:rows, :, :width] = layer.keys.repeat_interleave(repeats, dim=0)
             values[:rows, :, :width] = layer.values.repeat_interleave(repeats, dim=0)
         self.valid[:rows, :width] = mask.repeat_interleave(repeats, dim=0).bool()
@@ -114,7 +114,7 @@ class StaticDecoder:
         if self.padded:
             # a padded step reads every column, masked or not, and a masked inf is still a NaN
             # (0 x inf): an earlier call's columns must not reach this one
-            for keys, values in zip(self.keys, self.values):
+            for keys, values in zip(self.keys, self.values, strict=True):
                 keys[:, :, width:] = 0
                 values[:, :, width:] = 0
         self.positions.zero_()  # padding rows' positions stay 0 (rotary tables that scale by the largest)
@@ -152,7 +152,7 @@ class StaticDecoder:
         cos, sin = self.rotary(x, self.positions[:rows, None])
         cos, sin = cos[:, None], sin[:, None]  # [rows, 1, 1, head_dim] against [rows, heads, 1, head_dim]
         attend = (self.valid[:rows, :end] & (self.columns[:end] <= self.column))[:, None, None, :]
-        for layer, keys, values in zip(self.layers, self.keys, self.values):
+        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
             attention = layer.self_attn
             h = layer.input_layernorm(x)
             q = attention.q_proj(h).view(rows, 1, -1, self.head_dim).transpose(1, 2)
