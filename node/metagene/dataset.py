@@ -58,7 +58,7 @@ class TokenizedReads:
 
     def save(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
-        for name, array in zip(_FILES, (self.tokens, self.offsets, self.sources)):
+        for name, array in zip(_FILES, (self.tokens, self.offsets, self.sources), strict=True):
             np.save(out / name, array)
         (out / "reads.json").write_text(json.dumps({"reads": len(self), "tokens": int(self.offsets[-1]),
                                                     "source_names": self.source_names}))
@@ -95,7 +95,7 @@ def tokenize_reads(reads: Iterable[Read], tokenizer: PreTrainedTokenizerFast,
 
     def flush() -> None:
         encoded = tokenizer([r.sequence for r in pending], add_special_tokens=False)["input_ids"]
-        for read, ids in zip(pending, encoded):
+        for read, ids in zip(pending, encoded, strict=True):
             ids = ids[:max_read_tokens]
             chunks.append(np.asarray(ids, dtype=np.uint16))
             lengths.append(len(ids))

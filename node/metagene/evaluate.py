@@ -93,7 +93,7 @@ def evaluate(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, reads:
     per_class = np.bincount(labels, minlength=classes)
     if classes < 2 or per_class.min() < 2:
         raise ValueError(f"evaluation needs >= 2 organisms with >= 2 reads each; "
-                         f"got {dict(zip(store.source_names, per_class.tolist()))}")
+                         f"got {dict(zip(store.source_names, per_class.tolist(), strict=True))}")
     nll, counts, pooled = score_reads(model, [store.read(i) for i in range(len(store))], seq_len)
     perplexity = {name: math.exp(nll[np.asarray(labels) == c].sum() / counts[np.asarray(labels) == c].sum())
                   for c, name in enumerate(store.source_names)}

@@ -66,7 +66,7 @@ def mutate(rng: random.Random, protein: str, rate: float) -> str:
 def codon_usage(rng: random.Random, gc: float) -> dict[str, tuple[list[str], list[float]]]:
     """Each amino acid (and the stop) -> its codons and this organism's weights for them."""
     usage: dict[str, tuple[list[str], list[float]]] = {}
-    for codon, residue in zip(CODONS, GENETIC_CODE):
+    for codon, residue in zip(CODONS, GENETIC_CODE, strict=True):
         codons, weights = usage.setdefault(residue, ([], []))
         codons.append(codon)
         weights.append(rng.uniform(0.05, 1.0) * (gc if codon[2] in "GC" else 1 - gc))

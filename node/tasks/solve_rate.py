@@ -33,7 +33,7 @@ def measure_solve_rates(
     prompts = [encode_prompt(tokenizer, t.prompt) for t in tasks]
     groups = engine.generate(prompts, n=samples, params=params, capture_hidden=False)
     measured = []
-    for task, group in zip(tasks, groups):
+    for task, group in zip(tasks, groups, strict=True):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         rate = sum(task_reward(task, text) for text in texts) / samples
         measured.append(dataclasses.replace(task, solve_rate=rate))

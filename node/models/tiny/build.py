@@ -145,7 +145,7 @@ def build_tokenizer(recipe: TinyRecipe) -> PreTrainedTokenizerFast:
         with_length_target(t, n).prompt + "\n" + t.verification_info["answer"]
         for t, n in zip(
             generate_toy_tasks(recipe.seed + TRAIN_SEED_OFFSET, 2000, recipe.kinds),
-            LENGTH_TARGETS * 500,
+            LENGTH_TARGETS * 500, strict=True,
         )
     ]
     trainer = trainers.BpeTrainer(
@@ -224,7 +224,7 @@ def start_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast) 
     engine = TorchEngine(model, max_batch_rows=256)
     outputs = engine.generate(prompts, 1, params, capture_hidden=False)
     texts = [tokenizer.decode(group[0].token_ids, skip_special_tokens=True) for group in outputs]
-    return sum(verify_toy(text, t.verification_info) for t, text in zip(tasks, texts)) / len(tasks)
+    return sum(verify_toy(text, t.verification_info) for t, text in zip(tasks, texts, strict=True)) / len(tasks)
 
 
 @dataclass
@@ -319,7 +319,7 @@ def greedy_accuracy(
     params = SamplingParams(temperature=0.0, max_tokens=12)
     outputs = engine.generate(prompts, n=1, params=params, capture_hidden=False)
     texts = [tokenizer.decode(group[0].token_ids, skip_special_tokens=True) for group in outputs]
-    solved = sum(verify_toy(text, t.verification_info) for t, text in zip(tasks, texts))
+    solved = sum(verify_toy(text, t.verification_info) for t, text in zip(tasks, texts, strict=True))
     return solved / len(tasks)
 
 
