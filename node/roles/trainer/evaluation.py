@@ -33,7 +33,7 @@ def greedy_accuracy(engine: Engine, tokenizer: object, tasks: Sequence[Task], ma
                for i, task in enumerate(tasks)]
     outputs = engine.generate(prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens), capture_hidden=False)
     solved = 0
-    for task, (completion,) in zip(tasks, outputs):
+    for task, (completion,) in zip(tasks, outputs, strict=True):
         text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)  # type: ignore[attr-defined]
         solved += task_reward(task, text) > 0
     return solved / len(tasks)

@@ -291,13 +291,13 @@ class GRPOLearner:
                 old = [[self._score(tensors, with_entropy=False)[0] for _, tensors in batches] for batches in micro]
             else:
                 old = [[self._behavior(tensors, recompute=not all(r.logprobs for r in mini)) for _, tensors in batches]
-                       for mini, batches in zip(minis, micro)]
+                       for mini, batches in zip(minis, micro, strict=True)]
             ref = ([[self._score_reference(tensors) for _, tensors in batches] for batches in micro]
                    if self.reference is not None and self.loss_config.kl_coef else None)
         tokens = float(sum(len(r.completion) for r in rows))
         totals = {"clipped": 0.0, "ratio": 0.0, "kl": 0.0, "loss": 0.0, "entropy": 0.0}
         grad_norms, skipped = [], 0
-        for m, (mini, batches) in enumerate(zip(minis, micro)):
+        for m, (mini, batches) in enumerate(zip(minis, micro, strict=True)):
             if self.loss_config.normalization == "token":
                 normalizer = float(sum(len(r.completion) for r in mini))
             else:
@@ -324,7 +324,7 @@ class GRPOLearner:
             grad_norms.append(norm)
             self.optimizer.step()
             self.scheduler.step()
-        totals = dict(zip(totals, self._sum_over_processes(list(totals.values()))))
+        totals = dict(zip(totals, self._sum_over_processes(list(totals.values())), strict=True))
         self.updates += 1
         metrics.update({
             "loss": totals["loss"], "clip_fraction": totals["clipped"] / tokens, "ratio_mean": totals["ratio"] / tokens,

@@ -44,7 +44,8 @@ def length_reward(length: int, target: int | None, config: RewardConfig) -> floa
 
 def total_rewards(task_rewards: Sequence[float], lengths: Sequence[int], target: int | None,
                   config: RewardConfig) -> np.ndarray:
-    return np.array([r + length_reward(n, target, config) for r, n in zip(task_rewards, lengths)], dtype=np.float64)
+    return np.array([r + length_reward(n, target, config) for r, n in zip(task_rewards, lengths, strict=True)],
+                    dtype=np.float64)
 
 
 def group_advantages(rewards: np.ndarray) -> np.ndarray:
