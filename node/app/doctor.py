@@ -178,6 +178,22 @@ def check_sandbox() -> Check:
                  "apt-get install -y bubblewrap; allow unprivileged user namespaces (the sysctl named above)")
 
 
+def check_sandbox_memory() -> Check:
+    """Which memory limits a sandboxed run gets here: a cgroup limit that counts every page (tmpfs,
+    shmem, kernel objects), or the caps alone. WARN without the cgroup: the caps hold every place
+    a program can fill, but small kernel memory (pipe buffers, thread stacks) then goes uncounted."""
+    from intellect_node.node.tasks.sandbox import memory_enforcement
+    from intellect_node.node.tasks.sandbox_cgroup import hierarchy
+
+    hierarchy.cache_clear()  # doctor is asked after a fix: probe again
+    cgroup, detail = memory_enforcement()
+    if cgroup:
+        return Check("sandbox memory", OK, detail)
+    return Check("sandbox memory", WARN, detail,
+                 "run the node as root on a host with the memory cgroup controller (v2, or v1 memory), or delegate "
+                 "it a cgroup v2 subtree with memory enabled (systemd: Delegate=yes)")
+
+
 async def check_peers(bootstrap: list[str], timeout_s: float = DIAL_TIMEOUT_S,
                       listen: str = "/ip4/127.0.0.1/tcp/0") -> list[Check]:
     """Dial every bootstrap peer at once (bounded), read clock skew from the first that answers,
@@ -271,7 +287,8 @@ def run_checks(flags: dict[str, Any], config_file: Path | None, timeout_s: float
     config_check, config = check_config(flags, config_file)
     listen = check_listen(config.listen)
     checks = [config_check, check_identity(config.layout.identity_key), listen,
-              check_reachability(config.listen), check_disk(config.home), *check_gpu(), check_sandbox()]
+              check_reachability(config.listen), check_disk(config.home), *check_gpu(), check_sandbox(),
+              check_sandbox_memory()]
     # the dial-back tests the node's own port when it is free and fixed; else any port of this machine
     own = next((a for a in config.listen if re.fullmatch(r"/ip4/[0-9.]+/tcp/[1-9][0-9]*", a)), None)
     probe = own if listen.level == OK and own is not None else "/ip4/0.0.0.0/tcp/0"

@@ -13,6 +13,8 @@
 - ``intellect_node.node.tasks.sandbox``: bubblewrap + seccomp isolation the code tests run in, and
   the probe that says why it is unavailable (``doctor``, refusals).
 - ``intellect_node.node.tasks.seccomp``: the BPF filter the sandbox loads, built by hand.
+- ``intellect_node.node.tasks.sandbox_cgroup``: the memory cgroup each sandbox process runs in, where the
+  machine allows one (v2 or v1): one budget for every page a run holds.
 - ``intellect_node.node.tasks._sandbox_boot``: the first code a sandboxed interpreter runs (limits, then
   run, serve or check); read as text and passed to ``python -c``, never imported.
 - ``intellect_node.node.tasks.assert_check``: assert tests judged in a second sandbox from plain values.

@@ -90,6 +90,7 @@ def write_message(stream, message):
 
 
 def set_limits(job):
+    # memory_bytes is the run's budget less the two tmpfs caps (SandboxLimits.address_space_bytes)
     memory, cpu = job["memory_bytes"], job["cpu_seconds"]
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     # SIGXCPU at the soft limit (reported as a timeout), SIGKILL a second later if it is caught
@@ -100,6 +101,9 @@ def set_limits(job):
     # counted per user in this run's own user namespace; seccomp already refuses fork, so this
     # only bounds threads
     resource.setrlimit(resource.RLIMIT_NPROC, (16, 16))
+    # no POSIX message-queue bytes (seccomp refuses mq_* as well) and no pages locked in RAM
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
 
 
 def load_program(source):

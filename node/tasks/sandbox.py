@@ -12,17 +12,34 @@ What each run gets:
   end of every run, and as the sandbox's pid 1 dies with it, every process inside dies too;
 - files: read-only binds of ``/usr`` (and ``/lib*``, ``/bin`` as on the host) and of the real
   Python prefix (``sys.base_prefix``, never a venv or a home); a fresh ``/proc`` that shows only
-  the run's own processes; a minimal ``/dev``; size-capped tmpfs ``/work`` (the cwd) and ``/tmp``;
+  the run's own processes; a minimal ``/dev``, read-only (its tmpfs has no size cap, so no
+  ``/dev/shm`` either); tmpfs ``/work`` (the cwd) and ``/tmp``, capped in bytes and in inodes;
   no ``/etc``, no home, no node keys, no sockets; an empty environment but for ``PATH``, ``LANG``;
 - identity: uid/gid 65534 with every capability dropped; a root node starts bubblewrap as the
   host's ``nobody`` (in a private mount namespace where the Python prefix is bound somewhere
   ``nobody`` can reach), so even the kernel's view of the processes is unprivileged;
 - ``intellect_node.node.tasks.seccomp``: no sockets, no new processes (threads only), no ptrace,
-  namespaces, mounts, pidfds, mknod, xattrs, bpf, io_uring, keyrings, TIOCSTI...;
+  namespaces, mounts, pidfds, mknod, xattrs, bpf, io_uring, keyrings, TIOCSTI, memfd, SysV IPC,
+  POSIX message queues, vmsplice, pipe resizing...;
 - limits set before the program runs (``_sandbox_boot.py``): address space (a memory bomb gets
   ``MemoryError``), CPU time, size of any file written (stdout and stderr included: they are
   files of the node's, handed over as descriptors), 64 open files, no core dumps, 16 threads;
   a wall-clock limit after which everything is killed.
+
+Memory: one budget per run, ``memory_mb``, for every place a program can put bytes. Where the
+kernel and the node's rights allow it, each sandbox process runs in a memory cgroup of its own
+(``intellect_node.node.tasks.sandbox_cgroup``, v2 or v1) limited to the budget, which counts
+tmpfs and shared pages and kernel objects too. Whether or not there is one, the caps hold alone:
+the budget is split into ``RLIMIT_AS`` (7/8) and the two tmpfs mounts (1/16 each, of which 7/8
+data and 1/8 inodes: ``--tmpfs`` of bubblewrap caps bytes only, so the launcher mounts them itself
+from an fstab, ``mount -a -T``, in a mount namespace of its own, and bubblewrap binds them);
+``/dev`` (and ``/dev/shm``) is read-only; memfd, SysV shared memory, message queues and
+semaphores, POSIX message queues and ``vmsplice`` are refused and a pipe keeps its default 64 KiB.
+Measured (tests/test_sandbox_memory.py, budget 128 MiB, each program aiming at 512 MiB): before
+this, ``/dev/shm``, ``/dev``, POSIX shm, SysV shm and empty-file (inode) floods held 457 to 538 MiB
+and all places at once 838 MiB; now at most the budget in every place, with and without the cgroup.
+An unprivileged node makes its mounts in a user namespace of its own (``unshare --user
+--map-root-user``), where bubblewrap then nests the sandbox's.
 
 Results come back only through descriptors the node opened, read back with ``read_capped``
 (``O_NOFOLLOW``, non-blocking, regular files only, size-capped), never from a path the program
@@ -31,7 +48,9 @@ could have replaced. Where bubblewrap or user namespaces are missing the node re
 
 What remains possible, inside the limits: reading the bound system files (``/usr``, the Python
 installation), burning its CPU and memory quota, exec'ing other programs from ``/usr`` (under the
-same filter and limits), and hard-coding answers (no harness can tell that from solving).
+same filter and limits), and hard-coding answers (no harness can tell that from solving). Without
+a cgroup, small kernel memory goes uncounted: at most 32 pipes of 64 KiB, 16 threads' kernel
+stacks, page tables (within the address space), and caches the kernel reclaims (dentries).
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -51,11 +71,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from intellect_node.node.tasks.sandbox_cgroup import RunCgroup, hierarchy
 from intellect_node.node.tasks.seccomp import SeccompUnsupported, build_filter
 
 _BOOT = Path(__file__).with_name("_sandbox_boot.py")
 SANDBOX_ID = 65534  # the uid and gid inside, and the host user a root node starts bubblewrap as
-_TMPFS_BYTES = 64 << 20
+_TMPFS_SHARE = 16  # each writable tmpfs (/work, /tmp) may hold 1/16 of the run's budget
 _STARTUP_S = 2.0  # added to a run's wall-clock limit: namespaces and the interpreter start first
 INSTALL_HINT = ("install bubblewrap (`apt-get install -y bubblewrap`) and allow user namespaces "
                 "(sysctl user.max_user_namespaces > 0)")
@@ -80,6 +101,27 @@ class SandboxLimits:
     memory_mb: int = 512
     output_bytes: int = 1 << 20
 
+    @property
+    def tmpfs_share_bytes(self) -> int:
+        """What each of the two writable tmpfs mounts, ``/work`` and ``/tmp``, may cost: data and inodes."""
+        return max(1 << 20, (self.memory_mb << 20) // _TMPFS_SHARE)
+
+    @property
+    def tmpfs_bytes(self) -> int:
+        """The data a tmpfs mount holds (its ``size``): 7/8 of its share; inodes take the rest."""
+        return self.tmpfs_share_bytes * 7 // 8
+
+    @property
+    def tmpfs_inodes(self) -> int:
+        """Files, directories and symlinks a mount holds (``nr_inodes``): each costs at most 1.5 KiB of
+        kernel memory (measured 0.9 KiB, 1.4 KiB with a 250-byte name), so 1/16 KiB of the share each."""
+        return self.tmpfs_share_bytes // (16 << 10)
+
+    @property
+    def address_space_bytes(self) -> int:
+        """``RLIMIT_AS``: the budget less both tmpfs shares, so that the three add up to the budget."""
+        return (self.memory_mb << 20) - 2 * self.tmpfs_share_bytes
+
 
 @dataclass(frozen=True)
 class SandboxResult:
@@ -87,7 +129,8 @@ class SandboxResult:
 
     ``returncode`` is the program's exit status (128 + N when signal N killed it, as bubblewrap
     reports it); ``timed_out`` means the wall-clock or the CPU-time limit stopped it;
-    ``network_namespace`` is always True now (kept for callers).
+    ``network_namespace`` is always True now (kept for callers); ``peak_bytes`` is the most memory
+    the run held at once as its cgroup counted it (None where runs get no cgroup).
     """
 
     returncode: int
@@ -96,6 +139,7 @@ class SandboxResult:
     timed_out: bool
     wall_s: float
     network_namespace: bool = True
+    peak_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -136,12 +180,16 @@ def _python() -> tuple[str, str | None]:
 
 
 class _Workspace:
-    """A private temporary directory of the node's for one run's jobs, outputs and filter."""
+    """A private temporary directory of the node's for one run's jobs, outputs and filter, and the
+    mount points each sandbox's own ``/work`` and ``/tmp`` (and, for a root node, the prefix) go on."""
 
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="ina-sandbox-")
         self.path = Path(self._tmp.name)
         self.mountpoint: Path | None = None
+        self.work, self.tmp = self.path / "work", self.path / "tmp"
+        for point in (self.work, self.tmp):
+            point.mkdir(mode=0o755)
         if os.geteuid() == 0:  # bubblewrap runs as nobody, who must reach the prefix's bind point
             os.chmod(self.path, 0o711)
             self.mountpoint = self.path / "python"
@@ -156,8 +204,29 @@ class _Workspace:
     def output(self, name: str) -> int:
         return os.open(self.path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
+    def fstab(self, limits: SandboxLimits) -> Path:
+        """The mounts each sandbox's launcher makes in its own mount namespace (``mount -a -T``): two
+        tmpfs capped in bytes and in inodes (bubblewrap's ``--tmpfs`` caps bytes only), and the bind
+        of the Python prefix where a root node's ``nobody`` can reach it."""
+        path = self.path / "fstab"
+        if not path.exists():
+            owner = SANDBOX_ID if self.mountpoint else 0  # unprivileged: root of the launcher's namespace
+            options = (f"size={limits.tmpfs_bytes},nr_inodes={limits.tmpfs_inodes},mode=0755,"
+                       f"uid={owner},gid={owner}")
+            lines = [f"tmpfs {_fstab_path(point)} tmpfs {options} 0 0" for point in (self.work, self.tmp)]
+            prefix = _python()[1]
+            if self.mountpoint is not None:
+                lines.append(f"{_fstab_path(Path(prefix or '/usr'))} {_fstab_path(self.mountpoint)} none bind 0 0")
+            path.write_text("\n".join(lines) + "\n")
+        return path
+
     def close(self) -> None:
         self._tmp.cleanup()
+
+
+def _fstab_path(path: Path) -> str:
+    """``path`` as an fstab field: space, tab, newline and backslash octal-escaped."""
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in str(path))
 
 
 @functools.lru_cache(maxsize=1)
@@ -165,7 +234,8 @@ def _boot_source() -> str:
     return _BOOT.read_text(encoding="utf-8")
 
 
-def _command(job_fd: int, seccomp_fd: int, workspace: _Workspace) -> list[str]:
+def _command(job_fd: int, seccomp_fd: int, workspace: _Workspace, limits: SandboxLimits,
+             cgroup: RunCgroup | None) -> list[str]:
     executable, prefix = _python()
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
@@ -174,16 +244,22 @@ def _command(job_fd: int, seccomp_fd: int, workspace: _Workspace) -> list[str]:
     if prefix is not None:
         source = str(workspace.mountpoint) if workspace.mountpoint else prefix
         argv += ["--ro-bind", source, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(_TMPFS_BYTES), "--tmpfs", "/tmp", "--size", str(_TMPFS_BYTES), "--tmpfs", "/work",
+    # /dev read-only: its tmpfs (and /dev/shm on it) has no size cap; the device nodes stay usable
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+             "--bind", str(workspace.tmp), "/tmp", "--bind", str(workspace.work), "/work",
              "--chdir", "/work", "--remount-ro", "/", "--seccomp", str(seccomp_fd),
              "--", executable, "-I", "-B", "-S", "-c", _boot_source(), str(job_fd)]
-    if workspace.mountpoint is None:
-        return argv
-    # root: bind the prefix where nobody can reach it, in a mount namespace of this run only
-    script = 'mount --bind "$0" "$1" && shift && exec setpriv --reuid={0} --regid={0} --clear-groups -- "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script.format(SANDBOX_ID),
-            prefix or "/usr", str(workspace.mountpoint), *argv]
+    # the launcher: joins the run's cgroup, makes the run's mounts in a mount namespace of its own
+    # (an unprivileged node: in a user namespace of its own too), then becomes bubblewrap
+    script = 'mount -a -T "$0" && exec "$@"'
+    if cgroup is not None:
+        script = f'echo $$ > {shlex.quote(str(cgroup.procs))} && {script}'
+    if workspace.mountpoint is not None:  # root: bubblewrap starts as nobody
+        argv = ["setpriv", f"--reuid={SANDBOX_ID}", f"--regid={SANDBOX_ID}", "--clear-groups", "--", *argv]
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+    else:
+        unshare = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
+    return [*unshare, "--", "sh", "-c", script, str(workspace.fstab(limits)), *argv]
 
 
 class Sandboxes:
@@ -195,18 +271,22 @@ class Sandboxes:
         self.limits = limits
         self.workspace = _Workspace()
         self._processes: list[subprocess.Popen] = []
+        self._cgroups: list[RunCgroup] = []
         self._seccomp = build_filter()
+        # the most the runs' cgroups held (summed over processes), read at close; None without cgroups
+        self.peak_bytes: int | None = None
 
     def start(self, name: str, job: dict, stdin: bytes = b"", pass_fds: Sequence[int] = ()) -> subprocess.Popen:
-        job = {**job, "memory_bytes": self.limits.memory_mb << 20,
+        job = {**job, "memory_bytes": self.limits.address_space_bytes,
                "cpu_seconds": max(1, math.ceil(self.limits.timeout_s)), "file_bytes": self.limits.output_bytes}
         job_fd = self.workspace.file(f"{name}-job.json", json.dumps(job).encode())
         seccomp_fd = self.workspace.file(f"{name}-seccomp.bpf", self._seccomp)
         stdin_fd = self.workspace.file(f"{name}-stdin", stdin)
         stdout_fd, stderr_fd = self.workspace.output(f"{name}-stdout"), self.workspace.output(f"{name}-stderr")
         try:
+            cgroup = self._cgroup(name)
             process = subprocess.Popen(
-                _command(job_fd, seccomp_fd, self.workspace),
+                _command(job_fd, seccomp_fd, self.workspace, self.limits, cgroup),
                 stdin=stdin_fd, stdout=stdout_fd, stderr=stderr_fd,
                 pass_fds=(job_fd, seccomp_fd, *pass_fds),
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
@@ -217,6 +297,18 @@ class Sandboxes:
                 os.close(fd)
         self._processes.append(process)
         return process
+
+    def _cgroup(self, name: str) -> RunCgroup | None:
+        """A new cgroup limited to the budget, or None where there is none (the caps hold alone)."""
+        where = hierarchy()
+        if isinstance(where, str):
+            return None
+        try:
+            cgroup = RunCgroup(where, name, self.limits.memory_mb << 20)
+        except OSError:  # the parent went away since the probe: the caps still hold the budget
+            return None
+        self._cgroups.append(cgroup)
+        return cgroup
 
     def output(self, name: str, stream: str) -> str:
         data = read_capped(self.workspace.path / f"{name}-{stream}", self.limits.output_bytes)
@@ -229,6 +321,10 @@ class Sandboxes:
             except ProcessLookupError:
                 pass
             process.wait()
+        if self._cgroups and self.peak_bytes is None:
+            self.peak_bytes = sum(cgroup.peak_bytes() for cgroup in self._cgroups)
+        for cgroup in self._cgroups:
+            cgroup.close()
         self.workspace.close()
 
     def __enter__(self) -> Sandboxes:
@@ -257,14 +353,15 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits | None = None
         process = boxes.start("main", {"mode": "run", "program": source}, stdin=stdin.encode())
         returncode = wait(process, started + limits.timeout_s + _STARTUP_S)
         wall = time.monotonic() - started
-        timed_out = returncode is None or returncode == 128 + signal.SIGXCPU
-        return SandboxResult(
-            returncode=-signal.SIGKILL if returncode is None else returncode,
-            stdout=boxes.output("main", "stdout"),
-            stderr=boxes.output("main", "stderr"),
-            timed_out=timed_out,
-            wall_s=wall,
-        )
+        stdout, stderr = boxes.output("main", "stdout"), boxes.output("main", "stderr")
+    return SandboxResult(
+        returncode=-signal.SIGKILL if returncode is None else returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=returncode is None or returncode == 128 + signal.SIGXCPU,
+        wall_s=wall,
+        peak_bytes=boxes.peak_bytes,
+    )
 
 
 def userns_blocked(proc_sys: Path = Path("/proc/sys")) -> str | None:
@@ -282,7 +379,7 @@ def userns_blocked(proc_sys: Path = Path("/proc/sys")) -> str | None:
 @functools.lru_cache(maxsize=1)
 def sandbox_problem() -> str | None:
     """Why code cannot be isolated here (and how to fix it), or None when it can; probed once."""
-    missing = [tool for tool in ("bwrap", *(("unshare", "setpriv", "mount") if os.geteuid() == 0 else ()))
+    missing = [tool for tool in ("bwrap", "unshare", "mount", "sh", *(("setpriv",) if os.geteuid() == 0 else ()))
                if shutil.which(tool) is None]
     if missing:
         return f"{', '.join(missing)} not found: {INSTALL_HINT}"
@@ -300,6 +397,20 @@ def sandbox_problem() -> str | None:
     except (OSError, SandboxUnavailable) as exc:
         return f"bubblewrap cannot start ({exc}): {INSTALL_HINT}"
     return None
+
+
+def memory_enforcement(limits: SandboxLimits | None = None) -> tuple[bool, str]:
+    """Whether runs get a cgroup memory limit here, and every memory limit a run gets, in words."""
+    limits = limits or SandboxLimits()
+    caps = (f"/work and /tmp tmpfs capped at {limits.tmpfs_bytes >> 20} MiB and {limits.tmpfs_inodes} inodes "
+            f"each, address space {limits.address_space_bytes >> 20} MiB, /dev read-only (no /dev/shm), memfd, "
+            "SysV IPC, POSIX message queues and pipe resizing refused")
+    where = hierarchy()
+    if isinstance(where, str):
+        return False, (f"no cgroup memory limit ({where}); a run of memory_mb={limits.memory_mb} is held by the "
+                       f"caps alone: {caps}; small kernel memory (pipe buffers up to 2 MiB, thread stacks, "
+                       "reclaimable dentries) goes uncounted")
+    return True, f"{where.describe()} = memory_mb ({limits.memory_mb} MiB), and the caps: {caps}"
 
 
 def require_sandbox() -> None:

@@ -19,6 +19,11 @@ What it refuses (``EPERM`` unless noted), for the untrusted program and everythi
   swap, accounting, quota, ``syslog``, ``personality``, NUMA page moves, fanotify;
 - filesystem tricks: ``mknod``/``mknodat``, the ``*setxattr``/``*removexattr`` family;
 - ``ioctl(TIOCSTI)`` and ``ioctl(TIOCLINUX)`` (typing into a terminal);
+- memory that ``RLIMIT_AS`` and the tmpfs caps would not count: ``memfd_create``,
+  ``memfd_secret``, SysV shared memory, message queues and semaphores (``shm*``, ``msg*``,
+  ``sem*``), POSIX message queues (``mq_*``), ``vmsplice`` (pages pinned in a pipe), and
+  ``fcntl(F_SETPIPE_SZ)`` (a pipe keeps 64 KiB); where the run also has a memory cgroup
+  (``intellect_node.node.tasks.sandbox_cgroup``) these are refused all the same;
 - any other architecture's system call numbers (the x32 ABI on x86_64, a foreign ``arch``):
   the process is killed.
 """
@@ -46,6 +51,7 @@ CLONE_THREAD = 0x00010000
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+F_SETPIPE_SZ = 1031  # F_LINUX_SPECIFIC_BASE + 7
 X32_SYSCALL_BIT = 0x40000000
 
 # System calls refused with EPERM, by name; numbers per architecture below.
@@ -60,6 +66,10 @@ DENIED = (
     "acct", "quotactl", "syslog", "personality", "move_pages", "migrate_pages", "mbind",
     "fanotify_init", "sethostname", "setdomainname", "vhangup", "mknod", "mknodat", "setxattr",
     "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr", "iopl", "ioperm",
+    # memory a run could hold outside its address space (RLIMIT_AS) and its tmpfs caps
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv",
+    "msgctl", "semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+    "mq_timedreceive", "mq_notify", "mq_getsetattr", "vmsplice",
 )
 
 _X86_64 = {
@@ -77,7 +87,11 @@ _X86_64 = {
     "mbind": 237, "fanotify_init": 300, "sethostname": 170, "setdomainname": 171, "vhangup": 153,
     "mknod": 133, "mknodat": 259, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190,
     "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "iopl": 172, "ioperm": 173,
-    "clone": 56, "clone3": 435, "ioctl": 16,
+    "clone": 56, "clone3": 435, "ioctl": 16, "fcntl": 72,
+    "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67,
+    "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semtimedop": 220,
+    "semctl": 66, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+    "mq_notify": 244, "mq_getsetattr": 245, "vmsplice": 278,
 }
 # asm-generic numbering; aarch64 has no fork, vfork, mknod, iopl or ioperm
 _AARCH64 = {
@@ -94,7 +108,11 @@ _AARCH64 = {
     "quotactl": 60, "syslog": 116, "personality": 92, "move_pages": 239, "migrate_pages": 238,
     "mbind": 235, "fanotify_init": 262, "sethostname": 161, "setdomainname": 162, "vhangup": 58,
     "mknodat": 33, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14,
-    "lremovexattr": 15, "fremovexattr": 16, "clone": 220, "clone3": 435, "ioctl": 29,
+    "lremovexattr": 15, "fremovexattr": 16, "clone": 220, "clone3": 435, "ioctl": 29, "fcntl": 25,
+    "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197,
+    "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semtimedop": 192,
+    "semctl": 191, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183,
+    "mq_notify": 184, "mq_getsetattr": 185, "vmsplice": 75,
 }
 # (AUDIT_ARCH_*, syscall table, whether to refuse the x32 bit)
 ARCHES = {
@@ -145,6 +163,14 @@ def build_filter(machine: str | None = None) -> bytes:
         _insn(_JEQ_K, TIOCLINUX, jt=1),
         _insn(_RET_K, _ALLOW),
         _insn(_RET_K, eperm),
+    ]
+    # fcntl: a pipe keeps its default 16 pages (64 KiB); 32 pipes (64 descriptors) then hold 2 MiB
+    prog += [
+        _insn(_JEQ_K, table["fcntl"], jf=3),
+        _insn(_LD_W_ABS, _ARG1),
+        _insn(_JEQ_K, F_SETPIPE_SZ, jf=1),
+        _insn(_RET_K, eperm),
+        _insn(_LD_W_ABS, _NR),  # reload: whatever follows compares the call number again
     ]
     prog.append(_insn(_RET_K, _ALLOW))
     return b"".join(prog)
