@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -33,8 +34,11 @@ MAX_ADVERTISED_ADDRS = 16
 MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
-# messages per second in total (libp2p rate-limits each forwarding peer per topic).
-MEMBERS_TOPIC_BUDGET_PER_S = 2.0
+# messages per second in total: every node receives each one from each of its mesh peers, so this,
+# not the run's size, sets what membership costs a node at rest (bench/scale.py, specs/dht.md).
+MEMBERS_TOPIC_BUDGET_PER_S = 1.0
+HEARTBEATS_PER_LIFETIME = 3  # an advert's lifetime spans at least this many heartbeats
+JITTER = 0.1  # each interval is drawn within +-10%: nodes started together must not publish in step
 
 
 class Advertiser:
@@ -81,29 +85,48 @@ class Advertiser:
         """Something the advert carries changed: re-sign and gossip it now."""
         self._changed.set()
 
-    def sign(self) -> bytes:
+    def sign(self, lifetime_s: float | None = None) -> bytes:
         """Sign the advert as it stands and put it in our own view (we are a member too)."""
-        self.envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=self.settings.advert_lifetime_s)
+        lifetime_s = self.settings.advert_lifetime_s if lifetime_s is None else lifetime_s
+        self.envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=lifetime_s)
         self.view.accept(self.envelope)
         return self.envelope
+
+    def cadence(self) -> tuple[float, float, float]:
+        """(heartbeat interval, advert lifetime, re-signing interval) for the run's present size.
+
+        The interval is ``members / MEMBERS_TOPIC_BUDGET_PER_S`` (at least ``heartbeat_s``), so the
+        topic's total rate, and what each node receives, stays flat as the run grows. The lifetime
+        grows with it to span ``HEARTBEATS_PER_LIFETIME`` intervals (never below
+        ``advert_lifetime_s``; at most the advert's ``MAX_LIFETIME_S``, past which the interval is
+        held at a third of it and the budget gives: specs/dht.md), and re-signing keeps its share of
+        the lifetime (``advert_refresh_s / advert_lifetime_s``). The cost: a node that vanishes
+        stays listed for up to one lifetime (300 s at 100 members with the defaults).
+        """
+        settings = self.settings
+        interval = max(settings.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
+        lifetime = min(max(settings.advert_lifetime_s, HEARTBEATS_PER_LIFETIME * interval), NodeAdvert.MAX_LIFETIME_S)
+        interval = min(interval, lifetime / HEARTBEATS_PER_LIFETIME)
+        return interval, lifetime, settings.advert_refresh_s * lifetime / settings.advert_lifetime_s
 
     async def run(self) -> None:
         """Gossip the advert every heartbeat; re-sign (and re-store in the DHT) when due or changed.
 
         One loop, one message per interval: the heartbeat repeats the current envelope, which is
-        re-signed every ``advert_refresh_s`` so it never nears expiry. The interval grows with the
+        re-signed every refresh (``cadence``) so it never nears expiry. The interval grows with the
         run (``MEMBERS_TOPIC_BUDGET_PER_S``). The DHT store runs beside the loop: it can take seconds
         under load, and the cadence must not wait for it or peers would expire a live node.
         """
-        settings = self.settings
         signed_at = stored_at = provided_at = -float("inf")
+        stored_lifetime = 0.0
         stored_addrs: tuple[str, ...] | None = None
         async with trio.open_nursery() as stores:
             while True:
-                if time.monotonic() - signed_at >= settings.advert_refresh_s or self._changed.is_set():
+                interval, lifetime, refresh = self.cadence()
+                if time.monotonic() - signed_at >= refresh or self._changed.is_set():
                     self._changed = trio.Event()
                     signed_at = time.monotonic()
-                    envelope = self.sign()
+                    envelope = self.sign(lifetime)
                     # The DHT copy only has to outlive its own half-life and carry the addresses a
                     # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
                     # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
@@ -111,16 +134,16 @@ class Advertiser:
                     # (bench/HISTORY.md, "Cutting the swarm's CPU per step"). A new policy step reaches
                     # members by gossip at once; the DHT copy catches up at its refresh.
                     addrs = self.advertised_addrs()
-                    if addrs != stored_addrs or signed_at - stored_at >= settings.advert_lifetime_s / 2:
-                        stored_addrs = addrs
+                    if addrs != stored_addrs or signed_at - stored_at >= stored_lifetime / 2:
+                        stored_addrs, stored_lifetime = addrs, lifetime
                         provide = signed_at - provided_at >= PROVIDER_REFRESH_S
                         stored_at = signed_at
                         provided_at = signed_at if provide else provided_at
                         stores.start_soon(self._store, envelope, provide)
                 await self.publish()
-                interval = max(settings.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
-                next_signing = signed_at + settings.advert_refresh_s - time.monotonic()
-                with trio.move_on_after(max(0.0, min(interval, next_signing))):
+                next_signing = signed_at + refresh - time.monotonic()
+                with trio.move_on_after(max(0.0, min(interval * random.uniform(1 - JITTER, 1 + JITTER),
+                                                     next_signing))):
                     await self._changed.wait()
 
     async def _store(self, envelope: bytes, provide: bool) -> None:

@@ -73,6 +73,7 @@ class MemberView:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._members: dict[str, Member] = {}
+        self._envelopes: dict[bytes, int] = {}  # held envelope -> its expiry: a repeat costs no decoding
         self._proven: set[str] = set()
 
     def vouch(self, peer_id: str) -> None:
@@ -97,7 +98,7 @@ class MemberView:
             weakest = min(held, key=self._rank)
             if self._rank(weakest) >= self._rank(newcomer):
                 raise TableFull(f"member table full ({cap} in the bucket of {ip or 'no address'})")
-            del self._members[weakest.advert.peer_id]
+            self._drop(weakest.advert.peer_id)
 
     def accept(self, data: bytes, now: int | None = None) -> Member | None:
         """Verify an advert envelope and record it; None for a copy of what is already known.
@@ -106,14 +107,14 @@ class MemberView:
         than the one held (a replay: it could resurrect a node that has left, or roll back its step).
         """
         now = now_ms() if now is None else now
+        if self._envelopes.get(data, 0) > now:  # the same bytes again (every pull repeats them): no decoding
+            return None
         signed = codec.decode(data, NodeAdvert, now_ms=now)
         advert = signed.message
         if advert.run_id != self.run_id:
             raise InvalidValue(f"advert for run {advert.run_id!r}, this node is in {self.run_id!r}")
         held = self._members.get(advert.peer_id)
         if held is not None:
-            if held.envelope == data:
-                return None
             if signed.envelope.timestamp_ms <= held.timestamp_ms:
                 raise Replayed("advert is not newer than the one held for that peer")
         member = Member(advert, data, signed.envelope.timestamp_ms, signed.envelope.expiry_ms, now, now)
@@ -121,15 +122,21 @@ class MemberView:
             member = replace(member, first_seen_ms=held.first_seen_ms)
         else:
             self._make_room(member)
+        if held is not None:
+            self._envelopes.pop(held.envelope, None)
         self._members[advert.peer_id] = member
+        self._envelopes[data] = member.expiry_ms
         return member
+
+    def _drop(self, peer_id: str) -> None:
+        self._envelopes.pop(self._members.pop(peer_id).envelope, None)
 
     def prune(self, now: int | None = None) -> list[str]:
         """Drop expired adverts; returns the peer ids dropped."""
         now = now_ms() if now is None else now
         gone = [peer for peer, member in self._members.items() if member.expiry_ms <= now]
         for peer in gone:
-            del self._members[peer]
+            self._drop(peer)
         return gone
 
     def members(self, now: int | None = None) -> list[Member]:
