@@ -1,0 +1,308 @@
+"""Scale bench: what a connected node costs as the swarm grows, N = 10, 25, 50, 100 real processes.
+
+Each swarm on 127.0.0.1: a bootstrap node, a trainer that publishes what is written to its
+``--publish-dir`` (no model: the light mode), and light members (``join --role seeder``) for the
+rest, all with the node's default timings. For each N it measures:
+
+- converged view: seconds from the last node's start until every node lists every node;
+- idle cost: each process's CPU (psutil ``cpu_times``) and TCP bytes sent + received (``ss -tinp``)
+  over an idle window after a settle;
+- connections per node (``status``'s ``connected_peers``);
+- checkpoint to all: a ``CHECKPOINT_MIB`` checkpoint dropped in the trainer's publish directory
+  until every node's overlay holds it complete, with the CPU and bytes of that window;
+- a newcomer's DHT get latency (p90): bench/membership.py's in-process client, which knows only the
+  bootstrap node, fetching a sample of the members' signed adverts with the node's bounded get.
+
+Then each figure's growth from the smallest N to the largest as a ratio. The headline is the
+light members' median idle CPU at the largest N over the same at the smallest (target <= 1.2x, and
+<= 1% of one core per light member at the largest N).
+
+    python bench/scale.py              # N = 10, 25, 50, 100 (memory permitting; ~15 min on 2 cores)
+    python bench/scale.py --quick      # N = 10 and 20, short windows (about a minute)
+    python bench/scale.py --sizes 10,50
+
+Memory: every node is ~120 MB RSS. Before each N the bench reads MemAvailable and stops (saying
+why) if N nodes would not fit beside a reserve for the rest of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import membership  # noqa: E402  (bench/membership.py: the newcomer's DHT client, CPU meter, convergence poll)
+
+from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess  # noqa: E402
+from tests.support.shards_swarm import holds, make_checkpoint  # noqa: E402
+
+RUN_ID = membership.RUN_ID  # the DHT client builds advert keys for this run
+NODE_RSS_MB = 130  # measured ~120 MB per idle node; a margin for the overlay's buffers
+RESERVE_MB = 4096  # left for the rest of the machine (other work shares it)
+CHECKPOINT_MIB = 4
+LAUNCH_WIDTH = 4  # nodes started at once: a 100-node start storm on 2 cores times out handshakes
+IDLE_CORE_TARGET = 0.01
+RATIO_TARGET = 1.2
+GET_SAMPLE = 20  # adverts the newcomer fetches per N
+
+
+class Window:
+    """CPU seconds and TCP bytes (sent + received) of each process between construction and ``take``."""
+
+    def __init__(self, nodes: dict[str, NodeProcess]) -> None:
+        self.nodes = dict(nodes)
+        self.start = time.monotonic()
+        self.bytes_before = socket_bytes()
+        self.before = {name: _cpu_s(node) for name, node in self.nodes.items()}
+
+    def take(self) -> dict[str, dict[str, float]]:
+        wall = time.monotonic() - self.start
+        bytes_after = socket_bytes()
+        out = {}
+        for name, node in self.nodes.items():
+            after, before = _cpu_s(node), self.before[name]
+            if after is None or before is None:
+                continue
+            pid = node.process.pid
+            moved = bytes_after.get(pid, 0) - self.bytes_before.get(pid, 0)
+            out[name] = {"cores": (after - before) / wall, "bytes_per_s": max(0, moved) / wall}
+        return out
+
+
+def _cpu_s(node: NodeProcess) -> float | None:
+    """User + system CPU seconds of a node's process so far; None once it has exited."""
+    import psutil
+
+    try:
+        times = psutil.Process(node.process.pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+def socket_bytes() -> dict[int, int]:
+    """Bytes sent + received so far on every process's open TCP sockets (``ss -tinp``'s tcp_info):
+    a socket closed inside a window loses its bytes, so a window's figure is a lower bound."""
+    try:
+        text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    totals: dict[int, int] = {}
+    owners: list[int] = []
+    for line in text.splitlines():
+        pids = [int(pid) for pid in re.findall(r"pid=(\d+)", line)]
+        if pids:
+            owners = pids
+        moved = sum(int(v) for v in re.findall(r"bytes_(?:sent|received):(\d+)", line))
+        for pid in owners if moved else ():
+            totals[pid] = totals.get(pid, 0) + moved
+    return totals
+
+
+def available_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def launch(swarm: LocalSwarm, n: int, publish_dir: Path) -> dict[str, Any]:
+    """Bootstrap, trainer (publisher, no model), then n-2 seeders, LAUNCH_WIDTH at a time."""
+    boot = swarm.start_bootstrap()
+    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr,
+                                      "--publish-dir", str(publish_dir)])
+    args = ["join", "--role", "seeder", "--bootstrap", boot.addr, "--trainer", trainer.peer_id]
+    with ThreadPoolExecutor(max_workers=LAUNCH_WIDTH) as pool:
+        list(pool.map(lambda i: swarm.start(f"s{i:03d}", args), range(n - 2)))
+    return {"boot": boot, "trainer": trainer, "t_all": time.monotonic()}
+
+
+def statuses(nodes: list[NodeProcess]) -> list[dict[str, Any]]:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(lambda node: node.status_or_empty(), nodes))
+
+
+def run_size(n: int, windows: dict[str, float], keep: Path | None) -> dict[str, Any]:
+    import trio
+
+    root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-", dir=keep))
+    swarm = LocalSwarm(root, run_id=RUN_ID, timing={})  # the node's default timings
+    publish_dir = root / "publish"
+    out: dict[str, Any] = {"nodes": n, "load_before": round(os.getloadavg()[0], 1)}
+    t0 = time.monotonic()
+    try:
+        started = launch(swarm, n, publish_dir)
+        out["start_s"] = round(started["t_all"] - t0, 1)
+        conv = membership.measure_convergence(swarm, started["t_all"], poll_s=1.0)
+        out["converged"] = conv["t_conv"] is not None
+        out["convergence_s"] = round(conv["t_conv"] - started["t_all"], 1) if out["converged"] else None
+        out["view_sizes"] = [min(conv["final_view_sizes"]), max(conv["final_view_sizes"])]
+        time.sleep(windows["settle"])
+        idle = Window(swarm.nodes)
+        time.sleep(windows["idle"])
+        out["idle"] = summarize(idle.take())
+        status = statuses(list(swarm.nodes.values()))
+        conns = [s["connected_peers"] for s in status if s]
+        out["connections"] = {"median": statistics.median(conns), "max": max(conns)} if conns else {}
+        out["rejections"] = membership.sum_rejections(list(swarm.nodes.values()))
+        out["broadcast"] = broadcast(swarm, publish_dir, windows["broadcast_timeout"])
+        pids = [node.process.pid for node in swarm.nodes.values()]
+        sample = [node.peer_id for node in list(swarm.nodes.values())[:GET_SAMPLE]]
+        gets = trio.run(membership.client_gets, started["boot"].addr, sample, 1, pids)
+        out["dht_get"] = {"p90_ms": gets["get_p90_ms"], "median_ms": gets["get_median_ms"],
+                          "misses": gets["get_misses"], "gets": gets["gets"]}
+        out["rss_mb_median"] = round(statistics.median(_rss_mb(node) for node in swarm.nodes.values()), 1)
+    finally:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(swarm.stop, list(swarm.nodes)))
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    out["load_after"] = round(os.getloadavg()[0], 1)
+    return out
+
+
+def _rss_mb(node: NodeProcess) -> float:
+    import psutil
+
+    try:
+        return psutil.Process(node.process.pid).memory_info().rss / 2**20
+    except psutil.Error:
+        return 0.0
+
+
+def broadcast(swarm: LocalSwarm, publish_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """A checkpoint into the trainer's publish directory; seconds until every node holds it."""
+    publish_dir.mkdir(parents=True, exist_ok=True)
+    staging = publish_dir / ".writing-1"
+    make_checkpoint(staging, CHECKPOINT_MIB, seed=1)
+    followers = [node for name, node in swarm.nodes.items() if name not in ("bootstrap", "trainer")]
+    window = Window(swarm.nodes)
+    began = time.monotonic()
+    os.rename(staging, publish_dir / "step-1.safetensors")
+    done: dict[str, float] = {}
+    while time.monotonic() - began < timeout_s and len(done) < len(followers):
+        for node in followers:
+            if node.name not in done and holds(node, 1):
+                done[node.name] = time.monotonic() - began
+        time.sleep(0.2)
+    figures = summarize(window.take())
+    return {"to_all_s": round(max(done.values()), 1) if len(done) == len(followers) else None,
+            "held_by": len(done), "followers": len(followers),
+            "median_s": round(statistics.median(done.values()), 1) if done else None,
+            "cores_per_node": figures["member_cores_median"],
+            "bytes_per_s_per_node": figures["member_bytes_per_s_median"],
+            "trainer_cores": figures["trainer_cores"]}
+
+
+def summarize(per_node: dict[str, dict[str, float]]) -> dict[str, Any]:
+    members = [v for name, v in per_node.items() if name.startswith("s")]
+    cores = [v["cores"] for v in members]
+    return {
+        "member_cores_median": round(statistics.median(cores), 4) if cores else None,
+        "member_cores_max": round(max(cores), 4) if cores else None,
+        "member_bytes_per_s_median": round(statistics.median(v["bytes_per_s"] for v in members)) if members else None,
+        "bootstrap_cores": round(per_node.get("bootstrap", {}).get("cores", 0.0), 4),
+        "trainer_cores": round(per_node.get("trainer", {}).get("cores", 0.0), 4),
+        "swarm_cores": round(sum(v["cores"] for v in per_node.values()), 2),
+    }
+
+
+FIGURES = (  # (label, path into a size's result)
+    ("start (s)", ("start_s",)),
+    ("converged view after last start (s)", ("convergence_s",)),
+    ("light member idle CPU, median (% core)", ("idle", "member_cores_median")),
+    ("light member idle CPU, max (% core)", ("idle", "member_cores_max")),
+    ("light member idle bytes/s, median", ("idle", "member_bytes_per_s_median")),
+    ("bootstrap idle CPU (% core)", ("idle", "bootstrap_cores")),
+    ("trainer idle CPU (% core)", ("idle", "trainer_cores")),
+    ("whole swarm idle (cores)", ("idle", "swarm_cores")),
+    ("connections per node, median", ("connections", "median")),
+    ("connections per node, max", ("connections", "max")),
+    ("checkpoint to all (s)", ("broadcast", "to_all_s")),
+    ("light member CPU in broadcast (% core)", ("broadcast", "cores_per_node")),
+    ("light member bytes/s in broadcast", ("broadcast", "bytes_per_s_per_node")),
+    ("newcomer DHT get p90 (ms)", ("dht_get", "p90_ms")),
+    ("RSS per node, median (MB)", ("rss_mb_median",)),
+)
+PERCENT = {("idle", "member_cores_median"), ("idle", "member_cores_max"), ("idle", "bootstrap_cores"),
+           ("idle", "trainer_cores"), ("broadcast", "cores_per_node")}
+
+
+def pick(result: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = result
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    width = max(len(label) for label, _ in FIGURES)
+    print(f"{'N':>{width}}  " + "  ".join(f"{r['nodes']:>9}" for r in results) + "  growth")
+    for label, path in FIGURES:
+        values = [pick(r, path) for r in results]
+        shown = [v * 100 if v is not None and path in PERCENT else v for v in values]
+        cells = "  ".join(f"{'-' if v is None else f'{v:.2f}' if isinstance(v, float) else v:>9}" for v in shown)
+        first, last = values[0], values[-1]
+        growth = f"{last / first:.2f}x" if isinstance(first, int | float) and isinstance(last, int | float) and first \
+            else "-"
+        print(f"{label:>{width}}  {cells}  {growth}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="N = 10 and 20, short windows (about a minute)")
+    parser.add_argument("--sizes", default=None, help="comma-separated swarm sizes [10,25,50,100]")
+    parser.add_argument("--idle-s", type=float, default=None, help="idle window per size [30; --quick 8]")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the node homes (logs) under this folder")
+    args = parser.parse_args()
+    sizes = [int(s) for s in (args.sizes or ("10,20" if args.quick else "10,25,50,100")).split(",")]
+    windows = {"settle": 5.0 if args.quick else 20.0, "idle": args.idle_s or (8.0 if args.quick else 30.0),
+               "broadcast_timeout": 60.0 if args.quick else 180.0}
+    membership.CONVERGENCE_TIMEOUT_S = 60.0 if args.quick else 180.0
+    print(f"# scale bench: sizes {sizes}, windows {windows}; node default timings; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+    results = []
+    stopped = None
+    for n in sizes:
+        need, have = n * NODE_RSS_MB + RESERVE_MB, available_mb()
+        if need > have:
+            stopped = f"N={n} needs ~{need} MB ({n} x {NODE_RSS_MB} + {RESERVE_MB} reserve), {have} MB available"
+            print(f"# stopping before {stopped}", flush=True)
+            break
+        result = run_size(n, windows, args.keep)
+        results.append(result)
+        print(f"# N={n}: " + json.dumps(result), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "stopped": stopped, "windows": windows}, indent=1))
+    if not results:
+        print("scale: ours=- peer=- ratio=- target=1.2 short")
+        return 1
+    print_table(results)
+    if stopped:
+        print(f"stopped: {stopped}")
+    first, last = results[0]["idle"]["member_cores_median"], results[-1]["idle"]["member_cores_median"]
+    ratio = last / first if first else None
+    ok = ratio is not None and ratio <= RATIO_TARGET and last <= IDLE_CORE_TARGET and len(results) > 1
+    print(f"scale: ours={last * 100:.2f}%@N={results[-1]['nodes']} peer={first * 100:.2f}%@N={results[0]['nodes']} "
+          f"ratio={'-' if ratio is None else f'{ratio:.2f}'} target={RATIO_TARGET} (and <= 1% core) "
+          f"{'ok' if ok else 'short'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
