@@ -273,7 +273,7 @@ class Sandboxes:
         self._processes: list[subprocess.Popen] = []
         self._cgroups: list[RunCgroup] = []
         self._seccomp = build_filter()
-        # the most the runs' cgroups held (summed over processes), read at close; None without cgroups
+        # the most the runs' cgroups held (summed over processes), read at close; None without them
         self.peak_bytes: int | None = None
 
     def start(self, name: str, job: dict, stdin: bytes = b"", pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -321,8 +321,9 @@ class Sandboxes:
             except ProcessLookupError:
                 pass
             process.wait()
-        if self._cgroups and self.peak_bytes is None:
-            self.peak_bytes = sum(cgroup.peak_bytes() for cgroup in self._cgroups)
+        peaks = [cgroup.peak_bytes() for cgroup in self._cgroups]
+        if peaks and None not in peaks and self.peak_bytes is None:
+            self.peak_bytes = sum(peak for peak in peaks if peak is not None)
         for cgroup in self._cgroups:
             cgroup.close()
         self.workspace.close()

@@ -181,10 +181,14 @@ class RunCgroup:
         """The file a process writes its pid to, to join."""
         return self.path / "cgroup.procs"
 
-    def peak_bytes(self) -> int:
-        """The most memory the cgroup held at once (v2 ``memory.peak``, v1 ``max_usage_in_bytes``)."""
+    def peak_bytes(self) -> int | None:
+        """The most memory the cgroup held at once (v2 ``memory.peak``, v1 ``max_usage_in_bytes``);
+        None where the kernel keeps no such figure (v2 before Linux 5.19)."""
         name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        return int((self.path / name).read_text().split()[0])
+        try:
+            return int((self.path / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def oom_kills(self) -> int:
         """How many processes the kernel killed at this cgroup's limit."""
