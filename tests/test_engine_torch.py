@@ -100,7 +100,7 @@ def test_prefill_reproduces_generation(
     """What a validator recomputes equals what the worker captured (proofs will verify)."""
     flat = [c for group in sampled for c in group]
     results = engine.prefill([prompts[c.prompt_index] for c in flat], [c.token_ids for c in flat])
-    for c, r in zip(flat, results):
+    for c, r in zip(flat, results, strict=True):
         torch.testing.assert_close(r.hidden_states, c.hidden_states, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(r.logprobs, torch.tensor(c.logprobs), atol=1e-4, rtol=1e-4)
         # bf16 (what TOPLOC keeps) agrees on nearly every element
@@ -124,7 +124,7 @@ def test_prefill_in_any_order_and_head_budget_matches_per_pair_prefill(
     replays = [Replay(seed=7 + i, temperature=1.0, top_p=0.9, slack=1e-3) for i in range(len(pairs))]
     monkeypatch.setattr(torch_prefill, "HEAD_ELEMENTS", 1)
     together = engine.prefill([pairs[i][0] for i in order], [pairs[i][1] for i in order], [replays[i] for i in order])
-    for i, got in zip(order, together):
+    for i, got in zip(order, together, strict=True):
         (alone,) = engine.prefill([pairs[i][0]], [pairs[i][1]], [replays[i]])
         assert got.hidden_states.shape == (len(pairs[i][1]), alone.hidden_states.shape[-1])
         torch.testing.assert_close(got.hidden_states, alone.hidden_states, atol=1e-4, rtol=1e-4)
@@ -145,7 +145,7 @@ def test_toploc_proofs_from_generation_verify_against_prefill(
     recomputed = engine.prefill(
         [prompts[c.prompt_index] for c in flat], [c.token_ids for c in flat]
     )
-    for c, r in zip(flat, recomputed):
+    for c, r in zip(flat, recomputed, strict=True):
         assert c.hidden_states is not None
         proofs = build_proofs(c.hidden_states)
         assert len(proofs) == 1  # 24 tokens: one (short) chunk of 32
@@ -259,7 +259,7 @@ def test_stop_token_ends_a_completion(
     stop = reference[0].token_ids[7]
     params = SamplingParams(**{**FREE.__dict__, "stop_token_ids": (stop,)})
     stopped = engine.generate(prompts, n=3, params=params)
-    for free, c in zip(reference, stopped[1]):
+    for free, c in zip(reference, stopped[1], strict=True):
         if stop in free.token_ids:
             cut = free.token_ids.index(stop) + 1
             assert c.finish_reason == "stop"

@@ -138,7 +138,7 @@ def test_completions_replay_on_the_verifier_with_their_own_hidden_states(standin
     replays = ([Replay(params.completion_seed(p, 3, c.sample_index), temperature, top_p, 0.0) for p, c in rows]
                if temperature else None)
     again = engine.prefill([prompts[p] for p, _ in rows], [c.token_ids for _, c in rows], replays)
-    for (p, c), r in zip(rows, again):
+    for (_, c), r in zip(rows, again, strict=True):
         assert 1 <= len(c.token_ids) <= 12
         assert c.finish_reason == ("stop" if c.token_ids[-1] in eos else "length")
         assert c.hidden_states is not None and c.hidden_states.shape == (len(c.token_ids), engine.hidden_size)

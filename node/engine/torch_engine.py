@@ -298,6 +298,6 @@ class TorchEngine(Engine):
         with torch.inference_mode():
             for start in range(0, len(order), self.max_batch_rows):
                 batch = order[start : start + self.max_batch_rows]
-                for i, result in zip(batch, prefill_batch(self, prompts, completions, batch, replays)):
+                for i, result in zip(batch, prefill_batch(self, prompts, completions, batch, replays), strict=True):
                     results[i] = result
         return [r for r in results if r is not None]

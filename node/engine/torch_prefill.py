@@ -75,7 +75,7 @@ def prefill_batch(
         replayed = (margins_of_rows(logits, targets, [replays[i] for i in batch[first:last]],
                                     counts[first:last])
                     if replays is not None else [None] * (last - first))
-        for row, replay in zip(range(first, last), replayed):
+        for row, replay in zip(range(first, last), replayed, strict=True):
             a, b = bounds[row] - bounds[first], bounds[row + 1] - bounds[first]
             results.append(PrefillResult(hidden_states=hidden[bounds[row] : bounds[row + 1]],
                                          logprobs=logprobs[a:b],
