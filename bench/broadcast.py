@@ -101,7 +101,7 @@ def run_ours(work: Path, fetchers: int, mib: int, repeats: int, shard_mib: int) 
             complete = [n.home / "shards" / run_id / f"{step:012d}" for n in nodes]
             start = time.monotonic()
             os.rename(staging, swarm.publish_dir / f"step-{step}.safetensors")
-            wait_for(lambda: all(p.is_dir() for p in complete), 600)
+            wait_for(lambda complete=complete: all(p.is_dir() for p in complete), 600)
             elapsed = time.monotonic() - start
             correct = all(sha256(p / "checkpoint.safetensors") == digest for p in complete)
             time.sleep(0.6)  # the status file is rewritten every 0.5 s

@@ -88,7 +88,7 @@ def main() -> None:
     rates: dict[str, list[float]] = {"peer": [], "ours": []}
     with torch.inference_mode():
         outputs = {name: run() for name, run in arms.items()}  # warm-up (and graph capture)
-        difference = max((a.float() - b.float()).abs().max().item() for a, b in zip(*outputs.values()))
+        difference = max((a.float() - b.float()).abs().max().item() for a, b in zip(*outputs.values(), strict=True))
         for _ in range(args.rounds):
             for name, run in arms.items():
                 seconds, _ = timed(run)

@@ -199,13 +199,13 @@ def sample_batches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, d
     tasks = load_task_spec(demo.tasks)
     chosen = rng.sample(tasks, 2 * shape.steps * shape.prompts)
     targets = [rng.choice(rollouts.length_targets) for _ in chosen]
-    prompts = [encode_prompt(tokenizer, with_length_target(t, n).prompt) for t, n in zip(chosen, targets)]
+    prompts = [encode_prompt(tokenizer, with_length_target(t, n).prompt) for t, n in zip(chosen, targets, strict=True)]
     params = SamplingParams(temperature=rollouts.temperature, top_p=rollouts.top_p, max_tokens=shape.max_tokens,
                             seed=seed)
     engine = TorchEngine(model, max_batch_rows=64)
     outputs = engine.generate(prompts, shape.group_size, params, capture_hidden=False)
     informative, flat = [], []
-    for i, (task, target, prompt, completions) in enumerate(zip(chosen, targets, prompts, outputs)):
+    for i, (task, target, prompt, completions) in enumerate(zip(chosen, targets, prompts, outputs, strict=True)):
         rewards = tuple(task_reward(task, tokenizer.decode(c.token_ids, skip_special_tokens=True))
                         for c in completions)
         group = TrainingGroup(key=f"bench:{i}", worker="bench", policy_step=0, task_id=task.problem_id,

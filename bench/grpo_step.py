@@ -116,7 +116,7 @@ def sample_groups(model_dir: Path, tokenizer: PreTrainedTokenizerBase, seed: int
     params = SamplingParams(temperature=1.0, max_tokens=shape.max_tokens, seed=seed)
     sampled = engine.generate(prompts, shape.group_size, params, capture_hidden=False)
     groups = []
-    for i, (t, prompt, completions) in enumerate(zip(targeted, prompts, sampled)):
+    for i, (t, prompt, completions) in enumerate(zip(targeted, prompts, sampled, strict=True)):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions]
         groups.append(TrainingGroup(
             key=f"bench:{i}", worker="bench", policy_step=0, task_id=t.task.problem_id,
@@ -134,7 +134,7 @@ def trl_batch(groups: Sequence[TrainingGroup], pad_id: int) -> dict[str, torch.T
     rows = [(g.prompt, c, lp, float(a)) for g in groups
             for c, lp, a in zip(g.completions, g.logprobs,
                                 group_advantages(total_rewards(g.task_rewards, g.lengths, g.length_target,
-                                                               RewardConfig())))]
+                                                               RewardConfig())), strict=True)]
     prompt_width = max(len(p) for p, *_ in rows)
     width = max(len(c) for _, c, *_ in rows)
     prompt_ids = torch.full((len(rows), prompt_width), pad_id, dtype=torch.long)
@@ -260,7 +260,7 @@ def main() -> None:
     print()
     print("| round | ours (s) | TRL (s) | TRL / ours |")
     print("| --- | --- | --- | --- |")
-    for i, (ours, trl) in enumerate(zip(timer.our_seconds, timer.trl_seconds)):
+    for i, (ours, trl) in enumerate(zip(timer.our_seconds, timer.trl_seconds, strict=True)):
         label = f"{i} (warm-up)" if i < warmup else str(i)
         print(f"| {label} | {ours:.3f} | {trl:.3f} | {trl / ours:.2f} |")
     print()

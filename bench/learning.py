@@ -137,11 +137,12 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
         while len(groups) < batch_groups:
             chosen = [rng.choice(tasks) for _ in range(batch_groups - len(groups))]
             targets = [rng.choice(rollouts.length_targets) for _ in chosen]
-            prompts = [encode_prompt(tokenizer, with_length_target(t, n).prompt) for t, n in zip(chosen, targets)]
+            prompts = [encode_prompt(tokenizer, with_length_target(t, n).prompt)
+                       for t, n in zip(chosen, targets, strict=True)]
             params = SamplingParams(temperature=rollouts.temperature, top_p=rollouts.top_p,
                                     max_tokens=rollouts.max_tokens, seed=rng.getrandbits(63))
             outputs = engine.generate(prompts, rollouts.group_size, params, capture_hidden=False)
-            for task, target, prompt, completions in zip(chosen, targets, prompts, outputs):
+            for task, target, prompt, completions in zip(chosen, targets, prompts, outputs, strict=True):
                 generated += sum(len(c.token_ids) for c in completions)
                 rewards = tuple(task_reward(task, tokenizer.decode(c.token_ids, skip_special_tokens=True))
                                 for c in completions)

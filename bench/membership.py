@@ -100,7 +100,7 @@ def measure_convergence(swarm: LocalSwarm, t_all: float, poll_s: float = 0.05) -
             views = member_counts(nodes, pool)
             now = time.monotonic()
             trace.append((round(now - t_all, 3), min(len(v & expected) for v in views)))
-            for node, view in zip(nodes, views):
+            for node, view in zip(nodes, views, strict=True):
                 if expected <= view:
                     full_at.setdefault(node.name, now)
             if all(expected <= view for view in views):

@@ -106,7 +106,7 @@ def layer_features(model: Any, tokenizer: Any, reads: Sequence[Any], batch: int 
             hidden = model(**rows.model_inputs(), output_hidden_states=True).hidden_states
             inside = (rows.document_ids >= 0).unsqueeze(-1).float()
             pooled.append([(h.float() * inside).sum(1) / inside.sum(1) for h in hidden])
-    return [torch.cat(layer) for layer in zip(*pooled)], [int(s) for s in store.sources]
+    return [torch.cat(layer) for layer in zip(*pooled, strict=True)], [int(s) for s in store.sources]
 
 
 def probe_point(model: Any, tokenizer: Any, reads_by_size: dict[int, list[Any]], base: int) -> dict[str, Any]:

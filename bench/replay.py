@@ -72,7 +72,7 @@ def main() -> None:
     if arms["ours"].failed:
         print(f"compiling failed: {arms['ours'].failed}")
     difference = max(max(abs(a.margins - b.margins).max(), abs(a.gaps - b.gaps).max())
-                     for a, b in zip(results["ours"], results["peer"]))
+                     for a, b in zip(results["ours"], results["peer"], strict=True))
     rates: dict[str, list[float]] = {"peer": [], "ours": []}
     for _ in range(args.rounds):
         for name in arms:

@@ -75,9 +75,10 @@ def main() -> None:
     for _ in range(repeats):
         for record in records:
             program, task = whole_program(record), humaneval_task(record)
-            peer.append(timed(lambda: plain(program), f"peer {record['task_id']}"))
-            alone.append(timed(lambda: run_python(program).ok, f"run_python {record['task_id']}"))
-            ours.append(timed(lambda: verify_code(canonical_answer(record), task.verification_info),
+            peer.append(timed(lambda program=program: plain(program), f"peer {record['task_id']}"))
+            alone.append(timed(lambda program=program: run_python(program).ok, f"run_python {record['task_id']}"))
+            ours.append(timed(lambda record=record, task=task: verify_code(canonical_answer(record),
+                                                                           task.verification_info),
                               f"verify_code {record['task_id']}"))
     for name, values in (("peer, python -I", peer), ("run_python, one sandbox", alone), ("verify_code", ours)):
         print(f"{name:<24} mean {statistics.mean(values):6.1f} ms  median {statistics.median(values):6.1f} ms  "

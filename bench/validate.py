@@ -134,7 +134,7 @@ class Recording:
     def prefill(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                 replays: Sequence[Replay] | None = None) -> list[PrefillResult]:
         results = self.engine.prefill(prompts, completions, replays)
-        self.seen.extend(zip(prompts, completions, results))
+        self.seen.extend(zip(prompts, completions, results, strict=True))
         return results
 
 
