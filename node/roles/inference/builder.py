@@ -60,18 +60,19 @@ def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run
     targets = [length_target(run_id, worker, step, counter, settings.length_targets, beacon=manifest_hash)
                for counter in counters]
     prompts = [encode_prompt(tokenizer, with_length_target(task, target).prompt)
-               for task, target in zip(chosen, targets)]
+               for task, target in zip(chosen, targets, strict=True)]
     params = SamplingParams(temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens,
                             prompt_seeds=tuple(sampling_seed(run_id, worker, step, counter) for counter in counters))
     generations = engine.generate(prompts, settings.group_size, params)
     groups = []
     generated = 0
-    for counter, task, target, prompt_ids, completions in zip(counters, chosen, targets, prompts, generations):
+    for counter, task, target, prompt_ids, completions in zip(counters, chosen, targets, prompts, generations,
+                                                              strict=True):
         packed_prompt = pack_tokens(prompt_ids)
         keys = [proof_key(manifest_hash, step, packed_prompt, pack_tokens(c.token_ids)) for c in completions]
         proofs = build_completion_proofs([c.hidden_states for c in completions], keys)
         records = []
-        for completion, completion_proofs in zip(completions, proofs):
+        for completion, completion_proofs in zip(completions, proofs, strict=True):
             text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
             records.append(CompletionRecord(
                 token_ids=pack_tokens(completion.token_ids),
