@@ -58,6 +58,23 @@ class EnginePair(Record):
     margin_noise: float = wire(Float(0.0, 1.0))
 
 
+@dataclass(frozen=True)
+class DeliveryRule(Record):
+    """Whose groups are trained on (specs/rollouts.md, "Delivery standing"): a worker's, only while
+    it delivers what it commits, as a share over its last ``window_steps`` settled commitments;
+    the authority's word, so that every trainer of the run gates alike."""
+
+    window_steps: int = wire(Int(1, 64))
+    min_share: float = wire(Float(0.0, 1.0))
+
+
+# 16 settled steps: a step lost to churn costs an honest worker 1/16 of its share, and a picker that
+# delivers a group a step or none cannot ride a short lucky streak; 0.75: an honest worker keeps its
+# standing with up to four of sixteen steps lost whole, a picker whose tasks please it half the time
+# has it at about 4% of the steps (tests/test_delivery_standing.py, bench/task_choice.py)
+DEFAULT_DELIVERY = DeliveryRule(window_steps=16, min_share=0.75)
+
+
 class AuthoritySigned:
     """A spec names its ``authority``, and only that key may sign it: a copy re-signed by anyone
     else is refused on decoding (``signer_mismatch``), whatever it says."""
@@ -89,6 +106,7 @@ class RunSpec(AuthoritySigned, Message):
     async_window: int = wire(Int(0, 64))
     max_groups_per_step: int = wire(Int(1, 2**20))  # per worker: the counter cap
     engines: tuple[EnginePair, ...] = wire(ListOf(Nested(EnginePair), max_items=4))
+    delivery: DeliveryRule = wire(Nested(DeliveryRule), default=DEFAULT_DELIVERY)
 
     def check(self, path: str) -> None:
         if not self.length_targets:
@@ -209,11 +227,12 @@ DEFAULT_MAX_GROUPS_PER_STEP = 4096
 def build_run_spec(*, run_id: str, authority: str, tasks: Sequence[TaskLike], settings: RunShape,
                    async_window: int, model_id: str = "", model_digest: bytes = bytes(32),
                    max_groups_per_step: int = DEFAULT_MAX_GROUPS_PER_STEP,
-                   engines: tuple[EnginePair, ...] = (TORCH_TORCH,)) -> RunSpec:
+                   engines: tuple[EnginePair, ...] = (TORCH_TORCH,),
+                   delivery: DeliveryRule = DEFAULT_DELIVERY) -> RunSpec:
     """The spec of a run of this shape over ``tasks``. vLLM pairs are absent by default: a pair
     admits a claim only with tolerances the authority calibrated on that engine."""
     return RunSpec(run_id=run_id, authority=authority, model_id=model_id, model_digest=model_digest,
                    task_set_digest=task_set_digest(tasks), temperature=float(settings.temperature),
                    top_p=float(settings.top_p), max_tokens=settings.max_tokens, group_size=settings.group_size,
                    length_targets=tuple(settings.length_targets), async_window=async_window,
-                   max_groups_per_step=max_groups_per_step, engines=engines)
+                   max_groups_per_step=max_groups_per_step, engines=engines, delivery=delivery)

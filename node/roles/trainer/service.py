@@ -277,6 +277,7 @@ class TrainerService:
                 "waiting_share": round(self.counters.wait_s / busy, 3) if busy else None,
                 "filtered_groups": self.counters.filtered_groups, "stale_groups": self.counters.stale_groups,
                 "bridge_steps": self.counters.bridge_steps, "last_eval": self.counters.last_eval,
+                "withheld_groups": len(self.pool) - len(self.pool.newest_first(self.validator.delivery.admits)),
                 "verification": self.validator.status()}
 
     def _write_checkpoint(self, step: int) -> None:
@@ -342,7 +343,8 @@ class TrainerService:
             await trio.sleep_forever()
 
     async def _usable(self) -> list[TrainingGroup]:
-        """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``);
+        """Pooled groups inside the async window whose worker has delivery standing (specs/rollouts.md,
+        "Delivery standing": the rest stay pooled), newest policy first (``GroupPool.newest_first``);
         staler ones, and those of a worker banned since they were accepted (a cheat proven later
         in the same window), leave the pool (noted in the ledger first, off the trio loop: it
         fsyncs)."""
@@ -355,7 +357,7 @@ class TrainerService:
             self.counters.banned_groups += len(banned)
             await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale, "banned": banned})
             self.pool.discard(stale + banned)
-        return self.pool.newest_first()
+        return self.pool.newest_first(self.validator.delivery.admits)
 
     async def _gather(self) -> list[TrainingGroup] | None:
         """The next step's groups, or None when it is due to be a bridge step."""

@@ -7,6 +7,8 @@
 - ``ledger``: ``JudgeState``, dense counters and the content index a validator keeps between batches.
 - ``commitments``: ``CommitmentBook``, the work commitments stored before their beacon; settles
   committed counters never delivered.
+- ``delivery``: ``DeliveryLedger``, each worker's delivery share over its settled commitments: a
+  trainer trains on a worker's groups only while it delivers what it commits.
 - ``calibrate``: honest batches of one engine judged by another, measured (``intellect-node calibrate``).
 - ``offline``: one stored batch judged by ``verify_batch`` without a network (``intellect-node verify``).
 - ``verdict_trust``: verdicts from validators this node trusts: bans, and verification a trainer

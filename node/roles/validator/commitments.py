@@ -6,6 +6,9 @@ A commitment counts only if it reached this judge before the judge knew checkpoi
 delivered is settled as reward 0, so delivering only the groups one likes earns nothing over
 delivering them all (specs/rollouts.md, "Committed assignments").
 
+Settling also tells the ``DeliveryLedger`` (``delivery.py``) what each closed commitment asked and
+got: a trainer trains on a worker's groups only while it delivers what it commits.
+
 Durable: every stored commitment is appended (fsync) to ``<home>/commitments.jsonl`` before it is
 answered ``stored``, so a restart neither forgets a commitment nor lets a worker commit again after
 the beacon; the file is rewritten with the live steps only when a step is settled.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from intellect_node.node.home.durable import append_durably, write_durably
+from intellect_node.node.roles.validator.delivery import DeliveryLedger
 from intellect_node.protocol.commitments import WorkCommitment
 
 log = logging.getLogger(__name__)
@@ -43,8 +47,8 @@ class Undelivered:
 class CommitmentBook:
     """Stored commitments, at most one per (worker, step), for steps not yet settled."""
 
-    def __init__(self, path: Path | None, *, max_groups: int) -> None:
-        self.path, self.max_groups = path, max_groups
+    def __init__(self, path: Path | None, *, max_groups: int, delivery: DeliveryLedger | None = None) -> None:
+        self.path, self.max_groups, self.delivery = path, max_groups, delivery
         self.groups_of: dict[tuple[str, int], int] = {}
         # verify_batch settles in the judge's worker thread while the receiver stores commitments on
         # the trio loop: unlocked, a settle's rewrite of the file replaced a line appended meanwhile
@@ -113,12 +117,16 @@ class CommitmentBook:
         closing = [key for key in self.groups_of if key[1] < before_step]
         if not closing:
             return []
-        settled = []
+        settled, closed = [], []
         for key in closing:
             groups = self.groups_of.pop(key)
-            missing = tuple(range(min(delivered.get(key, 0), groups), groups))
+            done = min(delivered.get(key, 0), groups)
+            closed.append((key[0], key[1], groups, done))
+            missing = tuple(range(done, groups))
             if missing:
                 settled.append(Undelivered(key[0], key[1], missing))
+        if self.delivery is not None:  # before the book forgets them: a crash between settles them again
+            self.delivery.record(closed)
         if self.path is not None:
             lines = "".join(json.dumps([w, s, g]) + "\n" for (w, s), g in self.groups_of.items())
             write_durably(self.path, lines.encode())

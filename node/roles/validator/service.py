@@ -27,6 +27,7 @@ from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.policy import PolicyFollower
 from intellect_node.node.roles.validator.commitments import CommitmentBook, Undelivered
+from intellect_node.node.roles.validator.delivery import DeliveryLedger
 from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
@@ -167,7 +168,11 @@ class ValidatorService:
         self.failed_batches = 0  # judging raised: the batch is quarantined, its worker charged
         self.secret = load_or_create_secret(node.config.layout.validator_secret)
         # work commitments (specs/rollouts.md, "Committed assignments"): the receiver offers them here
-        self.book = CommitmentBook(node.config.layout.commitments, max_groups=spec.max_groups_per_step)
+        # who has delivery standing: what a trainer's own judge settled (specs/rollouts.md, "Delivery standing")
+        self.delivery = DeliveryLedger(node.config.layout.commitments.with_name("delivery.json"), spec.delivery,
+                                       spec.async_window)
+        self.book = CommitmentBook(node.config.layout.commitments, max_groups=spec.max_groups_per_step,
+                                   delivery=self.delivery)
         self.seen = JudgeState(commitments=self.book)
         self.undelivered_groups = 0  # committed counters settled as reward 0 (never delivered)
         self.on_judged = on_judged

@@ -1,0 +1,227 @@
+"""The delivery-share ledger: whose accepted groups a trainer trains on (specs/rollouts.md, "Delivery standing").
+
+Settlements go through the real ``CommitmentBook`` and ``JudgeState`` (commitments offered before
+their checkpoint, counters credited in order, steps closed by ``forget_before``), so the ledger sees
+exactly what a judge settles.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from intellect_node.crypto.identity import Identity
+from intellect_node.node.roles.trainer.groups import TrainingGroup
+from intellect_node.node.roles.trainer.pool import GroupPool
+from intellect_node.node.roles.validator import delivery
+from intellect_node.node.roles.validator.commitments import STORED, CommitmentBook
+from intellect_node.node.roles.validator.delivery import DeliveryLedger, delivery_share
+from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.tasks.spec import load_task_spec
+from intellect_node.protocol import codec
+from intellect_node.protocol.commitments import WorkCommitment
+from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.run_spec import DEFAULT_DELIVERY, DeliveryRule, RunSpec, build_run_spec, sign_spec
+
+WINDOW = 2  # async window: steps 0 .. 3 are open
+RULE = DEFAULT_DELIVERY  # 16 steps, 0.75
+
+
+class Judge:
+    """A judge's book and counters, stepped by hand: ``run(step, plan)`` commits for ``step`` before
+    its checkpoint, credits ``plan[worker]`` counters of it, and settles what left the window."""
+
+    def __init__(self, path: Path | None = None, rule: DeliveryRule = RULE) -> None:
+        self.ledger = DeliveryLedger(None if path is None else path / "delivery.json", rule, WINDOW)
+        self.book = CommitmentBook(None if path is None else path / "commitments.jsonl", max_groups=4096,
+                                   delivery=self.ledger)
+        self.state = JudgeState(commitments=self.book)
+
+    def run(self, step: int, committed: dict[str, int], delivered: dict[str, int]) -> None:
+        for worker, groups in committed.items():
+            assert self.book.offer(WorkCommitment(run_id="r", worker=worker, step=step, groups=groups),
+                                   step - 1) == STORED
+        for worker, count in delivered.items():
+            for counter in range(count):
+                assert self.state.counter_problem(worker, step, counter, cap=4096) is None
+        self.state.forget_before(step - WINDOW)  # checkpoint ``step`` is the newest known
+
+
+def test_the_share_is_taken_against_what_the_worker_shows_it_makes_in_a_step() -> None:
+    # an honest worker commits about twice what it makes: d / N is a half, its share is whole
+    assert delivery_share([(24, 12)] * 8) == 1.0
+    # one long step (a starved trainer waited) does not set the cap: the median step does; nor do
+    # whole batches (a slow worker's steps read 4 or 8 groups)
+    assert delivery_share([(24, 12)] * 7 + [(24, 24)]) == 1.0
+    assert delivery_share([(16, 4)] * 13 + [(16, 8)] * 3) == 1.0
+    # a step lost whole costs 1/8; a group lost, 1/12 of a step
+    assert delivery_share([(24, 12)] * 7 + [(24, 0)]) == pytest.approx(7 / 8)
+    assert delivery_share([(24, 12)] * 7 + [(24, 11)]) == pytest.approx(1 - 1 / 96)
+    # a worker that never delivered has share 0; one with no settled commitment has none
+    assert delivery_share([(4, 0), (4, 0)]) == 0.0
+    assert delivery_share([]) is None
+    # the upper median: one lost step of two is a half, not nothing
+    assert delivery_share([(24, 12), (24, 0)]) == 0.5
+
+
+def test_window_and_threshold_come_from_the_run_spec() -> None:
+    judge = Judge(rule=DeliveryRule(window_steps=4, min_share=0.75))
+    for step in range(1, 7):  # six steps lost whole, then honest delivery
+        judge.run(step, {"w": 8}, {"w": 0})
+    for step in range(7, 14):
+        judge.run(step, {"w": 8}, {"w": 4})
+    # steps 1 .. 10 are settled (11 .. 13 are in the window); only the newest four count, all delivered
+    assert sorted(judge.ledger.steps["w"]) == [7, 8, 9, 10]
+    assert judge.ledger.share("w") == 1.0 and judge.ledger.standing("w")
+    for step in (14, 15, 16, 17):  # 14 and 15 lost whole; step 17 settles 14
+        judge.run(step, {"w": 8}, {"w": 0 if step in (14, 15) else 4})
+    assert judge.ledger.share("w") == 0.75 and judge.ledger.standing("w")  # at the threshold: standing
+    judge.run(18, {"w": 8}, {"w": 4})  # settles 15: two of the four steps lost
+    assert judge.ledger.share("w") == 0.5 and not judge.ledger.standing("w")
+
+
+def test_an_honest_worker_that_loses_groups_to_churn_keeps_its_standing() -> None:
+    judge = Judge()
+    rng = random.Random(1)
+    for step in range(1, 20):
+        made = rng.randint(10, 13)  # what it makes varies with the step's length
+        if step == 9:
+            made = 0  # offline for a whole step
+        elif step in (5, 14):
+            made -= 1  # a group lost in transit
+        judge.run(step, {"honest": 24}, {"honest": made})
+        if step > WINDOW + 1:
+            assert judge.ledger.standing("honest"), (step, judge.ledger.steps["honest"])
+    assert judge.ledger.admits("honest", 19)
+
+
+def test_a_picking_cheater_loses_its_influence() -> None:
+    """Tasks please the cheater half of the time. ``prefix`` delivers a key's counters until the
+    first one it dislikes (dense counters allow nothing else); ``one-a-step`` commits one group a
+    step and delivers it or not. Either share is about the chance that a task pleases it, so with
+    the run spec's window (16) and threshold (0.75) it has standing only through a lucky streak
+    (12 of 16: about 4% of the steps), against every step for an honest worker."""
+    rng = random.Random(2)
+    judge = Judge()
+    standing = {"prefix": 0, "one-a-step": 0, "honest": 0}
+    steps = range(1, 600)
+    for step in steps:
+        run = 0
+        while rng.random() < 0.5 and run < 24:
+            run += 1
+        judge.run(step, {"prefix": 24, "one-a-step": 1, "honest": 24},
+                  {"prefix": run, "one-a-step": int(rng.random() < 0.5), "honest": rng.choice((4, 4, 4, 8))})
+        for worker in standing:
+            standing[worker] += judge.ledger.admits(worker, step)
+    gated = len(steps) - (WINDOW + 1)
+    assert standing["honest"] == len(steps)
+    for picker in ("prefix", "one-a-step"):
+        assert (standing[picker] - (WINDOW + 1)) / gated < 0.1, standing
+    for picker in ("prefix", "one-a-step"):
+        assert judge.ledger.share(picker) < RULE.min_share
+
+
+def test_keys_made_for_one_pick_have_no_standing_and_the_open_steps_need_none() -> None:
+    judge = Judge()
+    for step in range(1, 8):
+        # each step, a fresh key commits one group and delivers it: its commitment settles only
+        # when its step has left the window, so while its group can be trained it has no standing
+        key = f"pick-{step}"
+        judge.run(step, {key: 1}, {key: 1})
+        assert not judge.ledger.standing(key)
+        assert judge.ledger.admits(key, step) == (step <= WINDOW + 1)
+    assert judge.ledger.admits("never-seen", 0) and judge.ledger.admits("never-seen", WINDOW + 1)
+    assert not judge.ledger.admits("never-seen", WINDOW + 2)
+
+
+def test_state_is_bounded_per_worker_and_in_workers(monkeypatch) -> None:
+    monkeypatch.setattr(delivery, "MAX_WORKERS", 3)
+    ledger = DeliveryLedger(None, RULE, WINDOW)
+    ledger.record([("honest", s, 24, 12) for s in range(1, 40)])
+    assert len(ledger.steps["honest"]) == RULE.window_steps
+    # a flood of keys evicts those that delivered least, never the worker that delivered most
+    ledger.record([(f"key-{i}", 40, 1, i % 2) for i in range(100)])
+    assert len(ledger.steps) == 3 and "honest" in ledger.steps
+    assert all(sum(d for _, d in ledger.steps[w].values()) >= 1 for w in ledger.steps)
+
+
+def test_a_restart_keeps_every_standing_and_a_repeated_settlement_counts_once(tmp_path: Path) -> None:
+    judge = Judge(tmp_path)
+    for step in range(1, 8):
+        judge.run(step, {"honest": 24, "picker": 24}, {"honest": 12, "picker": step % 2})
+    before = {w: judge.ledger.share(w) for w in ("honest", "picker")}
+    # a crash after the ledger was written but before the book dropped the settled commitments
+    judge.run(8, {"honest": 24, "picker": 24}, {"honest": 12, "picker": 0})
+    saved = (tmp_path / "commitments.jsonl").read_text()
+    judge.book.offer(WorkCommitment(run_id="r", worker="honest", step=9, groups=24), 8)
+    shutil.copy(tmp_path / "delivery.json", tmp_path / "delivery.saved")
+    judge.state.forget_before(7)  # settles step 6
+    after_settle = json.loads((tmp_path / "delivery.json").read_text())
+    (tmp_path / "commitments.jsonl").write_text(saved + json.dumps(["honest", 9, 24]) + "\n")
+
+    restarted = Judge(tmp_path)
+    assert json.loads((tmp_path / "delivery.json").read_text()) == after_settle
+    restarted.state.next_counter = {("honest", 6): 12, ("picker", 6): 0}  # rebuilt from the records
+    restarted.state.forget_before(7)  # the same settlement again
+    assert json.loads((tmp_path / "delivery.json").read_text()) == after_settle
+    assert restarted.ledger.steps == judge.ledger.steps
+    assert restarted.ledger.share("honest") == before["honest"] == 1.0
+    assert not restarted.ledger.standing("picker")
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"[1, 2]", b'{"w": [[1, 2]]}', b'{"w": [[1, "a", 3]]}',
+                                    b'{"w": [[-1, 2, 1]]}'])
+def test_a_damaged_ledger_costs_standing_not_the_start(tmp_path: Path, damage: bytes, caplog) -> None:
+    (tmp_path / "delivery.json").write_bytes(damage)
+    ledger = DeliveryLedger(tmp_path / "delivery.json", RULE, WINDOW)
+    assert ledger.steps == {} and "unreadable delivery ledger" in caplog.text
+    ledger.record([("w", 5, 8, 8)])  # and it is written afresh at the next settlement
+    assert DeliveryLedger(tmp_path / "delivery.json", RULE, WINDOW).share("w") == 1.0
+
+
+def test_an_oversized_ledger_is_not_read(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(delivery, "MAX_FILE_BYTES", 10)
+    (tmp_path / "delivery.json").write_text(json.dumps({"w": [[1, 8, 8]]}))
+    assert DeliveryLedger(tmp_path / "delivery.json", RULE, WINDOW).steps == {}
+    assert "bytes, at most 10" in caplog.text
+
+
+def test_the_pool_hands_out_only_admitted_groups(tmp_path: Path) -> None:
+    pool = GroupPool(tmp_path / "pool")
+    groups = [TrainingGroup(key=f"{i:064x}:0", worker=w, policy_step=s, task_id="t", length_target=None,
+                            prompt=(1,), completions=((2,), (3,)), task_rewards=(0.0, 1.0), logprobs=())
+              for i, (w, s) in enumerate([("honest", 5), ("picker", 5), ("picker", 3), ("honest", 4)])]
+    pool.admit(groups)
+    ledger = DeliveryLedger(None, RULE, WINDOW)
+    ledger.record([("honest", 2, 24, 12)])
+    assert [(g.worker, g.policy_step) for g in pool.newest_first(ledger.admits)] == [
+        ("honest", 5), ("honest", 4), ("picker", 3)]
+    assert len(pool.newest_first()) == 4  # withheld, not dropped
+
+
+def test_the_delivery_rule_is_part_of_the_signed_run_spec() -> None:
+    authority = Identity.generate()
+    tasks = load_task_spec("toy:seed=1,count=8")
+    spec = build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_Shape(), async_window=2,
+                          delivery=DeliveryRule(window_steps=16, min_share=0.5))
+    loaded = codec.decode(sign_spec(spec, authority, 600), RunSpec).message
+    assert loaded.delivery == DeliveryRule(window_steps=16, min_share=0.5)
+    assert build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_Shape(),
+                          async_window=2).delivery == DEFAULT_DELIVERY
+    for bad in ({"window_steps": 0, "min_share": 0.5}, {"window_steps": 8, "min_share": 1.5},
+                {"window_steps": 8}):
+        wire = spec.to_wire() | {"delivery": bad}
+        with pytest.raises(Rejected):
+            RunSpec.from_wire(wire)
+    without = spec.to_wire()
+    del without["delivery"]
+    with pytest.raises(Rejected, match="delivery"):
+        RunSpec.from_wire(without)
+
+
+class _Shape:
+    temperature, top_p, max_tokens, group_size, length_targets = 1.0, 1.0, 16, 4, (8,)
