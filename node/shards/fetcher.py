@@ -179,8 +179,7 @@ class CheckpointFetch:
         self._wake = trio.Event()
 
     async def run(self) -> None:
-        with open(self.checkpoint.data_path, "r+b") as f:
-            mapped = mmap.mmap(f.fileno(), self.checkpoint.manifest.total_size, access=mmap.ACCESS_WRITE)
+        mapped = await trio.to_thread.run_sync(self._map_data)
         view = memoryview(mapped)
         try:
             async with trio.open_nursery() as nursery:
@@ -192,6 +191,11 @@ class CheckpointFetch:
             view.release()
             mapped.close()
         await trio.to_thread.run_sync(self.store.finalize, self.checkpoint)
+
+    def _map_data(self) -> mmap.mmap:
+        """The checkpoint's data file mapped for writing (opened off the trio loop: a disk may stall)."""
+        with open(self.checkpoint.data_path, "r+b") as f:
+            return mmap.mmap(f.fileno(), self.checkpoint.manifest.total_size, access=mmap.ACCESS_WRITE)
 
     # ---- who has what --------------------------------------------------------------------
 
