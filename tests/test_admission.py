@@ -11,6 +11,7 @@ from intellect_node.node.demo.churn import can_connect, flood, fresh_peer, servi
 from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy, address_keys
 from intellect_node.node.swarm.host import build_host
 from intellect_node.node.swarm.settings import SwarmSettings
+from tests.support.waiting import poll_until, poll_up_to
 
 HOLD_PROTOCOL = "/test/hold/1.0.0"
 
@@ -47,9 +48,8 @@ def test_an_honest_newcomer_gets_in_while_a_few_ranges_hold_and_remake_every_slo
         stop = trio.Event()
         async with serving(server) as target, trio.open_nursery() as nursery:
             nursery.start_soon(flood, target, sources, 24, stop, 0.05)
-            with trio.fail_after(60):
-                while manager.accepted < 12 or manager.refused["inbound_full"] < 12:  # full, the flood knocking
-                    await trio.sleep(0.05)
+            # full, the flood knocking
+            await poll_until(lambda: manager.accepted >= 12 and manager.refused["inbound_full"] >= 12, 60)
             admitted = await can_connect(target, "127.3.3.1")
             counts = manager.status()
             stop.set()
@@ -91,9 +91,7 @@ def test_eviction_takes_the_oldest_idle_unproven_of_the_most_represented_range_a
                 """Connect; return once the server has it and the victim, if any, is gone (so
                 this slot is older than the next one's)."""
                 peer = await nursery.start(connect, source, busy)
-                with trio.fail_after(10):
-                    while peer not in connected() or len(connected()) > 8:
-                        await trio.sleep(0.01)
+                await poll_until(lambda: peer in connected() and len(connected()) <= 8, 10, poll_s=0.01)
                 return peer
 
             def connected() -> set[str]:
@@ -105,9 +103,8 @@ def test_eviction_takes_the_oldest_idle_unproven_of_the_most_represented_range_a
             crowd = [await start("127.1.1.1"), await start("127.1.1.2", busy=True),
                      await start("127.1.1.3"), await start("127.1.1.4")]
             pair = [await start("127.2.2.1"), await start("127.2.2.2")]
-            with trio.move_on_after(5):  # identify's streams end; only the held one stays open
-                while sum(bool(c.get_streams()) for c in server.get_network().get_connections()) > 1:
-                    await trio.sleep(0.05)
+            # identify's streams end; only the held one stays open
+            await poll_up_to(lambda: sum(bool(c.get_streams()) for c in server.get_network().get_connections()) <= 1, 5)
 
             await start("127.3.3.1")  # 127.1 holds 4 unproven, the newcomer's range 0: evict
             assert crowd[0] not in connected() and crowd[1] in connected()
@@ -145,9 +142,7 @@ def test_a_newcomer_from_the_crowded_range_evicts_nobody():
 
             for i in range(4):
                 await nursery.start(connect, f"127.9.9.{i + 1}")
-            with trio.fail_after(10):
-                while len(server.get_connected_peers()) < 4:
-                    await trio.sleep(0.01)
+            await poll_until(lambda: len(server.get_connected_peers()) >= 4, 10, poll_s=0.01)
             assert not await can_connect(target, "127.9.9.9")
             assert manager.refused["per_24"] == 1 and manager.evicted == 0  # its /24 is at its cap
             manager.policy = ConnectionPolicy(max_inbound=4, unproven_per_ip=4, unproven_per_24=8, unproven_per_16=8)

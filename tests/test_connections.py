@@ -11,6 +11,7 @@ from intellect_node.node.demo.churn import can_connect, fresh_peer, peer_info, s
 from intellect_node.node.demo.local_swarm import LocalSwarm, wait_until
 from intellect_node.node.swarm.connections import ConnectionManager, ConnectionPolicy
 from intellect_node.node.swarm.host import build_host
+from tests.support.waiting import poll_until, poll_up_to
 
 # py-libp2p's inbound slots are max_connections - min_connections: 10 here instead of 250, so
 # the upstream defect shows after a dozen connections instead of hundreds.
@@ -52,9 +53,8 @@ def test_half_open_connection_loses_its_slot_at_the_handshake_deadline():
                 with trio.fail_after(3.0):
                     while await sock.receive_some(4096):  # the node's own hello, then its close
                         pass
-            with trio.fail_after(1.0):  # the socket closes a moment before the slot is given back
-                while manager.status()["handshaking"]:
-                    await trio.sleep(0.01)
+            # the socket closes a moment before the slot is given back
+            await poll_until(lambda: not manager.status()["handshaking"], 1.0, poll_s=0.01)
             assert manager.refused == {"handshake_timeout": 1}
 
     trio.run(main)
@@ -80,16 +80,14 @@ def test_protected_and_proven_peers_survive_a_trim_newest_unproven_go_first():
                 peers.append(await nursery.start(hold))
                 # the server has this connection before the next one dials: "newest" is well defined
                 # (a loaded machine finished the server's side of two handshakes out of order)
-                with trio.fail_after(10):
-                    while peers[-1] not in {p.to_base58() for p in server.get_connected_peers()}:
-                        await trio.sleep(0.01)
+                await poll_until(lambda: peers[-1] in {p.to_base58() for p in server.get_connected_peers()}, 10,
+                                 poll_s=0.01)
                 await trio.sleep(0.02)
             manager.protect(peers[0], "trainer")
             manager.protect(peers[1], "bootstrap")
             manager.mark_proven(peers[2])
-            with trio.move_on_after(5):  # busy ranks before new: let the connections' identify streams end
-                while any(conn.get_streams() for conn in server.get_network().get_connections()):
-                    await trio.sleep(0.05)
+            # busy ranks before new: let the connections' identify streams end
+            await poll_up_to(lambda: not any(conn.get_streams() for conn in server.get_network().get_connections()), 5)
             assert await manager.trim() == 4
             await trio.sleep(0.3)
             connected = {p.to_base58() for p in server.get_connected_peers()}

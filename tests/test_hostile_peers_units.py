@@ -6,6 +6,7 @@ from collections import Counter
 import trio
 
 from tests.support.inprocess_nodes import make_node
+from tests.support.waiting import poll_until, poll_up_to
 
 RUN = "guard-units"
 
@@ -33,9 +34,7 @@ async def test_failing_service_is_restarted_and_shown_in_status(tmp_path, nurser
     service = FailsTwice()
     node = make_node(tmp_path, "node", RUN, services=[service])
     await nursery.start(node.run)
-    with trio.fail_after(10):  # backoff 1 s, then 2 s
-        while service.starts < 3:
-            await trio.sleep(0.1)
+    await poll_until(lambda: service.starts >= 3, 10, poll_s=0.1)  # backoff 1 s, then 2 s
     await trio.sleep(0.1)
     state = node.snapshot()["supervisor"]["fails-twice"]
     assert state == {"state": "running", "restarts": 2, "last_error": "RuntimeError: failure number 2"}
@@ -160,9 +159,7 @@ async def test_garbage_on_dialback_ends_in_a_counted_charged_rejection_inside_it
         stream = await requester.host.new_stream(peer, [TProtocol(DIALBACK_PROTOCOL)])
         await stream.write(data)
         await stream.close()
-        with trio.move_on_after(5):
-            while server.nat.dialback.outcomes["rejected"] < sent:
-                await trio.sleep(0.02)
+        await poll_up_to(lambda sent=sent: server.nat.dialback.outcomes["rejected"] >= sent, 5, poll_s=0.02)
         assert server.nat.dialback.outcomes["rejected"] == sent, data
         assert server.scores.rejections[reason] == before + 1, reason
     assert not server.guard.errors and server.scores.rejections["handler_error"] == 0

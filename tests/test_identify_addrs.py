@@ -26,6 +26,7 @@ from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol import codec
 from intellect_node.protocol.messages import NodeAdvert
 from tests.support.protocol_samples import CPU_HARDWARE
+from tests.support.waiting import poll_until
 
 
 def _ip(addr: multiaddr.Multiaddr | str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -66,9 +67,9 @@ async def test_identify_sends_dialable_listen_addrs_and_peer_record() -> None:
         assert record.peer_id == a.get_id()
         assert {str(addr).split("/p2p/")[0] for addr in record.addrs} == expected
 
-        with trio.fail_after(10):  # B's own identify on connect replaces the address it dialed
-            while {str(addr).split("/p2p/")[0] for addr in b.get_peerstore().addrs(a.get_id())} != expected:
-                await trio.sleep(0.05)
+        # B's own identify on connect replaces the address it dialed
+        await poll_until(lambda: {str(addr).split("/p2p/")[0] for addr in b.get_peerstore().addrs(a.get_id())}
+                         == expected, 10)
         stored = b.get_peerstore().get_peer_record(a.get_id())
         assert stored is not None and _all_dialable(stored.record().addrs)
 

@@ -19,6 +19,7 @@ from intellect_node.node.swarm.nat.reachability import (
 from intellect_node.node.swarm.streams import write_frame
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL
 from tests.support.inprocess_nodes import make_node
+from tests.support.waiting import poll_up_to
 
 RUN = "reach-test"
 
@@ -61,9 +62,7 @@ async def test_dial_back_proves_the_requester_and_refuses_what_it_should(tmp_pat
 
     stream = await requester.host.new_stream(peer, [TProtocol(DIALBACK_PROTOCOL)])
     await write_frame(stream, b"x" * 100)  # over the 2-byte limit: refused before it is read
-    with trio.move_on_after(5):
-        while not server.guard.errors and not server.scores.rejections:
-            await trio.sleep(0.05)
+    await poll_up_to(lambda: server.guard.errors or server.scores.rejections, 5)
     assert server.guard.errors or server.scores.rejections
 
 

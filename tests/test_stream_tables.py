@@ -49,6 +49,7 @@ from intellect_node.protocol.framing import (
 from intellect_node.protocol.manifest import CheckpointManifest
 from tests.support.protocol_samples import sample_batch
 from tests.support.shards_swarm import make_checkpoint
+from tests.support.waiting import poll_until
 
 RUN = "stream-tables"
 ATTACKER_ADDRESSES = [f"127.{i}.{i}.1" for i in range(1, 6)]
@@ -100,9 +101,8 @@ async def honest_answer_while_held(server: IHost, guard: StreamGuard, scores: Pe
         for i in range(identities):
             nursery.start_soon(hold_slots, target, ATTACKER_ADDRESSES[i % len(ATTACKER_ADDRESSES)], protocol,
                                policy.per_peer, stop, counts)
-        with trio.fail_after(60):  # full, and strangers knocking at a full table
-            while len(table.slots) < policy.capacity or table.counts["full"] < 3:
-                await trio.sleep(0.05)
+        # full, and strangers knocking at a full table
+        await poll_until(lambda: len(table.slots) >= policy.capacity and table.counts["full"] >= 3, 60)
         assert all(not slot.complete for slot in table.slots)  # every slot held by a one-byte request
         async with fresh_peer(target, HONEST_ADDRESS) as host:
             started = time.monotonic()

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from intellect_node.node.app.task_dump import await_stacks, dump_on_signal
+from tests.support.waiting import poll_until
 
 
 async def waits_for_an_event_that_never_comes(event: trio.Event) -> None:
@@ -36,9 +37,7 @@ async def test_sigusr1_logs_the_stacks(caplog) -> None:
         nursery.start_soon(dump_on_signal)
         await trio.testing.wait_all_tasks_blocked()
         os.kill(os.getpid(), signal.SIGUSR1)
-        with trio.fail_after(5):
-            while not caplog.records:
-                await trio.sleep(0.01)
+        await poll_until(lambda: caplog.records, 5, poll_s=0.01)
         nursery.cancel_scope.cancel()
     text = caplog.records[0].getMessage()
     assert "on SIGUSR1" in text and "in dump_on_signal" in text

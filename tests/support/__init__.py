@@ -15,4 +15,5 @@
 - ``trainer_runs``: quick timings, the toy task set and record readers for live trainer runs.
 - ``toploc_golden``: the reference toploc package's proofs for fixed inputs (tests/golden/).
 - ``toploc_model``: the Llama-shaped model whose hidden states the TOPLOC tests prove.
+- ``waiting``: polls with a deadline, for states other processes and libraries reach with no event.
 """
