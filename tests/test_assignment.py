@@ -62,7 +62,7 @@ def test_every_input_changes_the_task() -> None:
         [task_index("run", PEER + "x", 1, c, 10**6, beacon=B) for c in range(50)],
         [task_index("run", PEER, 2, c, 10**6, beacon=B) for c in range(50)],
     ):
-        assert sum(a == b for a, b in zip(base, other)) <= 1
+        assert sum(a == b for a, b in zip(base, other, strict=True)) <= 1
     # no ambiguity between the fields: ("ab", "c") and ("a", "bc") differ
     assert task_index("ab", "c", 0, 0, 10**9, beacon=B) != task_index("a", "bc", 0, 0, 10**9, beacon=B)
 
@@ -105,7 +105,7 @@ def test_the_beacon_changes_the_task() -> None:
     """No task of a step is known before its checkpoint's manifest_hash: another beacon, another draw."""
     base = [task_index("run", PEER, 1, c, 10**6, beacon=B) for c in range(50)]
     other = [task_index("run", PEER, 1, c, 10**6, beacon=bytes(32)) for c in range(50)]
-    assert sum(a == b for a, b in zip(base, other)) <= 1
+    assert sum(a == b for a, b in zip(base, other, strict=True)) <= 1
     for bad in (b"", bytes(31), "x" * 32):
         with pytest.raises(ValueError):
             task_index("run", PEER, 1, 0, 10, beacon=bad)

@@ -62,7 +62,7 @@ def forged_groups_accepted(world: World, cheat: dict, batches: int = 3) -> tuple
         honest = world.build()
         cheating = regenerated(world, honest, **cheat)
         verdict = world.verify(cheating)
-        for group, original, result in zip(cheating.groups, honest.groups, verdict.groups):
+        for group, original, result in zip(cheating.groups, honest.groups, verdict.groups, strict=True):
             # a greedy group can repeat one the judge saw before: a copy its own seeds do not replay
             assert result.reason in (None, "sampling", "duplicate_group", INCONCLUSIVE), result.detail
             if [c.token_ids for c in group.completions] != [c.token_ids for c in original.completions]:

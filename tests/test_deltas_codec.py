@@ -201,5 +201,5 @@ def test_manifest_delta_field_rules(tmp_path):
                                                     size=manifest.total_size + 1, hash=b"\x02" * 32))
     wire = CheckpointManifest(**fields, delta=ref).to_wire()
     assert CheckpointManifest.from_wire(wire).delta == ref
-    with pytest.raises(Exception):
+    with pytest.raises(InvalidValue, match="dense/v9"):
         CheckpointManifest.from_wire(wire | {"delta": wire["delta"] | {"format": "dense/v9"}})

@@ -13,6 +13,7 @@ long, so each of the three members reduces one (an equal share: claimed bandwidt
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -131,9 +132,9 @@ def test_every_member_reduces_whole_parts_in_order_and_claims_are_refused() -> N
     for (elements, n), (spans, parts, part) in zip(cases, out["spans"], strict=True):
         assert part == PART_ELEMENTS and len(spans) == n
         assert spans[0][0] == 0 and spans[-1][1] == elements
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # contiguous, in the group's order
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))  # contiguous, in the group's order
         assert all(end - start == min(count * part, max(0, elements - start)) for (start, end), count
-                   in zip(spans, parts))
+                   in zip(spans, parts, strict=True))
     assert out["spans"][0][1] == [1, 0, 0]  # under one part: the first member reduces it all
     assert out["spans"][2][1] == [1, 1, 1]  # three parts, three members: one each
     assert "missing fields" in out["refused"][0]  # no claim: it reached the payload's own schema

@@ -329,11 +329,11 @@ def test_elias_fano_indices_round_trip_at_every_density(seed: int) -> None:
     counts = np.array([int(rng.choice([0, 1, 2, 16, 128, 700, length])) if length else 0 for length in lengths])
     counts = np.minimum(counts, lengths)
     local = np.concatenate([np.sort(rng.choice(length, count, replace=False))
-                            for count, length in zip(counts, lengths)]).astype(np.int64)
+                            for count, length in zip(counts, lengths, strict=True)]).astype(np.int64)
     section = sparse_indices.encode(local, counts, lengths)
     assert len(section) == sparse_indices.coded_size(counts, lengths)
     assert np.array_equal(sparse_indices.decode(section, counts, lengths), local)
-    bound = sum(n * (2 + np.log2(u / n)) for n, u in zip(counts, lengths) if n)
+    bound = sum(n * (2 + np.log2(u / n)) for n, u in zip(counts, lengths, strict=True) if n)
     assert 8 * len(section) <= bound + 8
 
 

@@ -116,7 +116,7 @@ def test_a_step_raises_rewarded_completions_and_lowers_the_rest() -> None:
     for _ in range(3):
         metrics = learner.step(groups)
     after = [[sequence_logprob(model, g.prompt, c) for c in g.completions] for g in groups]
-    for b, a in zip(before, after):
+    for b, a in zip(before, after, strict=True):
         assert a[0] > b[0] and a[3] > b[3]  # reward 1
         assert a[1] < b[1] and a[2] < b[2]  # reward 0
     assert learner.updates == 3
@@ -191,7 +191,7 @@ def test_state_round_trip_resumes_identically(tmp_path) -> None:
     first.step(groups)
     second.step(groups)
     assert second.updates == 2
-    for a, b in zip(first.model.parameters(), second.model.parameters()):
+    for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
         assert torch.allclose(a, b)
 
 
@@ -207,7 +207,7 @@ def test_old_policy_behavior_clips_what_already_moved_and_recompute_does_not() -
     model = small_model()
     stale = [dataclasses.replace(g, logprobs=tuple(tuple(x - 1.0 for x in lp) for lp in g.logprobs))
              for g in make_groups(2, policy=model)]
-    rewarded = sum(len(c) for g in stale for c, r in zip(g.completions, g.task_rewards) if r > 0)
+    rewarded = sum(len(c) for g in stale for c, r in zip(g.completions, g.task_rewards, strict=True) if r > 0)
     total = sum(len(c) for g in stale for c in g.completions)
     behavior = GRPOLearner(small_model(), pad_id=0, optim=OptimConfig(warmup_steps=0)).step(stale)
     assert behavior["clip_fraction"] == pytest.approx(rewarded / total, abs=1e-6)
@@ -248,5 +248,5 @@ def test_shared_prompt_scoring_equals_a_plain_forward_pass() -> None:
         logits = model(input_ids=torch.tensor([list(row.prompt)
                                                + list(row.completion)])).logits[0, len(row.prompt) - 1: -1]
         torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(row.completion)[:, None]).sum().backward()
-    for a, p in zip(shared, model.parameters()):
+    for a, p in zip(shared, model.parameters(), strict=True):
         assert torch.allclose(a, p.grad, atol=1e-4)

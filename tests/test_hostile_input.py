@@ -21,6 +21,7 @@ from intellect_node.protocol.framing import HEADER, MEMBERS_PROTOCOL, frame
 from intellect_node.protocol.keys import DHT_NAMESPACE, advert_key, members_topic
 from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
+from tests.support.waiting import poll_until
 
 RUN = "attack-test"
 
@@ -54,9 +55,7 @@ def rejections(node) -> dict:
 
 
 async def wait_for_rejection(node, reason: str, before: int, timeout_s: float = 10.0) -> None:
-    with trio.fail_after(timeout_s):
-        while rejections(node).get(reason, 0) <= before:
-            await trio.sleep(0.2)
+    await poll_until(lambda: rejections(node).get(reason, 0) > before, timeout_s, poll_s=0.2)
 
 
 STREAM_ATTACKS = {
@@ -169,9 +168,7 @@ async def test_repeat_offender_is_banned_and_cut_off(target):
         forged = frame(bad[:-1] + bytes([bad[-1] ^ 1]))
         for _ in range(2):  # two forgeries cost more than the ban threshold
             await attacker.send_members_request(forged)
-        with trio.fail_after(10):
-            while attacker.identity.peer_id not in target.status()["banned"]:
-                await trio.sleep(0.2)
+        await poll_until(lambda: attacker.identity.peer_id in target.status()["banned"], 10, poll_s=0.2)
         before = rejections(target).get("bad_signature", 0)
         with trio.move_on_after(5):  # a banned peer's streams are not even read
             try:

@@ -8,7 +8,7 @@ from intellect_node.node.metagene.genic import CODONS, GENETIC_CODE, make_genic_
 from intellect_node.node.metagene.genomes import organisms_from
 from intellect_node.node.metagene.synthetic import make_organisms, reverse_complement
 
-CODE = dict(zip(CODONS, GENETIC_CODE))
+CODE = dict(zip(CODONS, GENETIC_CODE, strict=True))
 MIN_CODONS = 80  # an open reading frame this long is rare by chance (about 0.95^80 of frames)
 
 

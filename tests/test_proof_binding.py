@@ -60,7 +60,7 @@ class Rows:
         # one batched build for every row, as a worker does it (full chunks and tails batched)
         keys = [self.key(name, n) for name in "ab" for n in lengths]
         built = build_completion_proofs([self.claimed[name, n] for name in "ab" for n in lengths], keys)
-        self.proofs = dict(zip([(name, n) for name in "ab" for n in lengths], built))
+        self.proofs = dict(zip([(name, n) for name in "ab" for n in lengths], built, strict=True))
 
     def tokens(self, name: str, n: int) -> list[int]:
         return (self.a if name == "a" else self.b)[:n]
@@ -186,7 +186,7 @@ def judged(world: World, batch: RolloutBatch, worker: Identity, tokens: int):
 
 def with_proofs(batch: RolloutBatch, group: int, proofs: list[tuple[bytes, ...]]) -> RolloutBatch:
     old = batch.groups[group].completions
-    completions = tuple(dataclasses.replace(c, proofs=tuple(p)) for c, p in zip(old, proofs))
+    completions = tuple(dataclasses.replace(c, proofs=tuple(p)) for c, p in zip(old, proofs, strict=True))
     groups = list(batch.groups)
     groups[group] = dataclasses.replace(groups[group], completions=completions)
     return dataclasses.replace(batch, groups=tuple(groups))

@@ -52,7 +52,7 @@ def test_proofs_and_logprobs_match_a_prefill_with_the_same_checkpoint(built):
         prompt = unpack_tokens(group.prompt_ids).tolist()
         completions = [unpack_tokens(c.token_ids).tolist() for c in group.completions]
         recomputed = engine.prefill([prompt] * len(completions), completions)
-        for record, again in zip(group.completions, recomputed):
+        for record, again in zip(group.completions, recomputed, strict=True):
             key = proof_key(result.batch.manifest_hash, result.batch.policy_step, group.prompt_ids, record.token_ids)
             verdicts = verify_proofs(again.hidden_states, list(record.proofs), key=key)
             assert all(v.ok for v in verdicts), verdicts

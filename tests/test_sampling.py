@@ -78,7 +78,7 @@ def test_margins_of_rows_equal_each_rows_own_margins() -> None:
                for i in range(len(counts))]
     together = margins_of_rows(logits, tokens, replays, counts)
     at = 0
-    for count, replay, got in zip(counts, replays, together):
+    for count, replay, got in zip(counts, replays, together, strict=True):
         np.testing.assert_array_equal(got.margins, margins(logits[at:at + count], tokens[at:at + count], replay))
         at += count
     with pytest.raises(ValueError):
@@ -163,7 +163,7 @@ def test_the_compiled_race_is_the_eager_race() -> None:
             claimed = torch.where(torch.arange(rows) % 2 == 0, chosen, torch.randint(0, vocab, (rows,)))
             got, want = replay(logits.device, logits, claimed, keys, temperature), _full_replay(
                 logits, claimed, keys, temperature)
-            for compiled, eager in zip(got, want):
+            for compiled, eager in zip(got, want, strict=True):
                 torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-12)
         results.append("done")
 

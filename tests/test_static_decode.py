@@ -54,7 +54,7 @@ def test_decode_is_transformers_decode(name: str, padded: bool) -> None:
         expected = transformers_decode(model, PROMPTS, STEPS, DROPS)
         got, _ = static_decode(model, PROMPTS, STEPS, DROPS, padded=padded)
     tolerance = 1e-5 if padded else 0.0
-    for step, (want, have) in enumerate(zip(expected, got)):
+    for step, (want, have) in enumerate(zip(expected, got, strict=True)):
         assert want.shape == have.shape
         torch.testing.assert_close(have, want, rtol=tolerance, atol=tolerance, msg=f"step {step}")
 
@@ -147,7 +147,7 @@ def test_cuda_graphs_replay_the_padded_step(dtype: torch.dtype) -> None:
         eager, _ = static_decode(model, PROMPTS, STEPS, DROPS, padded=True)
         graphed, decoder = static_decode(model, PROMPTS, STEPS, DROPS, padded=True, cuda_graphs=True)
         assert decoder.cuda_graphs and set(decoder._graphs) == {4, 1}  # captured, not fallen back
-        for step, (want, have) in enumerate(zip(eager, graphed)):
+        for step, (want, have) in enumerate(zip(eager, graphed, strict=True)):
             torch.testing.assert_close(have, want, rtol=tolerance, atol=tolerance, msg=f"step {step}")
         # the same decoder, a second call: other prompts, no rows dropped
         others = [p[::-1] for p in PROMPTS]

@@ -55,7 +55,7 @@ def _newton(xs: list[int], ys: list[int]) -> list[int]:
             dd[i] = (dd[i] - dd[i - 1]) * pow(xs[i] - xs[i - k], -1, PRIME) % PRIME
     coeffs = [0] * n
     for i in range(n - 1, -1, -1):  # Horner on the Newton form
-        coeffs = [(c_prev - xs[i] * c) % PRIME for c, c_prev in zip(coeffs, [0] + coeffs[:-1])]
+        coeffs = [(c_prev - xs[i] * c) % PRIME for c, c_prev in zip(coeffs, [0] + coeffs[:-1], strict=True)]
         coeffs[0] = (coeffs[0] + dd[i]) % PRIME
     return coeffs
 
@@ -132,13 +132,13 @@ def test_bound_proofs_follow_the_spec() -> None:
     key = bytes(range(32))
     hidden = randn(40, 1024, seed=1)
     unbound, bound = build_proofs(hidden), build_proofs(hidden, key=key)
-    for chunk, (plain, masked) in enumerate(zip(unbound, bound)):
+    for chunk, (plain, masked) in enumerate(zip(unbound, bound, strict=True)):
         stream = hashlib.shake_256(b"intellect-node/toploc/chunk-mask/v1" + b"\x00\x20" + key
                                    + chunk.to_bytes(4, "big")).digest(256)
         mask = [int.from_bytes(stream[2 * i : 2 * i + 2], "big") % PRIME for i in range(128)]
         assert chunk_masks(key, 1, first=chunk)[0].tolist() == mask
         m, *coeffs = struct.unpack(">129H", plain)
-        assert struct.unpack(">129H", masked) == (m, *((c + x) % PRIME for c, x in zip(coeffs, mask)))
+        assert struct.unpack(">129H", masked) == (m, *((c + x) % PRIME for c, x in zip(coeffs, mask, strict=True)))
     assert chunk_masks(key, 1, first=3)[0, :4].tolist() == [6818, 35699, 61889, 21169]
     assert bind_proofs(unbound, key) == bound and unbind_proofs(bound, key) == unbound
     assert bind_proofs(unbound[1:], key, first_chunk=1) == bound[1:]
@@ -279,7 +279,7 @@ def _with_mantissa_errors(hidden: torch.Tensor, errors: list[int]) -> torch.Tens
     flat_bits = hidden.view(torch.int16).numpy().astype(np.int64).reshape(-1) & 0x7F
     top = [p for p in _top_entries(hidden) if flat_bits[p] + max(errors) <= 0x7F][: len(errors)]
     assert len(top) == len(errors)
-    delta = dict(zip(top, errors))
+    delta = dict(zip(top, errors, strict=True))
     return _edit_bits(hidden, np.array(top), lambda b: b + np.array([delta[p] for p in top]))
 
 
@@ -417,7 +417,7 @@ def test_fuzzed_proofs_are_rejected_never_raised(three_chunks, proofs) -> None:
 def test_well_formed_random_polynomials_are_rejected(three_chunks, moduli, raw) -> None:
     hidden, _ = three_chunks
     coeffs = [np.frombuffer(r, dtype=">u2").astype(np.int64) % PRIME for r in raw]
-    proofs = [struct.pack(">129H", m, *c.tolist()) for m, c in zip(moduli, coeffs)]
+    proofs = [struct.pack(">129H", m, *c.tolist()) for m, c in zip(moduli, coeffs, strict=True)]
     assert all(v.reason == "exp_mismatch" for v in verify_proofs(hidden, proofs))
 
 

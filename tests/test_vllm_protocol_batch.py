@@ -53,7 +53,7 @@ def logits_for(rows: int) -> torch.Tensor:
 def test_choose_with_derived_keys_is_sample() -> None:
     logits = logits_for(6)
     seeds, positions = [3, 4, 5, 6, 7, 8], [0, 1, 2, 9, 40, 7]
-    keys = [position_key(s, p) for s, p in zip(seeds, positions)]
+    keys = [position_key(s, p) for s, p in zip(seeds, positions, strict=True)]
     for temperature, top_p in ((1.0, 1.0), (0.7, 0.9)):
         expected = sample(logits, seeds, positions, temperature, top_p)
         assert torch.equal(choose(logits, key_tensor(keys), temperature, top_p), expected)

@@ -95,7 +95,7 @@ class World:
         records = tuple(
             dataclasses.replace(record, token_ids=pack_tokens(t), logprobs=pack_logprobs(a.logprobs.numpy()),
                                 proofs=tuple(p), finish_reason=(finish[j] if finish else record.finish_reason))
-            for j, (record, t, a, p) in enumerate(zip(group.completions, tokens, again, proofs)))
+            for j, (record, t, a, p) in enumerate(zip(group.completions, tokens, again, proofs, strict=True)))
         groups = list(batch.groups)
         groups[group_index] = dataclasses.replace(group, prompt_ids=pack_tokens(prompt), completions=records)
         return dataclasses.replace(batch, groups=tuple(groups))
