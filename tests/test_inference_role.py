@@ -22,6 +22,8 @@ from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_tok
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import demo_tiny_model, wide_tiny_model
 
+pytestmark = pytest.mark.slow  # three node processes per test, and a model build
+
 TIMING = {"INTELLECT_NODE_ADVERT_LIFETIME_S": "30", "INTELLECT_NODE_ADVERT_REFRESH_S": "5",
           "INTELLECT_NODE_HEARTBEAT_S": "1", "INTELLECT_NODE_DISCOVERY_S": "2"}
 

@@ -28,6 +28,7 @@ def status_json(home) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_nine_nodes_converge_crash_expires_and_restart_rejoins_without_bootstrap(swarm):
     boot = swarm.start_bootstrap()
     roles = ["inference", "validator", "trainer"]
@@ -74,6 +75,7 @@ def test_unreachable_bootstrap_is_reported(tmp_path):
     assert "Traceback" not in result.stderr  # a clean message, not trio's wrapped exception
 
 
+@pytest.mark.slow
 def test_sigterm_stops_cleanly_and_status_falls_back_to_asking_a_peer(swarm, tmp_path):
     boot = swarm.start_bootstrap()
     member = swarm.start_member("m", "inference", [boot.addr])
