@@ -44,7 +44,30 @@ exceeds honest's by more than two standard errors of the difference (from the pe
 rewards of both sides), i.e. ``ok`` while ratio <= 1 + 2 * sqrt(se_cheat**2 + se_honest**2) / honest:
 equal strategies read ``short`` about 2.5% of the time.
 
-    .venv/bin/python bench/task_choice.py [--quick] [--groups N] [--model DIR] [--threads 2]
+Influence (issue 50): committed assignments make picking unpaid, but a picked group is sound work,
+accepted; what decides whether it shapes the policy is the trainer's delivery standing
+(specs/rollouts.md, "Delivery standing"). A second simulation runs ``--steps`` policy steps of one
+run with the real judge (``CommitmentBook`` with its ``DeliveryLedger``, ``verify_batch``) and the
+trainer's pool (``GroupPool.newest_first`` with the ledger's ``admits``, ``batch`` groups a step,
+stale groups dropped). Every party has the same compute a step (``--per-step`` groups generated):
+
+- ``honest``: one key, commits twice what it makes (as the worker's size rule does) before each
+  beacon, delivers all it makes; ``churned`` the same, but loses one step whole and one group;
+- ``select``: a fresh key per group, one group committed, delivered only if a completion scored;
+- ``skim``: one key, commits ``2 x per-step`` groups, delivers its counters in order until the
+  first task it does not solve (dense counters allow nothing else);
+- ``coin``: one key, commits one group a step, delivers it only if some completion scored;
+- ``topup``: one key, commits ``2 x per-step``, delivers half its budget unlooked-at, then goes on
+  only while it solves the next task (picking above its median step, which the share does not see:
+  reported, not judged; specs/rollouts.md, "Delivery standing", names it open).
+
+Each party's influence is its share of the groups trained on at the gated steps (after the open
+steps ``1 .. async_window + 1``), with the gate and, from the same deliveries, without it; next
+to its share of keys, of work, of delivered groups and of honestly delivered work (the groups it
+delivered without looking at them: all of an honest party's, none of a picker's but topup's first
+half). Target: each picker's trained share <= its share of honestly delivered work.
+
+    .venv/bin/python bench/task_choice.py [--quick] [--groups N] [--model DIR] [--threads 2] [--steps S]
 
 Default model: the demo's tiny model (``intellect-node demo``'s cache; built once, about two and a
 half minutes) and the demo's tasks (``DEMO_TASKS``, 4000 reversals). ``--quick``: a small model of
@@ -57,6 +80,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import statistics
 import sys
@@ -77,7 +101,10 @@ from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noq
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
 from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
+from intellect_node.node.roles.trainer.pool import GroupPool  # noqa: E402
 from intellect_node.node.roles.validator.commitments import STORED, CommitmentBook  # noqa: E402
+from intellect_node.node.roles.validator.delivery import DeliveryLedger  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.service import without_cheating_batch  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
@@ -87,7 +114,7 @@ from intellect_node.node.tasks.verify import task_reward  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.assignment import length_target, task_index  # noqa: E402
 from intellect_node.protocol.commitments import WorkCommitment  # noqa: E402
-from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, pack_tokens  # noqa: E402
+from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, pack_tokens, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import build_run_spec  # noqa: E402
 from intellect_node.protocol.verdicts import PROVEN_CHEATS  # noqa: E402
 
@@ -100,6 +127,9 @@ SETTINGS = RolloutSettings(group_size=8, groups_per_batch=4, max_tokens=16)  # r
 QUICK_RECIPE = TinyRecipe(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
                           train_steps=150, batch_size=16, lr=3e-3, kinds=("reverse",))
 STRATEGIES = ("honest", "grind", "commit-grind", "select", "shop", "burn", "burn-split")
+PARTIES = ("honest", "churned", "select", "skim", "coin", "topup")
+PICKERS = ("select", "skim", "coin")  # what the gate closes; topup picks where it does not look (open)
+CHURN_STEP = 6  # the step the churned honest worker loses whole (and one group of the next)
 
 
 @dataclass
@@ -197,7 +227,7 @@ class Sim:
         outputs = self.generator.generate(prompts, 1, SamplingParams(temperature=0.0, max_tokens=SETTINGS.max_tokens),
                                           capture_hidden=False)
         return [task_reward(t, self.tokenizer.decode(c.token_ids, skip_special_tokens=True)) > 0
-                for t, (c,) in zip(self.tasks, outputs)]
+                for t, (c,) in zip(self.tasks, outputs, strict=True)]
 
     def good(self, worker: Identity, step: int, counter: int) -> bool:
         """Whether the task of (worker, step, counter) is one the cheater solves: known only once
@@ -283,6 +313,174 @@ class Sim:
         return tally
 
 
+@dataclass
+class Party:
+    """One party of the influence run: its keys, work, deliveries, and the groups trained on."""
+
+    keys: set[str] = field(default_factory=set)
+    work: int = 0
+    committed: int = 0
+    delivered: int = 0
+    honest_delivered: int = 0  # delivered without looking at the group first
+    paid: float = 0.0  # accepted task reward (a group's mean over its completions), summed
+    trained: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # gate on/off -> groups
+
+
+class InfluenceRun:
+    """``steps`` policy steps of one run: the parties commit before each beacon and deliver after
+    it, one judge with a delivery ledger judges, and a trainer's pool hands out ``batch`` groups a
+    step, once through the gate and once without it (the same deliveries)."""
+
+    def __init__(self, sim: Sim, directory: Path, per_step: int, batch: int) -> None:
+        self.sim, self.per_step, self.batch = sim, per_step, batch
+        spec = sim.judge.run.spec
+        self.ledger = DeliveryLedger(None, spec.delivery, spec.async_window)
+        self.state = JudgeState(commitments=CommitmentBook(None, max_groups=spec.max_groups_per_step,
+                                                           delivery=self.ledger))
+        self.pools = {gate: GroupPool(directory / f"pool-{gate}") for gate in (True, False)}
+        self.parties = {name: Party() for name in PARTIES}
+        self.long_lived = {name: Identity.generate() for name in ("honest", "churned", "skim", "coin", "topup")}
+        self.manifests: dict[int, bytes] = {}
+        self.open_through = spec.async_window + 1
+
+    def beacon(self, step: int) -> bytes:
+        return self.manifests.setdefault(step, hashlib.sha256(f"{RUN}/{step}".encode()).digest())
+
+    def commit(self, name: str, key: Identity, step: int, groups: int) -> None:
+        """Offered while the judge's newest checkpoint is ``step - 1``: before the beacon."""
+        offered = WorkCommitment(run_id=RUN, worker=key.peer_id, step=step, groups=groups)
+        if self.state.commitments is not None and self.state.commitments.offer(offered, step - 1) == STORED:
+            self.parties[name].committed += groups
+        self.parties[name].keys.add(key.peer_id)
+
+    def build(self, name: str, key: Identity, step: int, first: int, groups: int) -> RolloutBatch:
+        self.parties[name].work += groups
+        return build_batch(self.sim.generator, self.sim.tokenizer, self.sim.tasks, run_id=RUN, worker=key.peer_id,
+                           step=step, manifest_hash=self.beacon(step), first_counter=first,
+                           settings=dataclasses.replace(SETTINGS, groups_per_batch=groups)).batch
+
+    def good(self, key: Identity, step: int, counter: int) -> bool:
+        return self.sim.solvable[task_index(RUN, key.peer_id, step, counter, len(self.sim.tasks),
+                                            beacon=self.beacon(step))]
+
+    def deliver(self, name: str, key: Identity, batch: RolloutBatch, step: int, looked: bool) -> None:
+        party = self.parties[name]
+        party.delivered += len(batch.groups)
+        party.honest_delivered += 0 if looked else len(batch.groups)
+        signed = codec.decode(codec.encode(batch, key, lifetime_s=600), RolloutBatch)
+        step_of = {h: s for s, h in self.manifests.items()}.get
+        verdict = without_cheating_batch(verify_batch(
+            signed, engine=self.sim.judge.engine, tokenizer=self.sim.tokenizer, run=self.sim.judge.run,
+            checkpoint_step_of=step_of, newest_step=step, state=self.state))
+        by_counter = {g.counter: g for g in batch.groups}
+        accepted = []
+        for result in verdict.accepted:
+            group = by_counter[result.counter]
+            party.paid += sum(result.rewards) / len(result.rewards)
+            # the trainer's key is "<batch digest>:<counter>": its order among a step's groups is arbitrary
+            digest = hashlib.sha256(f"{key.peer_id}/{step}/{result.counter}".encode()).hexdigest()
+            accepted.append(TrainingGroup(
+                key=f"{digest}:{result.counter}",
+                worker=key.peer_id, policy_step=step, task_id=group.task_id, length_target=group.length_target,
+                prompt=tuple(unpack_tokens(group.prompt_ids).tolist()),
+                completions=tuple(tuple(unpack_tokens(c.token_ids).tolist()) for c in group.completions),
+                task_rewards=tuple(result.rewards), logprobs=()))
+        for pool in self.pools.values():
+            pool.admit(accepted)
+
+    def step(self, step: int) -> None:
+        """Commitments for ``step`` (and the judge a step behind), then its beacon: work and
+        deliveries; then the trainer takes its batch and the judge settles what left the window."""
+        per = self.per_step
+        for name in ("honest", "churned"):
+            self.commit(name, self.long_lived[name], step, 2 * per)
+        self.commit("skim", self.long_lived["skim"], step, 2 * per)
+        self.commit("topup", self.long_lived["topup"], step, 2 * per)
+        self.commit("coin", self.long_lived["coin"], step, 1)
+        select_keys = [Identity.generate() for _ in range(per)]
+        for key in select_keys:
+            self.commit("select", key, step, 1)
+        self.deliver("honest", self.long_lived["honest"], self.build("honest", self.long_lived["honest"], step, 0,
+                                                                      per), step, looked=False)
+        made = 0 if step == CHURN_STEP else per - (step == CHURN_STEP + 1)
+        if made:
+            churned = self.long_lived["churned"]
+            self.deliver("churned", churned, self.build("churned", churned, step, 0, made), step, looked=False)
+        for key in select_keys:
+            batch = self.build("select", key, step, 0, 1)
+            if any(c.reward for c in batch.groups[0].completions):
+                self.deliver("select", key, batch, step, looked=True)
+        skim = self.long_lived["skim"]
+        run = 0
+        while run < per and self.good(skim, step, run):
+            run += 1
+        self.parties["skim"].work += per - run  # the rest of its budget (it knew those tasks would not please it)
+        if run:
+            self.deliver("skim", skim, self.build("skim", skim, step, 0, run), step, looked=True)
+        coin = self.long_lived["coin"]
+        batch = self.build("coin", coin, step, 0, 1)
+        self.parties["coin"].work += per - 1
+        if any(c.reward for c in batch.groups[0].completions):
+            self.deliver("coin", coin, batch, step, looked=True)
+        topup, floor = self.long_lived["topup"], per // 2
+        extra = 0
+        while floor + extra < per and self.good(topup, step, floor + extra):
+            extra += 1
+        self.parties["topup"].work += per - floor - extra
+        self.deliver("topup", topup, self.build("topup", topup, step, 0, floor), step, looked=False)
+        if extra:
+            self.deliver("topup", topup, self.build("topup", topup, step, floor, extra), step, looked=True)
+        self.train(step)
+
+    def train(self, step: int) -> None:
+        """The trainer at ``step`` takes ``batch`` groups of steps >= step - window, newest first."""
+        owner = {key: name for name, party in self.parties.items() for key in party.keys}
+        for gate, pool in self.pools.items():
+            oldest = step - self.sim.judge.run.spec.async_window
+            pool.discard([k for k, g in pool.groups.items() if g.policy_step < oldest])
+            taken = pool.newest_first(self.ledger.admits if gate else None)[:self.batch]
+            if step > self.open_through:
+                for group in taken:
+                    self.parties[owner[group.worker]].trained[gate] += 1
+            pool.groups = {k: g for k, g in pool.groups.items() if k not in {t.key for t in taken}}
+
+
+def influence(sim: Sim, steps: int, per_step: int) -> dict[str, Party]:
+    with tempfile.TemporaryDirectory(prefix="ina-influence-") as tmp:
+        run = InfluenceRun(sim, Path(tmp), per_step, batch=2 * per_step)  # what the two honest parties make
+        for step in range(1, steps + 1):
+            run.step(step)
+        return run.parties
+
+
+def share(value: float, total: float) -> float:
+    return value / total if total else 0.0
+
+
+def report_influence(parties: dict[str, Party], steps: int, open_through: int) -> bool:
+    """Print each party's shares; whether every picker's trained share (gate on) is at most its
+    share of honestly delivered work."""
+    totals = {k: sum(getattr(p, k) for p in parties.values()) for k in ("work", "delivered", "honest_delivered")}
+    keys = sum(len(p.keys) for p in parties.values())
+    trained = {gate: sum(p.trained[gate] for p in parties.values()) for gate in (True, False)}
+    print(f"\ninfluence over steps {open_through + 1}..{steps} (the open steps 1..{open_through} need no standing):")
+    print(f"{'party':8} {'keys':>5} {'work':>5} {'commit':>6} {'deliv':>5} {'paid/c':>6} {'keys%':>6} {'work%':>6} "
+          f"{'deliv%':>6} {'honest%':>7} {'trained% no gate':>16} {'trained% gate':>13}")
+    ok = True
+    for name, p in parties.items():
+        honest_share = share(p.honest_delivered, totals["honest_delivered"])
+        on, off = share(p.trained[True], trained[True]), share(p.trained[False], trained[False])
+        paid = share(p.paid, p.committed)
+        print(f"{name:8} {len(p.keys):5d} {p.work:5d} {p.committed:6d} {p.delivered:5d} {paid:6.3f} "
+              f"{share(len(p.keys), keys):6.3f} {share(p.work, totals['work']):6.3f} "
+              f"{share(p.delivered, totals['delivered']):6.3f} {honest_share:7.3f} {off:16.3f} {on:13.3f}")
+        if name in PICKERS and on > honest_share:
+            ok = False  # topup is reported, not judged: what it picks is open (specs/rollouts.md)
+    print("(paid/c: accepted reward per committed group, every step; honest%: share of the groups delivered without "
+          "looking at them; trained%: share of the groups the trainer took at the gated steps)")
+    return ok
+
+
 def noise_margin(cheat: Tally, honest: Tally) -> float:
     """Two standard errors of the difference of the two means, as a share of honest's mean: the
     ratio a cheat may reach by sampling noise alone (one-sided, about 2.5% of the time)."""
@@ -299,6 +497,8 @@ def main() -> None:
     parser.add_argument("--tasks", help=f"task spec [{DEMO_TASKS}; quick: its first 500]")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, of {STRATEGIES}")
+    parser.add_argument("--steps", type=int, help="policy steps of the influence run [quick 8, full 24]")
+    parser.add_argument("--per-step", type=int, help="groups each party generates a step [quick 2, full 8]")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -326,7 +526,14 @@ def main() -> None:
             t0 = time.perf_counter()
             tallies[name] = sim.run(name, budget)
             print(f"  {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        steps, per_step = args.steps or (8 if args.quick else 24), args.per_step or (2 if args.quick else 8)
+        t0 = time.perf_counter()
+        parties = influence(sim, steps, per_step)
+        print(f"  influence run ({steps} steps, {per_step} groups a party a step): {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        open_through = sim.judge.run.spec.async_window + 1
     honest = tallies["honest"]
+    influence_ok = report_influence(parties, steps, open_through)
     print(f"\n{'strategy':12} {'work':>5} {'keys':>5} {'commit':>6} {'deliv':>5} {'accept':>6} "
           f"{'reward/committed':>16} {'ratio':>6}  rejected, refused or unpaid")
     for name, t in tallies.items():
@@ -347,8 +554,21 @@ def main() -> None:
     margin = noise_margin(cheats[worst], honest)
     print(f"worst cheat: {worst}; noise margin (two standard errors of the difference, over honest's score) "
           f"{margin:.3f}")
+    trained = {gate: sum(p.trained[gate] for p in parties.values()) for gate in (True, False)}
+    honest_total = sum(p.honest_delivered for p in parties.values())
+
+    def excess(name: str) -> float:
+        return share(parties[name].trained[True], trained[True]) - share(parties[name].honest_delivered, honest_total)
+
+    worst = max(PICKERS, key=excess)
+    on, off = (share(parties[worst].trained[gate], trained[gate]) for gate in (True, False))
+    print(f"influence: worst picker {worst}: trained share {on:.3f} with the gate ({off:.3f} without), its share of "
+          f"honestly delivered work {share(parties[worst].honest_delivered, honest_total):.3f}: "
+          f"{'ok' if influence_ok else 'short'}; open, topup: trained share "
+          f"{share(parties['topup'].trained[True], trained[True]):.3f} against "
+          f"{share(parties['topup'].honest_delivered, honest_total):.3f}")
     print(f"task_choice: ours={ours:.3f} peer={peer:.3f} ratio={ratio:.2f} target={TARGET:g} "
-          f"{'ok' if ratio <= TARGET + margin else 'short'}")
+          f"{'ok' if ratio <= TARGET + margin and influence_ok else 'short'}")
 
 
 if __name__ == "__main__":
