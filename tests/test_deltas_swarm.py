@@ -25,6 +25,7 @@ from intellect_node.protocol.lora import decode_adapter, encode_adapter
 from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
 from tests.support.shards_swarm import ShardSwarm, file_sha256, holds, shard_status
+from tests.support.waiting import poll_until
 
 MIB = 1 << 20
 ENV = {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(MIB)}
@@ -54,7 +55,7 @@ def publish(swarm: ShardSwarm, step: int) -> str:
 def delta_size(tmp_path, base: int, step: int) -> int:
     """The size of the body the trainer will publish (encoding is deterministic)."""
     paths = [tmp_path / f"size-{s}.safetensors" for s in (base, step)]
-    for s, path in zip((base, step), paths):
+    for s, path in zip((base, step), paths, strict=True):
         write_safetensors(policy(s), path)
     body = encode_delta(read_tensor_index(paths[1]), paths[0].read_bytes(), paths[1].read_bytes())
     assert body is not None
@@ -76,7 +77,7 @@ def test_followers_build_every_step_from_deltas_and_a_joiner_catches_up(tmp_path
         wait_until(lambda: all_hold(followers, 0), 120)
         for step in range(1, 5):
             digest = publish(swarm, step)
-            wait_until(lambda: all_hold(followers, step), 120)
+            wait_until(lambda step=step: all_hold(followers, step), 120)
             assert {file_sha256(f, step) for f in followers} == {digest}
         total = shard_status(followers[0])["steps"]["4"]["total_size"]
         for follower in followers:
@@ -151,29 +152,22 @@ async def test_a_forged_delta_is_charged_and_the_step_still_arrives(tmp_path):
         origin = swarm.start_origin()
         follower = swarm.start_fetcher("f0")
         digest = await trio.to_thread.run_sync(publish, swarm, 0)
-        with trio.fail_after(120):
-            while not holds(follower, 0):
-                await trio.sleep(0.2)
+        await poll_until(lambda: holds(follower, 0), 120, poll_s=0.2)
         async with trio.open_nursery() as nursery:
             liar, sizes = await nursery.start(run_delta_liar, origin, run)
-            with trio.fail_after(60):
-                while liar not in follower.member_ids():
-                    await trio.sleep(0.2)
+            await poll_until(lambda: liar in follower.member_ids(), 60, poll_s=0.2)
             # the size is public (the signed manifest names it): the liar serves junk of exactly that length
             sizes[f"/ina/v1/{run}/1/delta".encode()] = delta_size(tmp_path, 0, 1)
             digest = await trio.to_thread.run_sync(publish, swarm, 1)
-            with trio.fail_after(120):
-                while not holds(follower, 1):
-                    await trio.sleep(0.2)
+            await poll_until(lambda: holds(follower, 1), 120, poll_s=0.2)
             nursery.cancel_scope.cancel()
         assert file_sha256(follower, 1) == digest
         status = shard_status(follower)
         assert status["delta_steps"] == 1  # from the trainer, after the liar's junk was refused
         assert status["bad_deltas"] == 1  # members at the step are asked before the trainer
         assert follower.status()["rejections"].get("bad_delta", 0) == 1
-        with trio.fail_after(30):  # the origin's status file lags its store by up to 0.5 s
-            while "1" not in shard_status(origin).get("steps", {}):
-                await trio.sleep(0.1)
+        # the origin's status file lags its store by up to 0.5 s
+        await poll_until(lambda: "1" in shard_status(origin).get("steps", {}), 30, poll_s=0.1)
         assert shard_status(origin)["steps"]["1"]["delta_size"] == sizes[f"/ina/v1/{run}/1/delta".encode()]
     finally:
         swarm.stop_all()
@@ -208,7 +202,7 @@ def test_adapter_steps_keep_their_base_and_a_joiner_fetches_it_once(tmp_path):
         wait_until(lambda: holds(follower, 0), 120)
         for step in range(1, 5):  # more steps than keep_steps (3): the base must stay anyway
             digest = publish_adapter_step(swarm, step, base_path, seed=step)
-            wait_until(lambda: holds(follower, step), 120)
+            wait_until(lambda step=step: holds(follower, step), 120)
             assert file_sha256(follower, step) == digest
         status = shard_status(follower)
         assert status["delta_steps"] == 4 and "0" in status["steps"], status["steps"].keys()

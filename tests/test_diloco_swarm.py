@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from intellect_node.node.diloco import frames
-from intellect_node.node.diloco.client import AveragerError
+from intellect_node.node.diloco.client import AveragerClient, AveragerError
 from intellect_node.node.diloco.run_spec import sign_run_spec, with_run_spec
 from tests.support.diloco_helpers import Overlays, identity, make_peer, run_rounds_together, settings
 
@@ -168,13 +168,13 @@ def test_a_round_racing_the_shutdown_starts_no_child_nobody_would_stop(tmp_path)
         peer = make_peer(tmp_path, f"p{n}", settings())
         client = peer.client
 
-        def restart() -> None:
+        def restart(client: AveragerClient) -> None:
             try:
                 client.restart(client.settings)
             except AveragerError as exc:
                 failures.append(exc)
 
-        thread = threading.Thread(target=restart)
+        thread = threading.Thread(target=restart, args=(client,))
         thread.start()
         time.sleep(delay)
         started = time.monotonic()

@@ -20,17 +20,12 @@ from intellect_node.protocol.manifest import CheckpointManifest
 from tests.support.attacker import Attacker
 from tests.support.protocol_samples import sample_advert
 from tests.support.shards_swarm import ShardSwarm, file_sha256, holds, make_checkpoint, shard_status
+from tests.support.waiting import poll_until
 
 MIB = 1 << 20
+pytestmark = pytest.mark.slow  # an origin and several fetchers, each a node process
 
 
-async def async_wait_for(predicate, timeout_s: float, poll_s: float = 0.2) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(poll_s)
-
-
-@pytest.mark.slow
 def test_origin_and_eight_fetchers_end_byte_identical_with_about_one_origin_copy(tmp_path):
     swarm = ShardSwarm(tmp_path, "shards-eight", {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(16 * MIB)})
     try:
@@ -142,9 +137,10 @@ async def test_corrupt_and_stalling_peers_and_a_forged_manifest(tmp_path):
             bad = await nursery.start(run_hostile_peer, origin, run, "corrupt", shard_count, forged_manifest)
             stalling = await nursery.start(run_hostile_peer, origin, run, "stall", shard_count, None)
             # every honest node must know both liars before the checkpoint appears
-            await async_wait_for(lambda: all({bad, stalling} <= n.member_ids() for n in swarm.swarm.nodes.values()), 60)
+            await poll_until(lambda: all({bad, stalling} <= n.member_ids() for n in swarm.swarm.nodes.values()), 60,
+                             poll_s=0.2)
             digest = await trio.to_thread.run_sync(swarm.publish, 1, mib, 3)
-            await async_wait_for(lambda: all(holds(f, 1) for f in swarm.fetchers()), 180)
+            await poll_until(lambda: all(holds(f, 1) for f in swarm.fetchers()), 180, poll_s=0.2)
             nursery.cancel_scope.cancel()
         for fetcher in swarm.fetchers():
             assert file_sha256(fetcher, 1) == digest
@@ -207,7 +203,7 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
 
         for step in (2, 3, 4):
             swarm.publish(step, 4, seed=10 + step)
-            wait_until(lambda: all(holds(f, step) for f in swarm.fetchers()), 120)
+            wait_until(lambda step=step: all(holds(f, step) for f in swarm.fetchers()), 120)
         everyone = [swarm.origin, *swarm.fetchers()]
         for node in everyone:
             assert sorted(shard_status(node)["steps"]) == ["2", "3", "4"]
@@ -228,7 +224,6 @@ def _envelope_digest(node: NodeProcess, run_id: str, step: int) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.slow
 def test_reannouncements_repeat_the_held_envelope(tmp_path):
     """The trainer repeats its newest manifest every ``reannounce_s`` for late joiners. It must
     repeat the envelope it signed, not a fresh signature: holders keep the longest-lasting copy
