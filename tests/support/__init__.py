@@ -11,6 +11,7 @@
 - ``netns``: the namespace internet (publics, homes behind NAT, rate-limited links).
 - ``protocol_samples``: well-formed messages to mutate in the wire tests.
 - ``reaper``: ends the processes a test module left running, and names them.
+- ``steering``: a forger that flips a completion's answer within the engine pair's slack, re-proven.
 - ``shards_swarm``: a checkpoint overlay of node processes with a publishing trainer.
 - ``trainer_runs``: quick timings, the toy task set and record readers for live trainer runs.
 - ``toploc_golden``: the reference toploc package's proofs for fixed inputs (tests/golden/).

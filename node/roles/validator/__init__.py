@@ -4,6 +4,7 @@
   ban proven cheats. The trainer runs the same service to verify what it trains on.
 - ``validation``: ``verify_batch``, the checks themselves (assignment, prefill, TOPLOC, logprobs,
   termination, rewards); compute only, no network.
+- ``answer_span``: the final answer span of a completion, where no token may be a flip.
 - ``ledger``: ``JudgeState``, dense counters and the content index a validator keeps between batches.
 - ``commitments``: ``CommitmentBook``, the work commitments stored before their beacon; settles
   committed counters never delivered.

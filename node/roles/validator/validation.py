@@ -26,6 +26,7 @@ from intellect_node.node.engine.base import (
     derive_seed,
     encode_prompt,
 )
+from intellect_node.node.roles.validator.answer_span import answer_span_flip
 from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
@@ -279,7 +280,7 @@ def _thresholds(pair: EnginePair, factor: float = 1.0) -> Thresholds:
 def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine, tokenizer: object,
                  spec: RunSpec, pair: EnginePair) -> GroupResult:
     """Completion checks 13-16 (TOPLOC, logprobs, termination, sampling) for each completion, the
-    group's flip test (specs/sampling.md section 4), then the recomputed rewards.
+    group's flip test and the answer span (specs/sampling.md section 4), then the recomputed rewards.
 
     Each figure meets two bounds (specs/validation.md, "Two bounds"): past PROOF_FACTOR times the
     pair's tolerance it proves a cheat and the group is refused under that check's reason; past
@@ -331,8 +332,16 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
         return GroupResult(counter, INCONCLUSIVE, detail=(
             f"past the engine pair's tolerance, within the proof bound: {'; '.join(beyond_tolerance[:3])}"))
     flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
+    proven = flips.p_value < FLIP_ALPHA
+    if not proven:  # a proof first; then the answer span (specs/sampling.md section 4, "The answer span")
+        for j, (tokens, again) in enumerate(zip(item.completions, recomputed)):
+            position = answer_span_flip(tokens, again.sampling_margins, tokenizer)
+            if position is not None:
+                return GroupResult(counter, INCONCLUSIVE, detail=(
+                    f"completion {j}: token {position} (id {tokens[position]}) of the final answer span is not the "
+                    f"sampler's exact choice (margin {again.sampling_margins[position]:.3g}): a flip where the "
+                    f"answer is read"))
     if flips.p_value < FLIP_SUSPECT:
-        proven = flips.p_value < FLIP_ALPHA
         return GroupResult(counter, "sampling" if proven else INCONCLUSIVE, detail=(
             f"{flips.flips} tokens are not the sampler's exact choice where the engine pair's noise explains "
             f"{flips.expected:.3g} (p = {flips.p_value:.2g} < {FLIP_ALPHA if proven else FLIP_SUSPECT:g})"))
