@@ -27,7 +27,7 @@ from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
-from intellect_node.protocol.verdicts import PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
+from intellect_node.protocol.verdicts import INCONCLUSIVE, PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
 from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, VALIDATOR, WINDOW, World, noisy, reasons
 
 
@@ -82,7 +82,9 @@ def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: Wo
     """1% weight noise. At hidden 128 its TOPLOC figures (1-5 exponent mismatches, mantissa mean
     about 1.5, median 1) mostly pass even the tight thresholds; the same-engine logprob tolerance (1e-3,
     against errors of 4e-3 - 9e-3) is what rejects it. TOPLOC's defaults plus a cross-engine
-    logprob tolerance would let it through: the documented limit of specs/toploc.md section 6."""
+    logprob tolerance would let it through, refusing none (a group whose noise flips a token of its final
+    answer is set aside, specs/sampling.md "The answer span"): the documented limit of specs/toploc.md
+    section 6."""
     world.worker.load_state_dict(noisy(world.weights[STEP], 0.01, seed=9))
     try:
         batch = world.build()
@@ -100,7 +102,8 @@ def test_slightly_perturbed_weights_are_rejected_with_tight_tolerances(world: Wo
                                 toploc_max_mant_err_mean=defaults.max_mant_err_mean,
                                 toploc_max_mant_err_median=defaults.max_mant_err_median, logprob_atol=0.1,
                                 sampling_slack=0.25, margin_noise=0.1)
-    assert reasons(world.verify(batch, run=RunContext(world.spec(SETTINGS, loose), world.tasks))) == [None] * 4
+    lenient = reasons(world.verify(batch, run=RunContext(world.spec(SETTINGS, loose), world.tasks)))
+    assert None in lenient and set(lenient) <= {None, INCONCLUSIVE}
 
 
 def test_unassigned_task_is_rejected(world: World) -> None:
