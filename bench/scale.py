@@ -58,6 +58,12 @@ LAUNCH_WIDTH = 4  # nodes started at once: a 100-node start storm on 2 cores tim
 IDLE_CORE_TARGET = 0.01
 RATIO_TARGET = 1.2
 GET_SAMPLE = 20  # adverts the newcomer fetches per N
+# Every node here dials from 127.0.0.1, one address: the inbound admission caps on unproven peers
+# per IP (32) refused the 35th joiner's connection to the bootstrap node at N=50. Raised for the
+# bench only (specs/connections.md keeps them for public nodes); the stream guard's per-IP slots
+# (node/swarm/guard.py) still apply, which public nodes with their own addresses do not meet.
+LOOPBACK_ADMISSION = {"INTELLECT_NODE_UNPROVEN_PER_IP": "250", "INTELLECT_NODE_UNPROVEN_PER_24": "250",
+                      "INTELLECT_NODE_UNPROVEN_PER_16": "250", "INTELLECT_NODE_MAX_INBOUND": "250"}
 
 
 class Window:
@@ -126,9 +132,21 @@ def launch(swarm: LocalSwarm, n: int, publish_dir: Path) -> dict[str, Any]:
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr,
                                       "--publish-dir", str(publish_dir)])
     args = ["join", "--role", "seeder", "--bootstrap", boot.addr, "--trainer", trainer.peer_id]
+    failed: list[str] = []
+
+    def start(i: int) -> None:
+        """Once more if the first start fails: under load a join's handshake with the bootstrap can
+        time out (seen at N=50, load 26), which is a start-up figure, not a reason to lose the size."""
+        name = f"s{i:03d}"
+        try:
+            swarm.start(name, args)
+        except RuntimeError:
+            failed.append(name)
+            swarm.start(name, args)
+
     with ThreadPoolExecutor(max_workers=LAUNCH_WIDTH) as pool:
-        list(pool.map(lambda i: swarm.start(f"s{i:03d}", args), range(n - 2)))
-    return {"boot": boot, "trainer": trainer, "t_all": time.monotonic()}
+        list(pool.map(start, range(n - 2)))
+    return {"boot": boot, "trainer": trainer, "t_all": time.monotonic(), "start_retries": failed}
 
 
 def statuses(nodes: list[NodeProcess]) -> list[dict[str, Any]]:
@@ -140,13 +158,14 @@ def run_size(n: int, windows: dict[str, float], keep: Path | None) -> dict[str, 
     import trio
 
     root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-", dir=keep))
-    swarm = LocalSwarm(root, run_id=RUN_ID, timing={})  # the node's default timings
+    swarm = LocalSwarm(root, run_id=RUN_ID, timing=dict(LOOPBACK_ADMISSION))  # the node's default timings
     publish_dir = root / "publish"
     out: dict[str, Any] = {"nodes": n, "load_before": round(os.getloadavg()[0], 1)}
     t0 = time.monotonic()
     try:
         started = launch(swarm, n, publish_dir)
         out["start_s"] = round(started["t_all"] - t0, 1)
+        out["start_retries"] = started["start_retries"]
         conv = membership.measure_convergence(swarm, started["t_all"], poll_s=1.0)
         out["converged"] = conv["t_conv"] is not None
         out["convergence_s"] = round(conv["t_conv"] - started["t_all"], 1) if out["converged"] else None
