@@ -6,6 +6,7 @@ The bytes:
 - ``bounded_msgpack``: msgpack decoding under explicit bounds (bytes, lengths, nesting, objects).
 - ``codec``: bytes <-> signed, schema-checked messages (size limit before decoding).
 - ``framing``: length-prefixed frames on libp2p streams, and the delivery reply.
+- ``overlay_routes``: the checkpoint overlay's request targets (manifest, delta, have, shard ranges).
 - ``errors``: one exception class per rejection reason, each with a stable ``reason``.
 
 The messages:

@@ -31,7 +31,6 @@ from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.shards.stream_server import ShardStreamServer
 from intellect_node.node.shards.stream_wire import (
     MAX_ANSWER_HEAD,
-    SHARDS_PROTOCOL,
     decode_head,
     decode_request,
     encode_head,
@@ -42,7 +41,7 @@ from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.streams import close_quietly, connection_path, read_frame, write_frame
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Unanswered
-from intellect_node.protocol.framing import HEADER
+from intellect_node.protocol.framing import HEADER, SHARDS_PROTOCOL
 from intellect_node.protocol.manifest import CheckpointManifest
 from tests.support.shards_swarm import make_checkpoint
 

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 import torch
 import trio
+import trio.testing
 from safetensors import safe_open
 
 from intellect_node.crypto.envelope import seal
@@ -21,6 +22,7 @@ from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig, load_shard_config
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
+from intellect_node.node.shards.service import ShardService
 from intellect_node.node.shards.store import PARTIAL, ShardStore
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
@@ -42,6 +44,7 @@ from intellect_node.protocol.manifest import (
     checkpoint_hash,
     shard_key,
 )
+from tests.support.inprocess_nodes import make_node
 
 RUN = "unit-run"
 SHARD = 1 << 16
@@ -618,3 +621,37 @@ def test_checkpoints_begun_in_a_thread_never_break_a_reader_on_the_loop(tmp_path
         sys.setswitchinterval(interval)
     assert errors == []
     assert sorted(c.step for c in store.held()) == list(steps)
+
+
+async def test_a_wait_for_a_newer_step_wakes_when_one_completes_here(tmp_path, checkpoint_file):
+    """A worker past its share of a step waits for a newer policy (``wait_complete_after``): at
+    once when one is held, else when a newer step completes here, woken by the completion itself
+    (it polled every 0.5 s before), and not by a step that is not newer."""
+    trainer = Identity.generate()
+    service = ShardService(make_node(tmp_path, "worker", RUN),
+                           ShardConfig(data_dir=tmp_path / "shards", trainer=trainer.peer_id))
+
+    def complete(step: int) -> None:  # a step published here, as the trainer's overlay does
+        staged = service.store.staging_path(step)
+        staged.write_bytes(checkpoint_file.read_bytes())
+        envelope = signed_envelope(build_manifest(staged, run_id=RUN, step=step, parent_step=None, shard_size=SHARD),
+                                   trainer)
+        service._completed(service.store.add_published(staged, codec.decode(envelope, CheckpointManifest), envelope))
+
+    complete(5)
+    with trio.fail_after(1):
+        assert (await service.wait_complete_after(4)).step == 5
+    woke: list[int] = []
+
+    async def wait_past_5() -> None:
+        woke.append((await service.wait_complete_after(5)).step)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_past_5)
+            await trio.testing.wait_all_tasks_blocked()
+            complete(3)  # older: the wait goes on
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == []
+            complete(6)
+    assert woke == [6]

@@ -39,7 +39,7 @@ from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.peer_scores import PeerScores
-from intellect_node.protocol import codec
+from intellect_node.protocol import codec, overlay_routes
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.manifest import CheckpointManifest, UnauthorizedSigner
 
@@ -139,9 +139,8 @@ class StateOverlay:
         found: dict[str, tuple[codec.Signed[CheckpointManifest], bytes]] = {}
 
         async def ask(endpoint: Endpoint) -> None:
-            where = "manifest" if round_ is None else f"{round_}/manifest"
             try:
-                envelope = await self.client.get(endpoint, f"/ina/v1/{self.run_id}/{where}",
+                envelope = await self.client.get(endpoint, overlay_routes.target(self.run_id, "manifest", round_),
                                                  limit=CheckpointManifest.MAX_SIZE)
                 signed = codec.decode(envelope, CheckpointManifest)
                 self._authorize(signed, endpoint.peer_id, round_)

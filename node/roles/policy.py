@@ -66,6 +66,10 @@ class PolicyFollower:
     def newest_complete(self) -> Checkpoint | None:
         return self.shards.store.newest_complete()
 
+    async def wait_complete_after(self, step: int) -> Checkpoint:
+        """The newest complete checkpoint, once one newer than ``step`` is held here."""
+        return await self.shards.wait_complete_after(step)
+
     def complete_since(self, step: int) -> list[Checkpoint]:
         """The complete checkpoints held of ``step`` and later, newest first."""
         held = [c for c in self.shards.store.held() if c.complete and c.step >= step]

@@ -36,6 +36,7 @@ from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.shards.stream_wire import json_object
 from intellect_node.node.swarm.peer_scores import PeerScores
+from intellect_node.protocol import overlay_routes
 from intellect_node.protocol.errors import InvalidValue, Rejected
 from intellect_node.protocol.manifest import BadShard
 
@@ -163,7 +164,7 @@ class CheckpointFetch:
         self.config, self.scores, self.events = config, scores, events
         self.own_peer_id, self.origin, self.find_providers = own_peer_id, origin, find_providers
         manifest = checkpoint.manifest
-        self.target = f"/ina/v1/{store.root.name}/{manifest.step}/checkpoint.safetensors"
+        self.target = overlay_routes.target(store.root.name, "checkpoint.safetensors", manifest.step)
         self.have: dict[str, bytearray] = {}
         self.active: dict[int, str] = {}
         self.blocked: set[str] = set()  # served a bad shard of this checkpoint
@@ -214,7 +215,7 @@ class CheckpointFetch:
     async def _watch(self, peer_id: str) -> None:
         """Follow ``peer_id``'s have stream, reconnecting while it has not shown every shard."""
         manifest = self.checkpoint.manifest
-        target = f"/ina/v1/{self.store.root.name}/{manifest.step}/have"
+        target = overlay_routes.target(self.store.root.name, "have", manifest.step)
         complete = False
 
         def on_line(line: bytes) -> bool:

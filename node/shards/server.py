@@ -1,12 +1,7 @@
 """The shard server: verified byte ranges of held checkpoints over HTTP, with upload limits.
 
-Routes (specs/shardcast.md section 4):
-
-    GET /ina/v1/<run>/manifest                          newest manifest envelope held
-    GET /ina/v1/<run>/<step>/manifest                   that step's manifest envelope
-    GET /ina/v1/<run>/<step>/delta                      that step's delta body (specs/deltas.md)
-    GET /ina/v1/<run>/<step>/have                       which shards are verified: a stream of lines
-    GET /ina/v1/<run>/<step>/checkpoint.safetensors     Range: bytes=a-b, only verified shards
+Routes: protocol/overlay_routes.py (specs/shardcast.md section 4): the newest manifest, a step's
+manifest, delta body, ``have`` stream of verified shards, and byte ranges of its verified shards.
 
 Limits: ``max_uploads`` concurrent bodies in total (503), ``max_uploads_per_peer`` per peer and a
 per-peer token bucket on requests and on bytes (429). A checkpoint this node published is served
@@ -43,6 +38,7 @@ from intellect_node.node.shards.http import (
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.overlay_routes import ROUTE
 
 log = logging.getLogger(__name__)
 HEAD_TIMEOUT_S = 5.0
@@ -54,8 +50,6 @@ MAX_HAVE_STREAMS_PER_PEER = 4
 SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
-ROUTE = re.compile(r"/ina/v1/(?P<run>[a-z0-9][a-z0-9._-]{0,63})(?:/(?P<step>[0-9]{1,12}))?/"
-                    r"(?P<what>manifest|have|delta|checkpoint\.safetensors)")
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
 

@@ -46,12 +46,12 @@ from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.shards.stream_server import ShardStreamServer
-from intellect_node.node.shards.stream_wire import SHARDS_PROTOCOL
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.streams import connection_path
-from intellect_node.protocol import codec
+from intellect_node.protocol import codec, overlay_routes
 from intellect_node.protocol.deltas import delta_hash
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected, Unjudgeable
+from intellect_node.protocol.framing import SHARDS_PROTOCOL
 from intellect_node.protocol.lora import LORA_FORMAT
 from intellect_node.protocol.manifest import (
     CheckpointManifest,
@@ -109,6 +109,7 @@ class ShardService:
         self._provide_send, self._provide_queue = trio.open_memory_channel[str](100_000)
         self._nursery: trio.Nursery | None = None
         self._status_dirty = True
+        self._newly_complete = trio.Event()  # set, then replaced, each time a step becomes complete here
         if self.trainer is None:
             log.warning("no trainer peer id configured (--trainer): this node accepts no checkpoint manifests")
         node.on_announcement(CheckpointManifest, self._on_manifest_gossip)
@@ -276,6 +277,18 @@ class ShardService:
         if newest is not None:
             self.node.update_advert(policy_step=newest.step)
         self._dirty()
+        self._wake_completion_waiters()
+
+    def _wake_completion_waiters(self) -> None:
+        self._newly_complete.set()
+        self._newly_complete = trio.Event()
+
+    async def wait_complete_after(self, step: int) -> Checkpoint:
+        """The newest complete checkpoint, once one newer than ``step`` is held here (fetched,
+        built from a delta or published): woken by each completion, never polled."""
+        while (newest := self.store.newest_complete()) is None or newest.step <= step:
+            await self._newly_complete.wait()
+        return newest
 
     # ---- following by deltas (specs/deltas.md) -------------------------------------------------
 
@@ -317,10 +330,10 @@ class ShardService:
         """Fetch the frozen base an adapter applies to (a joiner holds none): its manifest from a
         holder, accepted only if it is the one the adapter names, then the base in full, once; the
         steps after it then arrive as adapters."""
-        await trio.sleep(0)  # let the step that named it register first, so the base counts as pinned
+        await trio.lowlevel.checkpoint()  # let the step that named it register first, so the base counts as pinned
         if ref.base_step in self.store.checkpoints or ref.base_step in self._starting:
             return
-        target = f"/ina/v1/{self.run_id}/{ref.base_step}/manifest"
+        target = overlay_routes.target(self.run_id, "manifest", ref.base_step)
         for peer_id, addrs in self._delta_holders(ref.base_step):
             try:
                 envelope = await self._get_whole(peer_id, addrs, target, CheckpointManifest.MAX_SIZE)
@@ -370,7 +383,7 @@ class ShardService:
         """The delta body the manifest names, from the first holder whose bytes hash right."""
         ref = manifest.delta
         assert ref is not None
-        target = f"/ina/v1/{self.run_id}/{manifest.step}/delta"
+        target = overlay_routes.target(self.run_id, "delta", manifest.step)
         for peer_id, addrs in self._delta_holders(manifest.step):
             try:
                 body = await self._get_whole(peer_id, addrs, target, ref.size)
@@ -486,7 +499,7 @@ class ShardService:
         endpoint = http_endpoint(peer_id, addrs)
         if self.node.scores.is_banned(peer_id):
             return
-        target = f"/ina/v1/{self.run_id}/manifest"
+        target = overlay_routes.target(self.run_id, "manifest")
         try:
             if endpoint is not None:
                 envelope = await self.client.get(endpoint, target, limit=CheckpointManifest.MAX_SIZE)
@@ -569,6 +582,7 @@ class ShardService:
         await self._announce(checkpoint)
         self._provide_held(checkpoint)
         self._dirty()
+        self._wake_completion_waiters()
 
     async def _delta_for(self, manifest: CheckpointManifest, staged: Path) -> tuple[DeltaRef, bytes] | None:
         """The smaller of the trainer's adapter (if it wrote one beside the checkpoint) and the

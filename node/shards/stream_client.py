@@ -21,9 +21,10 @@ from libp2p.peer.id import ID
 from intellect_node.node.shards.client import HASH_CHUNK, HttpStatus
 from intellect_node.node.shards.config import MIB
 from intellect_node.node.shards.http import ProgressWindow
-from intellect_node.node.shards.stream_wire import MAX_ANSWER_HEAD, SHARDS_PROTOCOL, decode_head, encode_request
+from intellect_node.node.shards.stream_wire import MAX_ANSWER_HEAD, decode_head, encode_request
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol.errors import MalformedBody, Oversize, Rejected, Stalled, Truncated
+from intellect_node.protocol.framing import SHARDS_PROTOCOL
 
 READ_SIZE = 1 << 20
 

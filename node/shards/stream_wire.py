@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 
-from intellect_node.node.shards.server import ROUTE
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, WrongType
-from intellect_node.protocol.framing import SHARDS_PROTOCOL as SHARDS_PROTOCOL  # its users import it from here
+from intellect_node.protocol.overlay_routes import ROUTE
 
 MAX_REQUEST = 512  # a route is under 128 characters; anything longer is not a request
 MAX_ANSWER_HEAD = 8192  # a 409's suggestion list of 64 shards is the longest reason

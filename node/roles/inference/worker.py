@@ -222,8 +222,7 @@ class InferenceWorker:
         step's groups (many taught nothing) gets one more batch after each wait, never a stall."""
         self.stats.paced += 1
         with trio.move_on_after(PACE_WAIT_S):
-            while (newest := self.policy.newest_complete()) is None or newest.step <= step:
-                await trio.sleep(IDLE_POLL_S)
+            await self.policy.wait_complete_after(step)
             return
         self._paced_step = step
 
@@ -311,4 +310,4 @@ class InferenceWorker:
             for index, peer_id in enumerate(receivers):
                 nursery.start_soon(one, index, peer_id)
         log.debug("sent to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
-        return dict(zip(receivers, answers))
+        return dict(zip(receivers, answers, strict=True))
