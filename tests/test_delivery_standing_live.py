@@ -99,9 +99,11 @@ async def _cheat(tmp_path: Path, trainer, model: Path, cheater_keys: set[str], l
     tasks = load_task_spec(TASKS)
     engine = TorchEngine.from_checkpoint(model)
     committed: dict[int, list[Identity]] = {}
+    captured: dict[int, tuple[bytes, dict]] = {}
     async with trio.open_nursery() as nursery:
         sender = make_node(tmp_path, "cheater", RUN, bootstrap=[trainer.addr])
         await nursery.start(sender.run)
+        nursery.start_soon(_capture, trainer.home, committed, captured)
         with trio.fail_after(780):
             while max(trained_steps(trainer.home), default=0) < LAST_STEP:
                 status = await trio.to_thread.run_sync(trainer.status)
@@ -118,14 +120,29 @@ async def _cheat(tmp_path: Path, trainer, model: Path, cheater_keys: set[str], l
                         committed[target] = [k for k, answer in zip(keys, answers, strict=True) if answer == "stored"]
                         cheater_keys.update(k.peer_id for k in committed[target])
                 for target in [s for s in sorted(committed) if s <= step]:
-                    await _pick(sender, trainer, engine, tokenizer, tasks, target, committed.pop(target), log)
+                    await _pick(sender, trainer, engine, tokenizer, tasks, target, committed.pop(target),
+                                captured.pop(target, None), log)
                 await trio.sleep(0.5)
         nursery.cancel_scope.cancel()
 
 
-async def _pick(sender, trainer, engine, tokenizer, tasks, step: int, keys: list[Identity], log: list[str]) -> None:
-    """Generate each key's group on checkpoint ``step``; deliver those in which a completion scored."""
-    found = checkpoint(trainer.home, step)
+async def _capture(home: Path, committed: dict[int, list[Identity]], captured: dict[int, tuple[bytes, dict]]) -> None:
+    """Copy each committed step's checkpoint as soon as the trainer has it: the trainer keeps only
+    its newest three, and on a loaded machine it can prune one while this process is still
+    generating the previous step's picks."""
+    while True:
+        for step in [s for s in committed if s not in captured]:
+            found = checkpoint(home, step)
+            if found is not None:
+                captured[step] = found
+        await trio.sleep(0.2)
+
+
+async def _pick(sender, trainer, engine, tokenizer, tasks, step: int, keys: list[Identity],
+                found: tuple[bytes, dict] | None, log: list[str]) -> None:
+    """Generate each key's group on checkpoint ``step`` (``found``, captured when it appeared);
+    deliver those in which a completion scored."""
+    found = found or checkpoint(trainer.home, step)
     if found is None or not keys:
         log.append(f"step {step}: checkpoint gone")  # pruned: the trainer ran ahead of this process
         return

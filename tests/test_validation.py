@@ -53,7 +53,7 @@ def test_honest_batches_are_all_accepted(world: World) -> None:
         torch.set_num_threads(2)
         verdict = world.verify(batch, worker=signed_by, run=RunContext(world.spec(settings), world.tasks))
         assert reasons(verdict) == [None] * len(batch.groups), [g.detail for g in verdict.rejected]
-        for group, result in zip(batch.groups, verdict.groups):
+        for group, result in zip(batch.groups, verdict.groups, strict=True):
             assert len(result.rewards) == len(group.completions)
         completions += verdict.completions
     world.worker.max_batch_rows = 16
