@@ -101,7 +101,7 @@ def run_class(bench: Bench, strategy: str, answer_kind: str, budget: str, groups
             honest_tally[group.reason or "accepted"] += 1
         steered, report = forger.steer(honest, choose)
         verdict = bench.judge(steered, worker, state)
-        for summary, result in zip(report, verdict.groups):
+        for summary, result in zip(report, verdict.groups, strict=True):
             tally["groups"] += 1
             tally["could"] += summary.could > 0
             tally["forged"] += summary.forged > 0

@@ -57,7 +57,7 @@ def test_a_forger_steering_its_answers_within_the_slack_is_never_accepted(world:
     for _ in range(3):
         batch, report = naive.steer(world.build(), lambda task_id: CHOSEN)
         verdict = world.verify(batch)
-        for summary, group, result in zip(report, batch.groups, verdict.groups):
+        for summary, group, result in zip(report, batch.groups, verdict.groups, strict=True):
             if not summary.forged:
                 continue
             steered += 1

@@ -166,7 +166,7 @@ class SteeringForger:
         could = len(chosen)
         noise = self.pair.margin_noise
         span = float(sum(flip_chance(r.sampling_gaps[answer_span_start(t, self.tokenizer):], noise).sum()
-                         for t, r in zip(honest, judged)))
+                         for t, r in zip(honest, judged, strict=True)))
         kept = self._within_budget(judged, chosen)
         flips, expected = self._figures(judged, kept)
         self.history[0] += flips
@@ -250,7 +250,7 @@ class SteeringForger:
                                               position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
                 logits = self.engine.head(out.last_hidden_state[:, -1])
                 keys = [position_key(replay.seed, len(r)) for r in live]
-                for r, token in zip(live, choose(logits, keys, replay.temperature, replay.top_p).tolist()):
+                for r, token in zip(live, choose(logits, keys, replay.temperature, replay.top_p).tolist(), strict=True):
                     r.append(token)
 
     def _figures(self, honest: list[PrefillResult], kept: dict[int, Candidate]) -> tuple[int, float]:

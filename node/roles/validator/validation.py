@@ -175,7 +175,7 @@ def verify_batch(
              for j in range(len(group.completions))], duplicate))
     prefilled = _prefill(engine, pending)
     rows = 0
-    for item, recomputed in zip(pending, prefilled):
+    for item, recomputed in zip(pending, prefilled, strict=True):
         if recomputed is None:
             results[item.group.counter] = GroupResult(item.group.counter, "bad_tokens")
             continue
@@ -292,7 +292,7 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     tolerance, proof = _thresholds(pair), _thresholds(pair, PROOF_FACTOR)
     logprob_proof, slack_proof = PROOF_FACTOR * pair.logprob_atol, PROOF_FACTOR * pair.sampling_slack
     logprobs, margin, worst, beyond_tolerance = [], float("inf"), 0.0, []
-    for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed)):
+    for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed, strict=True)):
         if again.hidden_states.shape[0] != len(tokens):  # the engine's contract: one state per token
             raise RuntimeError(f"prefill gave {again.hidden_states.shape[0]} states for {len(tokens)} tokens")
         key = proof_key(*item.proof_context, item.group.prompt_ids, record.token_ids)
@@ -334,7 +334,7 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
     proven = flips.p_value < FLIP_ALPHA
     if not proven:  # a proof first; then the answer span (specs/sampling.md section 4, "The answer span")
-        for j, (tokens, again) in enumerate(zip(item.completions, recomputed)):
+        for j, (tokens, again) in enumerate(zip(item.completions, recomputed, strict=True)):
             position = answer_span_flip(tokens, again.sampling_margins, tokenizer)
             if position is not None:
                 return GroupResult(counter, INCONCLUSIVE, detail=(
