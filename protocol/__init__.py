@@ -22,6 +22,7 @@ The messages:
 
 The rules peers must agree on:
 
+- ``rollout_shape``: the run's rollout shape (group size, sampling, completion budget, length targets).
 - ``assignment``: which task, length target and sampling seed a worker's counter gets.
 - ``sampling``: the replayable sampler: each token a public function of the seed and the model.
 - ``compiled``: the sampler's race run through ``torch.compile`` on a GPU (eager elsewhere, or if it fails).

@@ -17,27 +17,18 @@ from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
+from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS as DEFAULT_LENGTH_TARGETS
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import (
     CompletionRecord,
     RolloutBatch,
     RolloutGroup,
-    SamplingSettings,
     pack_logprobs,
     pack_tokens,
     proof_key,
 )
 
-DEFAULT_LENGTH_TARGETS = (16, 32, 64, 128)
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    group_size: int = 8  # completions per prompt: one GRPO group
-    groups_per_batch: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 64
-    length_targets: tuple[int, ...] = DEFAULT_LENGTH_TARGETS
+RolloutSettings = RolloutShape  # re-exported until its importers take it from protocol.rollout_shape
 
 
 @dataclass(frozen=True)
@@ -48,7 +39,7 @@ class BuiltBatch:
 
 
 def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run_id: str, worker: str, step: int,
-                manifest_hash: bytes, first_counter: int, settings: RolloutSettings) -> BuiltBatch:
+                manifest_hash: bytes, first_counter: int, settings: RolloutShape) -> BuiltBatch:
     """Generate the groups for counters ``first_counter ..`` of (worker, step) and pack them.
 
     All groups go to the engine in one call (each prompt with its own counter's seed): the
@@ -86,8 +77,7 @@ def build_batch(engine: Engine, tokenizer: object, tasks: Sequence[Task], *, run
                                    prompt_ids=packed_prompt, completions=tuple(records)))
     batch = RolloutBatch(
         run_id=run_id, worker=worker, policy_step=step, manifest_hash=manifest_hash, engine=engine.name,
-        sampling=SamplingSettings(temperature=float(settings.temperature), top_p=float(settings.top_p),
-                                  max_tokens=settings.max_tokens),
+        sampling=settings.sampling,
         groups=tuple(groups),
     )
     return BuiltBatch(batch=batch, generated_tokens=generated, seconds=time.perf_counter() - started)
