@@ -1,6 +1,10 @@
 """The weight broadcast overlay (SHARDCAST, done right): signed manifests, verified shards, a swarm.
 
-- ``intellect_node.node.shards.service``: ``ShardService``, the node service that ties the rest together.
+- ``intellect_node.node.shards.service``: ``ShardService``, the node service and facade that ties the rest
+  together: manifest intake, fetch orchestration, retention, completion, status.
+- ``intellect_node.node.shards.provider``: DHT provider records, queued and spaced out; a shard's providers.
+- ``intellect_node.node.shards.discovery``: members advertising a newer step; their manifests.
+- ``intellect_node.node.shards.complaints``: signed complaints about bad shards, made and heard on gossip.
 - ``intellect_node.node.shards.checkpoint``: safetensors out of tensors; tensor index, shard hashes, manifest.
 - ``intellect_node.node.shards.store``: checkpoints on disk, partial until verified, atomic completion, retention.
 - ``intellect_node.node.shards.server``: what to answer (verified ranges, upload caps, seed mode); HTTP serving.

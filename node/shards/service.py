@@ -3,15 +3,15 @@
 - The trainer (``publish_dir`` set) turns each ``step-<N>.safetensors`` dropped there into a held
   checkpoint, signs its manifest, gossips it and provides it in the DHT.
 - Every node accepts manifests signed by the run's trainer only (``unauthorized_signer``), from
-  gossip, from a peer's HTTP server when a member advertises a newer step, or on restart from
-  disk; fetches each new step (``fetcher``), serves every verified shard (``server`` over HTTP,
-  ``stream_server`` over libp2p streams for peers that cannot dial HTTP), provides a
-  DHT record per (step, shard), keeps the newest ``keep_steps`` and advertises the newest complete
+  gossip, from a peer's HTTP server when a member advertises a newer step (``discovery``), or on
+  restart from disk; fetches each new step (``fetcher``), serves every verified shard (``server``
+  over HTTP, ``stream_server`` over libp2p streams for peers that cannot dial HTTP), provides a
+  DHT record per (step, shard) (``provider``), keeps the newest ``keep_steps`` and advertises the newest complete
   step as its ``policy_step``.
 - A step whose manifest names a delta (specs/deltas.md) against a base held complete here is built
   from that base and the delta body (megabytes, not the checkpoint), checked against every shard
   hash, and then held like any fetched step; where that fails, the step is fetched in full.
-- A bad shard is reported on gossip as a signed ``ShardComplaint``.
+- A bad shard is reported on gossip as a signed ``ShardComplaint`` (``complaints``).
 
 ``<data_dir>/status.json`` (replaced atomically) tells operators and tests what the node holds,
 fetched and uploaded, and the complaints it made and heard.
@@ -25,8 +25,6 @@ import logging
 import random
 import re
 import shutil
-from collections import deque
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +36,13 @@ from intellect_node.node.config.base import ConfigError
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
+from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.deltas import DeltaFailed, adapter_delta, build_from_delta, make_delta, usable_base
+from intellect_node.node.shards.discovery import StepDiscovery
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from intellect_node.node.shards.progress import CheckpointProgress
+from intellect_node.node.shards.provider import ShardProvider
 from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
@@ -59,8 +60,6 @@ from intellect_node.protocol.manifest import (
     ShardComplaint,
     UnauthorizedSigner,
     authorize_manifest,
-    manifest_key,
-    shard_key,
 )
 
 if TYPE_CHECKING:
@@ -71,8 +70,6 @@ PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
 ADAPTER_FILE = re.compile(r"step-(\d{1,12})\.base-(\d{1,12})\.lora")  # the trainer's adapter beside it
 PUBLISH_POLL_S = 0.1
 STATUS_EVERY_S = 0.5
-PROVIDE_GAP_S = 0.2  # between provider records: DHT puts cost CPU on every node they touch
-MAX_COMPLAINTS_KEPT = 100
 
 
 class ShardService:
@@ -98,22 +95,23 @@ class ShardService:
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
                          "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0}
-        self.complaints_made: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
-        self.complaints_heard: deque[dict[str, Any]] = deque(maxlen=MAX_COMPLAINTS_KEPT)
+        self.complaints = ShardComplaints(node, self.book, on_change=self._dirty)
+        self.provider = ShardProvider(node)
+        self.discovery = StepDiscovery(node, config, self.store, self.book, self.client, self.streams,
+                                       trainer=self.trainer, decode_manifest=self.decode_manifest, accept=self._accept)
         self.http_addr: str | None = None
         self._fetches: dict[int, trio.CancelScope] = {}
         self._starting: set[int] = set()  # steps whose partial directory is being created
         self._adapter_base: int | None = None  # the newest frozen base an adapter named
         self._incoming_send, self._incoming = trio.open_memory_channel[
             tuple[codec.Signed[CheckpointManifest], bytes]](64)
-        self._provide_send, self._provide_queue = trio.open_memory_channel[str](100_000)
         self._nursery: trio.Nursery | None = None
         self._status_dirty = True
         self._newly_complete = trio.Event()  # set, then replaced, each time a step becomes complete here
         if self.trainer is None:
             log.warning("no trainer peer id configured (--trainer): this node accepts no checkpoint manifests")
         node.on_announcement(CheckpointManifest, self._on_manifest_gossip)
-        node.on_announcement(ShardComplaint, self._on_complaint)
+        node.on_announcement(ShardComplaint, self.complaints.on_gossip)
 
     # ---- checking manifests ----------------------------------------------------------------
 
@@ -145,18 +143,6 @@ class ShardService:
             log.warning("manifest queue full; step %d will be found by discovery", signed.message.step)
         return True
 
-    def _on_complaint(self, signed: codec.Signed[ShardComplaint], raw: bytes) -> bool:
-        complaint = signed.message
-        if complaint.run_id != self.run_id:
-            raise InvalidValue(f"complaint for run {complaint.run_id!r}")
-        record = self.book.peers.get(complaint.accused)
-        if record is not None:
-            record.complaints += 1
-        self.complaints_heard.append({"reporter": signed.signer_peer_id, "accused": complaint.accused,
-                                      "step": complaint.step, "shard": complaint.shard})
-        self._dirty()
-        return True
-
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -164,7 +150,7 @@ class ShardService:
         self.counters["resumed_shards"] = sum(resumed)
         for checkpoint in self.store.held():
             checkpoint.origin = self.trainer == node.peer_id  # a restarted trainer seeds again
-        host = self._listen_host()
+        host = _listen_host(node.config.listen)
         node.host.set_stream_handler(TProtocol(SHARDS_PROTOCOL), self.stream_server.handle)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -176,27 +162,19 @@ class ShardService:
                 node.update_advert(extra_addr=extra)
             newest = self.store.newest_complete()
             node.update_advert(extra_addr=self.http_addr, policy_step=newest.step if newest else None)
-            nursery.start_soon(self._provide_worker)
+            nursery.start_soon(self.provider.provide_loop)
             for checkpoint in self.store.held():
-                self._provide_held(checkpoint)
+                self.provider.provide_held(checkpoint)
                 if not checkpoint.complete:
                     await nursery.start(self._fetch, checkpoint)
             nursery.start_soon(self._intake_loop)
-            nursery.start_soon(self._discovery_loop)
+            nursery.start_soon(self.discovery.run)
             nursery.start_soon(self._status_loop)
             if self.config.publish_dir is not None:
                 nursery.start_soon(self._publish_loop)
             log.info("shard overlay serving on %s (data in %s)", self.http_addr, self.store.root)
             task_status.started()
             await trio.sleep_forever()
-
-    def _listen_host(self) -> str:
-        """The HTTP server listens where libp2p does (127.0.0.1 in tests, 0.0.0.0 in production)."""
-        for addr in self.node.config.listen:
-            match = re.fullmatch(r"/ip4/([0-9.]+)/tcp/[0-9]+", addr)
-            if match:
-                return match[1]
-        return "0.0.0.0"
 
     # ---- new manifests ---------------------------------------------------------------------
 
@@ -246,7 +224,7 @@ class ShardService:
         log.info("fetching step %d: %d bytes in %d shards", manifest.step, manifest.total_size, manifest.shard_count)
         self._retain()
         if manifest.step in self.store.checkpoints:
-            self._queue_provide(manifest_key(self.run_id, manifest.step))
+            self.provider.provide_manifest(manifest.step)
             assert self._nursery is not None
             await self._nursery.start(self._fetch, checkpoint)
 
@@ -259,7 +237,7 @@ class ShardService:
             self.progress.start(step, checkpoint.manifest.total_size,
                                 checkpoint.verified_count * checkpoint.manifest.shard_size)
             fetch = CheckpointFetch(checkpoint, self.store, self.book, self.client, self.config, self.node.scores,
-                                    self, self.node.peer_id, self.trainer or "", self._providers_of(step),
+                                    self, self.node.peer_id, self.trainer or "", self.provider.providers_of(step),
                                     streams=self.streams)
             try:
                 await fetch.run()
@@ -271,7 +249,7 @@ class ShardService:
 
     def _completed(self, checkpoint: Checkpoint) -> None:
         """A step became complete here: serve and provide it, retain, advertise the newest."""
-        self._provide_shards(checkpoint)
+        self.provider.provide_shards(checkpoint)
         self._retain()
         newest = self.store.newest_complete()
         if newest is not None:
@@ -323,7 +301,7 @@ class ShardService:
         self._starting.discard(manifest.step)
         self.counters["delta_steps"] += 1
         self.counters["delta_bytes"] += len(body or b"")
-        self._queue_provide(manifest_key(self.run_id, manifest.step))
+        self.provider.provide_manifest(manifest.step)
         self._completed(checkpoint)
 
     async def _fetch_adapter_base(self, ref: DeltaRef) -> None:
@@ -403,11 +381,6 @@ class ShardService:
                 log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
         return None
 
-    def _providers_of(self, step: int) -> Callable[[int], Awaitable[list[str]]]:
-        async def find(shard: int) -> list[str]:
-            return await self.node.find_providers(shard_key(self.run_id, step, shard))
-        return find
-
     def _retain(self) -> None:
         """Keep the newest ``keep_steps`` steps (complete or not): cancel and delete the rest."""
         pinned = self._adapter_bases()
@@ -437,84 +410,10 @@ class ShardService:
 
     def bad_shard(self, checkpoint: Checkpoint, shard: int, peer_id: str, digest: bytes) -> None:
         self.counters["bad_shards"] += 1
-        complaint = ShardComplaint(run_id=self.run_id, step=checkpoint.step,
-                                   checkpoint_hash=checkpoint.manifest.checkpoint_hash, shard=shard,
-                                   accused=peer_id, received_hash=digest)
-        self.complaints_made.append({"accused": peer_id, "step": checkpoint.step, "shard": shard})
-        log.warning("peer %s served a bad shard %d of step %d; complaining", peer_id, shard, checkpoint.step)
+        complaint = self.complaints.against(checkpoint, shard, peer_id, digest)
         assert self._nursery is not None
-        self._nursery.start_soon(self._complain, complaint)
+        self._nursery.start_soon(self.complaints.publish, complaint)
         self._dirty()
-
-    async def _complain(self, complaint: ShardComplaint) -> None:
-        try:
-            await self.node.announce(complaint, lifetime_s=ShardComplaint.MAX_LIFETIME_S)
-        except Exception as exc:  # gossip not ready or no peers: the local penalty still stands
-            log.info("complaint could not be published: %s", exc)
-
-    # ---- provider records ------------------------------------------------------------------
-
-    def _provide_held(self, checkpoint: Checkpoint) -> None:
-        self._queue_provide(manifest_key(self.run_id, checkpoint.step))
-        self._provide_shards(checkpoint)
-
-    def _provide_shards(self, checkpoint: Checkpoint) -> None:
-        for index, mark in enumerate(checkpoint.verified):
-            if mark:
-                self._queue_provide(shard_key(self.run_id, checkpoint.step, index))
-
-    def _queue_provide(self, key: str) -> None:
-        try:
-            self._provide_send.send_nowait(key)
-        except trio.WouldBlock:
-            log.debug("provide queue full, skipping %s", key)
-
-    async def _provide_worker(self) -> None:
-        """Provider records one at a time, spaced out: they matter to peers outside the have-map
-        watchers, and a burst of DHT puts mid-transfer would take CPU from the transfer itself."""
-        async for key in self._provide_queue:
-            await self.node.provide(key)
-            await trio.sleep(PROVIDE_GAP_S)
-
-    # ---- discovery: members that advertise a newer step --------------------------------------
-
-    async def _discovery_loop(self) -> None:
-        while True:
-            known = max(self.store.checkpoints, default=-1)
-            newer = []
-            for member in self.node.view.members():
-                advert = member.advert
-                if advert.peer_id == self.node.peer_id:
-                    continue
-                self.book.learn(advert.peer_id, advert.addrs)
-                if advert.policy_step is not None and advert.policy_step > known:
-                    newer.append(advert)
-            if newer and self.trainer is not None:
-                best = max(newer, key=lambda a: a.policy_step or 0)
-                await self._manifest_from(best.peer_id, best.addrs)
-            await trio.sleep(self.config.discovery_s)
-
-    async def _manifest_from(self, peer_id: str, addrs: tuple[str, ...]) -> None:
-        """The newest manifest ``peer_id`` holds: over HTTP, else over a libp2p connection we hold."""
-        endpoint = http_endpoint(peer_id, addrs)
-        if self.node.scores.is_banned(peer_id):
-            return
-        target = overlay_routes.target(self.run_id, "manifest")
-        try:
-            if endpoint is not None:
-                envelope = await self.client.get(endpoint, target, limit=CheckpointManifest.MAX_SIZE)
-            elif connection_path(self.node.host, peer_id) is not None:
-                envelope = await self.streams.get(peer_id, target, limit=CheckpointManifest.MAX_SIZE)
-            else:
-                return
-            signed = self.decode_manifest(envelope)
-        except Rejected as exc:
-            self.node.scores.reject(peer_id, exc.reason, f"manifest from a shard server: {exc}")
-            return
-        except (HttpStatus, OSError) as exc:
-            log.debug("manifest from %s: %s", peer_id, exc)
-            return
-        await self._accept(signed, envelope)
 
     # ---- publishing (the trainer) ------------------------------------------------------------
 
@@ -580,7 +479,7 @@ class ShardService:
         log.info("published step %d: %d bytes in %d shards, checkpoint %s", step, manifest.total_size,
                  manifest.shard_count, manifest.checkpoint_hash.hex()[:16])
         await self._announce(checkpoint)
-        self._provide_held(checkpoint)
+        self.provider.provide_held(checkpoint)
         self._dirty()
         self._wake_completion_waiters()
 
@@ -652,8 +551,8 @@ class ShardService:
             "uploaded_deltas": self.server.stats.deltas,
             "uploads_refused": self.server.stats.refused,
             "stream_requests": dict(self.stream_server.counts),
-            "complaints_made": list(self.complaints_made),
-            "complaints_heard": list(self.complaints_heard),
+            "complaints_made": list(self.complaints.made),
+            "complaints_heard": list(self.complaints.heard),
         }
 
     async def _status_loop(self) -> None:
@@ -671,6 +570,15 @@ def _expiry_ms(envelope: bytes) -> int:
         return codec.decode(envelope, CheckpointManifest).envelope.expiry_ms
     except Rejected:
         return 0
+
+
+def _listen_host(listen: list[str]) -> str:
+    """The HTTP server listens where libp2p does (127.0.0.1 in tests, 0.0.0.0 in production)."""
+    for addr in listen:
+        match = re.fullmatch(r"/ip4/([0-9.]+)/tcp/[0-9]+", addr)
+        if match:
+            return match[1]
+    return "0.0.0.0"
 
 
 def _write_status(path: Path, text: str) -> None:
