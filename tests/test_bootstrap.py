@@ -122,3 +122,22 @@ async def test_when_no_peer_answers_the_error_names_each_address_and_why(tmp_pat
     lines = {line.strip() for line in message.splitlines()}
     for reason, addr in tried.items():
         assert any(line.startswith(f"{addr} (bootstrap): {reason}") for line in lines), (reason, message)
+
+
+async def test_a_join_refused_at_the_per_ip_cap_says_so_not_wrong_peer(tmp_path, nursery):
+    """A bootstrap node admitting one unproven connection per IP: the second node from 127.0.0.1 is
+    turned away at admission, and its error names that cap and the setting, not a wrong peer id."""
+    first = make_node(tmp_path, "first", RUN, unproven_per_ip=1)
+    addrs = await nursery.start(first.run)
+    holder = make_node(tmp_path, "holder", RUN, bootstrap=addrs)
+    await nursery.start(holder.run)  # holds the one unproven slot 127.0.0.1 gets
+    late = make_node(tmp_path, "late", RUN, bootstrap=addrs, connect_timeout_s=3.0)
+    with trio.fail_after(20), pytest.raises(BaseException) as caught:
+        await late.run()
+    errors = _leaves(caught.value)
+    assert len(errors) == 1 and isinstance(errors[0], JoinError), caught.value
+    message = str(errors[0])
+    assert f"{addrs[0]} (bootstrap): over admission cap" in message, message
+    assert "unproven_per_ip" in message and "INTELLECT_NODE_UNPROVEN_PER_IP" in message
+    assert "wrong peer id" not in message
+    assert first.connections.status()["refused"].get("per_ip", 0) >= 1

@@ -5,6 +5,9 @@ address (a stale cache entry, a typo in a host name, a firewall, an address that
 another peer); "none of the initial peers responded" is the message that loses them. libp2p's own
 errors do not say which (a refused port and a wrong peer id both surface as "no addresses
 established a successful connection"), so a failed dial is classified here by a plain TCP probe.
+The probe also reads the listener's first bytes: a libp2p node speaks first (multistream-select),
+so one that closes the connection without a word is turning this address away at admission (its
+caps on unproven connections per IP and range, specs/connections.md), not holding another key.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ REFUSED = "refused"
 TIMEOUT = "timeout"
 UNREACHABLE = "unreachable"
 WRONG_PEER = "wrong peer id"
+OVER_CAP = "over admission cap"
 BACKED_OFF = "backed off"
 
 
@@ -137,7 +141,7 @@ async def _classify(info: PeerInfo, failure: Exception | None, timeout_s: float)
     target = _tcp_target(info)
     if target is None:
         return (TIMEOUT, f"no connection within {timeout_s:g} s") if failure is None else (UNREACHABLE, str(failure))
-    probe = await _probe(*target)
+    probe = await _probe(*target, listen=failure is not None)
     if probe is not None:
         return probe
     if failure is None:
@@ -157,8 +161,13 @@ def _tcp_target(info: PeerInfo) -> tuple[str, int] | None:
     return None
 
 
-async def _probe(ip: str, port: int) -> tuple[str, str] | None:
-    """None when a plain TCP connection opens; else the failure's outcome and detail."""
+async def _probe(ip: str, port: int, listen: bool) -> tuple[str, str] | None:
+    """None when a plain TCP connection opens (and, with ``listen``, the listener sends a byte or
+    stays silent for PROBE_TIMEOUT_S); else the failure's outcome and detail.
+
+    ``listen`` only after a dial that failed rather than timed out: a node over its admission cap
+    closes at once, so the wait costs nothing there, and a silent port was already a timeout."""
+    connected = False
     with trio.move_on_after(PROBE_TIMEOUT_S):
         with trio.socket.socket(trio.socket.AF_INET6 if ":" in ip else trio.socket.AF_INET) as sock:
             try:
@@ -167,8 +176,28 @@ async def _probe(ip: str, port: int) -> tuple[str, str] | None:
                 return REFUSED, f"nothing listens on {ip}:{port} (node down, or wrong port)"
             except OSError as exc:
                 return UNREACHABLE, f"{ip}:{port}: {exc.strerror or exc}"
+            connected = True
+            if listen:
+                try:
+                    first = await sock.recv(1)
+                except OSError:  # reset: closed as abruptly
+                    first = b""
+                if not first:
+                    return OVER_CAP, _over_cap_detail(ip, port)
         return None
+    if connected:
+        return None  # connected, then silent: not a refusal at admission
     return TIMEOUT, f"no answer from {ip}:{port} within {PROBE_TIMEOUT_S:g} s (host down, firewall, or behind NAT)"
+
+
+def _over_cap_detail(ip: str, port: int) -> str:
+    """What to tell a user whose address a node turns away at admission (specs/connections.md):
+    the dialer cannot see which cap it met, so the message names them all, the per-IP one first."""
+    return (f"{ip}:{port} accepts TCP and closes it before the handshake: that node is turning this address "
+            "away at admission, over its cap of unproven connections from one IP (unproven_per_ip, 32 by "
+            "default; also 64 per /24, 128 per /16 and 200 inbound in all). Nodes sharing one IP (one machine, "
+            "one NAT) count together: retry later, join through another peer, or, on that node, raise "
+            "unproven_per_ip in its config's [node] section (INTELLECT_NODE_UNPROVEN_PER_IP)")
 
 
 def join_failure_message(attempts: list[Attempt]) -> str:
