@@ -47,11 +47,11 @@ from intellect_node.node.engine import build_engine  # noqa: E402
 from intellect_node.node.engine.base import Engine  # noqa: E402
 from intellect_node.node.engine.calibration import PairFigures, calibrated_pair  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.validator.calibrate import measure_engines  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, build_run_spec  # noqa: E402
 from intellect_node.protocol.verdicts import INCONCLUSIVE  # noqa: E402
 
@@ -72,7 +72,7 @@ def load_engines(specs: list[str], model: Path, vllm_memory: float) -> dict[str,
 
 
 def calibrate(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object,
-              tasks: list, settings: RolloutSettings, groups: int) -> tuple[list[EnginePair], dict[str, PairFigures]]:
+              tasks: list, settings: RolloutShape, groups: int) -> tuple[list[EnginePair], dict[str, PairFigures]]:
     """One pair per (worker engine, validator engine) name covering each of its combinations, from
     ``groups`` honest groups per combination."""
     figures = {f"{w}->{v}": measure_engines(engines[w], engines[v], tokenizer, tasks, settings, groups)
@@ -86,7 +86,7 @@ def calibrate(engines: dict[str, Engine], workers: list[str], validators: list[s
 
 
 def refused(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object, tasks: list,
-            settings: RolloutSettings, groups: int,
+            settings: RolloutShape, groups: int,
             pairs: dict[str, list[EnginePair]]) -> dict[str, dict[str, Counter]]:
     """Per spec name and combination, the refusal reasons of fresh honest groups."""
     runs = {name: RunContext(build_run_spec(run_id=RUN, authority="spec", tasks=tasks, settings=settings,
@@ -137,7 +137,7 @@ def main() -> None:
     workers, validators = args.workers.split(","), args.validators.split(",")
     engines = load_engines(workers + validators, model, args.vllm_memory)
     tasks = generate_toy_tasks(seed=5, count=2000)
-    settings = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=48)
+    settings = RolloutShape(group_size=8, groups_per_batch=8, max_tokens=48)
     started = time.perf_counter()
     pairs, figures = calibrate(engines, workers, validators, tokenizer, tasks, settings, calibration_groups)
     for combination, f in figures.items():

@@ -79,7 +79,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_node.node.demo.swarm import DemoOptions, prepare_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
 from intellect_node.node.roles.trainer.lora import LoraConfig, adapter_tensors, apply_lora, lora_modules  # noqa: E402
@@ -90,6 +89,7 @@ from intellect_node.node.tasks.verify import task_reward, teaches_nothing  # noq
 from intellect_node.protocol.deltas import apply_delta, decode_delta, encode_delta, same_layout  # noqa: E402
 from intellect_node.protocol.lora import decode_adapter, encode_adapter, merged_weight  # noqa: E402
 from intellect_node.protocol.manifest import DTYPE_SIZES, TensorEntry  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 
 LOW_LR = 1e-6
 TARGET_LOW_LR = 50.0  # full checkpoint / bytes per step at lr 1e-6 (issue 48)
@@ -194,7 +194,7 @@ def sample_batches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, d
     keep them, dealt round-robin over the steps: a step of uninformative groups alone has zero
     advantages, no gradient, and would measure only Adam's momentum."""
     run = dict(demo.run_settings)
-    rollouts = RolloutSettings(**{k: v for k, v in run.items() if k in RolloutSettings.__dataclass_fields__})
+    rollouts = RolloutShape(**{k: v for k, v in run.items() if k in RolloutShape.__dataclass_fields__})
     rng = random.Random(f"bench/deltas/{seed}")
     tasks = load_task_spec(demo.tasks)
     chosen = rng.sample(tasks, 2 * shape.steps * shape.prompts)

@@ -65,7 +65,6 @@ from intellect_node.node.app.config import DEFAULT_HOME  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir  # noqa: E402
-from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
 from intellect_node.node.roles.trainer.loss import LossConfig  # noqa: E402
@@ -73,6 +72,7 @@ from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advant
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.tasks.verify import task_reward  # noqa: E402
+from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS  # noqa: E402
 
 try:
     from datasets import Dataset

@@ -55,7 +55,6 @@ import torch  # noqa: E402
 from intellect_node.node.demo.swarm import DEMO_MODELS, DemoOptions, prepare_model, run_demo, summarize  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
@@ -66,6 +65,7 @@ from intellect_node.node.tasks.verify import (
     task_reward,  # noqa: E402
     teaches_nothing,  # noqa: E402
 )
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 
 TARGET_ACCURACY = 0.8
 TARGET_RATIO = 0.9
@@ -108,7 +108,7 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     demo = DemoOptions.for_model(model)
     trainer = TrainerOptions(Path(), demo.tasks, Path(), eval_tasks=demo.eval_tasks)
     run = dict(demo.run_settings)  # what the demo writes into every node's [run]
-    rollouts = RolloutSettings(**{k: v for k, v in run.items() if k in RolloutSettings.__dataclass_fields__})
+    rollouts = RolloutShape(**{k: v for k, v in run.items() if k in RolloutShape.__dataclass_fields__})
     model_dir = prepare_model(demo, print)
     module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

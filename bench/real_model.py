@@ -61,11 +61,11 @@ from intellect_node.node.engine.proofs import build_completion_proofs  # noqa: E
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.importer import import_gguf  # noqa: E402
 from intellect_node.node.models.sources import resolve_source  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
 from intellect_node.node.tasks.math_words import generate_math_tasks  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 from intellect_node.protocol.rollouts import unpack_logprobs, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec  # noqa: E402
 
@@ -180,7 +180,7 @@ def main() -> None:
         build_completion_proofs([c.hidden_states for group in warm for c in group])
         proving, plain = generation_rates(engine, prompts, args.max_tokens, args.repeats, wall=wall)
 
-        settings = RolloutSettings(group_size=args.group_size, groups_per_batch=args.verify_groups,
+        settings = RolloutShape(group_size=args.group_size, groups_per_batch=args.verify_groups,
                                    max_tokens=args.max_tokens)
         worker = Identity.generate()
         run = RunContext(build_run_spec(run_id=RUN, authority=worker.peer_id, tasks=tasks, settings=settings,

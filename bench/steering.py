@@ -46,11 +46,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.roles.inference.builder import build_batch  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext, verify_batch  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch  # noqa: E402
 from intellect_node.protocol.run_spec import build_run_spec  # noqa: E402
 from intellect_node.protocol.verdicts import INCONCLUSIVE  # noqa: E402
@@ -62,7 +63,7 @@ TARGET = 0.001
 class Bench:
     """The model, the run and its spec, one validator engine and one forger engine."""
 
-    def __init__(self, model: Path, settings: RolloutSettings) -> None:
+    def __init__(self, model: Path, settings: RolloutShape) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.tasks = generate_toy_tasks(seed=5, count=2000)
         self.answers = {t.problem_id: t.verification_info["answer"] for t in self.tasks}
@@ -135,7 +136,7 @@ def main() -> None:
     if args.quick:
         args.groups, args.strategies, args.budgets = 8, "answer", "greedy"
     model = args.model or ensure_tiny_model(Path(tempfile.gettempdir()) / "ina-bench-tiny")
-    settings = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=48)
+    settings = RolloutShape(group_size=8, groups_per_batch=8, max_tokens=48)
     bench = Bench(model, settings)
     print(f"pair: slack {bench.pair.sampling_slack}, logprob {bench.pair.logprob_atol}, margin noise "
           f"{bench.pair.margin_noise}, TOPLOC {bench.pair.toploc_max_exp_mismatches}/"

@@ -100,7 +100,7 @@ from intellect_node.node.demo.swarm import DEMO_TASKS, DemoOptions  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.roles.inference.builder import build_batch  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.pool import GroupPool  # noqa: E402
 from intellect_node.node.roles.validator.commitments import STORED, CommitmentBook  # noqa: E402
@@ -114,6 +114,7 @@ from intellect_node.node.tasks.verify import task_reward  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
 from intellect_node.protocol.assignment import length_target, task_index  # noqa: E402
 from intellect_node.protocol.commitments import WorkCommitment  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch, RolloutGroup, pack_tokens, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import build_run_spec  # noqa: E402
 from intellect_node.protocol.verdicts import PROVEN_CHEATS  # noqa: E402
@@ -123,7 +124,7 @@ RUN = "bench-task-choice"
 NEWEST = 3  # policy steps 1, 2, 3: the async window (2) of the newest (step 0 is unpaid warm-up)
 WINDOW = 2
 MANIFESTS = {step: bytes([step + 1]) * 32 for step in range(NEWEST - WINDOW, NEWEST + 1)}  # the beacons
-SETTINGS = RolloutSettings(group_size=8, groups_per_batch=4, max_tokens=16)  # reversal answers: <= 6 digits and EOS
+SETTINGS = RolloutShape(group_size=8, groups_per_batch=4, max_tokens=16)  # reversal answers: <= 6 digits and EOS
 QUICK_RECIPE = TinyRecipe(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
                           train_steps=150, batch_size=16, lr=3e-3, kinds=("reverse",))
 STRATEGIES = ("honest", "grind", "commit-grind", "select", "shop", "burn", "burn-split")

@@ -42,12 +42,13 @@ from intellect_node.crypto.toploc import Thresholds, verify_proofs  # noqa: E402
 from intellect_node.node.engine.base import Engine, PrefillResult  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import TinyRecipe, ensure_tiny_model  # noqa: E402
-from intellect_node.node.roles.inference.builder import BuiltBatch, RolloutSettings, build_batch  # noqa: E402
+from intellect_node.node.roles.inference.builder import BuiltBatch, build_batch  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import BatchVerdict, RunContext, verify_batch  # noqa: E402
 from intellect_node.node.tasks.schema import Task  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.protocol import codec  # noqa: E402
+from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
 from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_tokens  # noqa: E402
 from intellect_node.protocol.run_spec import (  # noqa: E402
     TORCH_TORCH,
@@ -88,7 +89,7 @@ class Judged:
 
 
 def build(generator: Engine, tokenizer: object, tasks: Sequence[Task], *, worker: Identity,
-          settings: RolloutSettings, first_counter: int) -> tuple[BuiltBatch, float]:
+          settings: RolloutShape, first_counter: int) -> tuple[BuiltBatch, float]:
     """What a worker does for one batch: ``build_batch`` (sampling, capture, proofs, rewards);
     the batch and the CPU seconds it took."""
     cpu_started = time.process_time()
@@ -110,7 +111,7 @@ def judge(built: BuiltBatch, generate_cpu_s: float, validator: Engine, tokenizer
 
 
 def generate_and_judge(generator: Engine, validator: Engine, tokenizer: object, tasks: Sequence[Task], *,
-                       run: RunContext, state: JudgeState, worker: Identity, settings: RolloutSettings,
+                       run: RunContext, state: JudgeState, worker: Identity, settings: RolloutShape,
                        first_counter: int) -> Judged:
     """What a worker and a validator do for one batch: ``build`` then ``judge`` (bench/real_model.py
     judges the real model with them too)."""
@@ -193,7 +194,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, repeats = (1, 1) if args.quick else (8, 5)
-    settings = RolloutSettings(group_size=8, groups_per_batch=groups, max_tokens=128)
+    settings = RolloutShape(group_size=8, groups_per_batch=groups, max_tokens=128)
     worker = Identity.generate()
     with tempfile.TemporaryDirectory(prefix="ina-bench-") as tmp:
         model_dir = args.model or ensure_tiny_model(Path(tmp) / "tiny", TinyRecipe(train_steps=0))

@@ -40,9 +40,9 @@ def calibrate(
     from intellect_node.node.engine import build_engine
     from intellect_node.node.engine.calibration import calibrated_pair
     from intellect_node.node.models.check import check_model_dir
-    from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.calibrate import measure_engines
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
+    from intellect_node.protocol.rollout_shape import RolloutShape
 
     try:
         task_list = load_task_spec(tasks)
@@ -53,7 +53,7 @@ def calibrate(
     except (TaskSpecError, ValueError, RuntimeError, OSError) as exc:
         err.print(f"[red]refused:[/red] {type(exc).__name__}: {exc}")
         raise typer.Exit(2) from None
-    settings = RolloutSettings(max_tokens=max_tokens)
+    settings = RolloutShape(max_tokens=max_tokens)
     err.print(f"measuring {groups} honest groups: {worker} generates, {validator} judges ...")
     figures = measure_engines(worker_engine, validator_engine, tokenizer, task_list, settings, groups)
     pair = calibrated_pair(worker_engine.name, validator_engine.name, figures)

@@ -40,10 +40,10 @@ def verify(
 ) -> None:
     """Judge one stored rollout batch exactly as a validator would; print each group's verdict."""
     from intellect_node.node.models.check import check_model_dir
-    from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.validator.offline import judge_stored_batch, load_batch, naming_file
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
     from intellect_node.protocol.errors import Rejected
+    from intellect_node.protocol.rollout_shape import RolloutShape
     from intellect_node.protocol.run_spec import RunSpec, build_run_spec, read_signed_spec
 
     try:
@@ -51,7 +51,7 @@ def verify(
         task_list = load_task_spec(tasks)
         if run_spec is None:
             spec = build_run_spec(run_id=signed.message.run_id, authority=signed.signer_peer_id, tasks=task_list,
-                                  settings=RolloutSettings(), async_window=2)
+                                  settings=RolloutShape(), async_window=2)
             signer = None
         else:
             spec, signer = naming_file(run_spec, partial(read_signed_spec, kind=RunSpec, authority=authority,

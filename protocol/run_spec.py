@@ -26,6 +26,7 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, SignerMismatch
 from intellect_node.protocol.messages import PEER_ID_PATTERN, RUN_ID_PATTERN, Message
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import MAX_COMPLETION_TOKENS, SamplingSettings
 from intellect_node.protocol.schema import Bytes, Float, Int, ListOf, Nested, Record, Str, wire
 
@@ -98,6 +99,7 @@ class RunSpec(AuthoritySigned, Message):
     model_id: str = wire(Str(128))
     model_digest: bytes = wire(Bytes(32, min_len=32))  # sha256 of the base checkpoint's manifest
     task_set_digest: bytes = wire(Bytes(32, min_len=32))  # task_set_digest of the run's tasks
+    # the signed part of the run's RolloutShape (protocol/rollout_shape.py), flat on the wire
     temperature: float = wire(Float(0.01, 10.0))  # > 0: greedy sampling is not replayable
     top_p: float = wire(Float(0.01, 1.0))
     max_tokens: int = wire(Int(1, MAX_COMPLETION_TOKENS))
@@ -204,16 +206,6 @@ def task_set_digest(tasks: Iterable[TaskLike]) -> bytes:
     return h.digest()
 
 
-class RunShape(Protocol):
-    """The rollouts' shape a run spec fixes (node.roles.inference.builder.RolloutSettings has it)."""
-
-    temperature: float
-    top_p: float
-    max_tokens: int
-    group_size: int
-    length_targets: Sequence[int]
-
-
 # Measured honest figures of the torch engine judged by itself (specs/sampling.md section 4,
 # specs/validation.md): TOPLOC limits that reject 1% weight noise, float32 logprob noise, and a
 # sampling slack (logit units) about 1000x float32 logit noise; measured honest margins were
@@ -224,7 +216,7 @@ TORCH_TORCH = EnginePair(worker="torch", validator="torch", toploc_max_exp_misma
 DEFAULT_MAX_GROUPS_PER_STEP = 4096
 
 
-def build_run_spec(*, run_id: str, authority: str, tasks: Sequence[TaskLike], settings: RunShape,
+def build_run_spec(*, run_id: str, authority: str, tasks: Sequence[TaskLike], settings: RolloutShape,
                    async_window: int, model_id: str = "", model_digest: bytes = bytes(32),
                    max_groups_per_step: int = DEFAULT_MAX_GROUPS_PER_STEP,
                    engines: tuple[EnginePair, ...] = (TORCH_TORCH,),

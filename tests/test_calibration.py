@@ -19,19 +19,20 @@ from transformers import AutoTokenizer
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, noise_of_flips, tail_quantile
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.roles.validator.calibrate import measure_engines
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, verify_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol.sampling import MAX_SLACK, flip_chance
 from tests.support.engine_helpers import wide_tiny_model
 
 RUN, MANIFEST = "calibration-run", bytes(range(32))
-SETTINGS = RolloutSettings(group_size=8, groups_per_batch=8, max_tokens=40)
+SETTINGS = RolloutShape(group_size=8, groups_per_batch=8, max_tokens=40)
 TASKS = generate_toy_tasks(seed=11, count=400)
 
 

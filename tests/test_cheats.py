@@ -15,9 +15,9 @@ import torch
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.engine.base import SamplingParams
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol.assignment import sampling_seed
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
 from intellect_node.protocol.verdicts import INCONCLUSIVE
@@ -146,7 +146,7 @@ def test_skipped_and_far_counters_are_refused(world: World) -> None:
 def test_resubmitted_groups_under_new_counters_are_refused(world: World) -> None:
     """One task and one length target: every counter maps to the same assignment, the easiest
     case for a resubmitter, whether it resubmits its own accepted group or someone else's."""
-    one = RolloutSettings(group_size=4, groups_per_batch=1, max_tokens=16, length_targets=(16,))
+    one = RolloutShape(group_size=4, groups_per_batch=1, max_tokens=16, length_targets=(16,))
     run = RunContext(world.spec(one, tasks=world.tasks[:1]), world.tasks[:1])
     honest = Identity.generate()
     batch = world.build(worker=honest, settings=one, tasks=world.tasks[:1], first_counter=0)
@@ -183,7 +183,7 @@ def test_honest_top_p_long_completions_and_validator_batch_sizes() -> None:
     TOPLOC chunks) from an untrained model that rarely stops, worker threads 1 and 2, worker and
     validator batch sizes 1 to 64: no row rejected."""
     untrained = World(untrained=True)
-    settings = RolloutSettings(group_size=8, groups_per_batch=2, top_p=0.9, max_tokens=80)
+    settings = RolloutShape(group_size=8, groups_per_batch=2, top_p=0.9, max_tokens=80)
     run = RunContext(untrained.spec(settings), untrained.tasks)
     rows, lengths = 0, []
     for threads, worker_rows, validator_rows in ((1, 1, 64), (2, 64, 5), (2, 3, 1), (1, 16, 16)):
@@ -204,7 +204,7 @@ def test_two_workers_who_sample_the_same_group_are_both_accepted(world: World) -
     target, so every worker is assigned the same prompt and draws the same tokens from its own
     seeds. The second group's content was seen, but its tokens are its own sampler's: accepted,
     not called a copy (a copy fails its new seeds: the test above)."""
-    sharp = RolloutSettings(group_size=4, groups_per_batch=1, max_tokens=16, length_targets=(16,), temperature=1e-3)
+    sharp = RolloutShape(group_size=4, groups_per_batch=1, max_tokens=16, length_targets=(16,), temperature=1e-3)
     run = RunContext(world.spec(sharp, tasks=world.tasks[:1]), world.tasks[:1])
     first, second = Identity.generate(), Identity.generate()
     one = world.build(worker=first, settings=sharp, tasks=world.tasks[:1], first_counter=0)

@@ -19,12 +19,13 @@ from safetensors.torch import load_file, save_file
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.rollouts.exchange import deliver
 from intellect_node.node.shards.store import MANIFEST_FILE
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.run_spec import DEFAULT_MAX_GROUPS_PER_STEP
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import wide_tiny_model
@@ -122,7 +123,7 @@ def test_a_live_validator_judges_by_stored_commitments_and_settles_undelivered(s
 
     def batch(worker: Identity) -> bytes:
         built = build_batch(engine, tokenizer, tasks, run_id=RUN, worker=worker.peer_id, step=1,
-                            manifest_hash=beacon, first_counter=0, settings=RolloutSettings(groups_per_batch=1))
+                            manifest_hash=beacon, first_counter=0, settings=RolloutShape(groups_per_batch=1))
         return codec.encode(built.batch, worker, lifetime_s=600)
 
     assert send([commitment(tardy, 1, 2), commitment(committed, 1, 2), batch(committed), batch(idle),

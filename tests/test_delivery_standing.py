@@ -25,6 +25,7 @@ from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.run_spec import DEFAULT_DELIVERY, DeliveryRule, RunSpec, build_run_spec, sign_spec
 
 WINDOW = 2  # async window: steps 0 .. 3 are open
@@ -206,11 +207,11 @@ def test_the_pool_hands_out_only_admitted_groups(tmp_path: Path) -> None:
 def test_the_delivery_rule_is_part_of_the_signed_run_spec() -> None:
     authority = Identity.generate()
     tasks = load_task_spec("toy:seed=1,count=8")
-    spec = build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_Shape(), async_window=2,
+    spec = build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_SHAPE, async_window=2,
                           delivery=DeliveryRule(window_steps=16, min_share=0.5))
     loaded = codec.decode(sign_spec(spec, authority, 600), RunSpec).message
     assert loaded.delivery == DeliveryRule(window_steps=16, min_share=0.5)
-    assert build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_Shape(),
+    assert build_run_spec(run_id="r", authority=authority.peer_id, tasks=tasks, settings=_SHAPE,
                           async_window=2).delivery == DEFAULT_DELIVERY
     for bad in ({"window_steps": 0, "min_share": 0.5}, {"window_steps": 8, "min_share": 1.5},
                 {"window_steps": 8}):
@@ -223,5 +224,4 @@ def test_the_delivery_rule_is_part_of_the_signed_run_spec() -> None:
         RunSpec.from_wire(without)
 
 
-class _Shape:
-    temperature, top_p, max_tokens, group_size, length_targets = 1.0, 1.0, 16, 4, (8,)
+_SHAPE = RolloutShape(group_size=4, max_tokens=16, length_targets=(8,))

@@ -24,12 +24,13 @@ from transformers import AutoTokenizer
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.rollouts.exchange import deliver
 from intellect_node.node.shards.store import DATA_FILE, MANIFEST_FILE
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
+from intellect_node.protocol.rollout_shape import RolloutShape
 from tests.support.engine_helpers import demo_tiny_model
 from tests.support.inprocess_nodes import make_node
 from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_steps
@@ -151,7 +152,7 @@ async def _pick(sender, trainer, engine, tokenizer, tasks, step: int, keys: list
     for key in keys:
         built = await trio.to_thread.run_sync(lambda k=key: build_batch(
             engine, tokenizer, tasks, run_id=RUN, worker=k.peer_id, step=step, manifest_hash=beacon,
-            first_counter=0, settings=RolloutSettings(groups_per_batch=1)))
+            first_counter=0, settings=RolloutShape(groups_per_batch=1)))
         if any(c.reward > 0 for c in built.batch.groups[0].completions):
             answer = await deliver(sender, trainer.peer_id, codec.encode(built.batch, key, lifetime_s=600), attempts=3)
             log.append(f"step {step}: delivered a pick: {answer}")

@@ -18,12 +18,13 @@ from safetensors.torch import load_file, save_file
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.demo.local_swarm import LocalSwarm
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.rollouts.exchange import DeliveryFailed, DeliveryRejected, deliver
 from intellect_node.node.rollouts.inbox import InboxLimits
 from intellect_node.node.shards.store import MANIFEST_FILE
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens
 from intellect_node.protocol.verdicts import Verdict
 from tests.support.engine_helpers import wide_tiny_model
@@ -110,7 +111,7 @@ def judges_through_hostile_batches(swarm, tmp_path, judge, service: str, model, 
 
     def built(identity: Identity) -> RolloutBatch:
         return build_batch(engine, tokenizer, tasks, run_id=RUN, worker=identity.peer_id, step=0,
-                           manifest_hash=manifest_hash, first_counter=0, settings=RolloutSettings()).batch
+                           manifest_hash=manifest_hash, first_counter=0, settings=RolloutShape()).batch
 
     template = built(Identity.generate())
     hostile = {}  # each from a batch built honestly for its own key, so that only the named part is wrong

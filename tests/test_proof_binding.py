@@ -22,11 +22,11 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.crypto.toploc import bind_proofs, build_proofs, unbind_proofs, verify_proofs
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, proof_key, unpack_tokens
 from tests.support.engine_helpers import wide_tiny_model
 from tests.support.judging_world import STEP, World, reasons
@@ -175,8 +175,8 @@ def world() -> World:
     return World(untrained=True)
 
 
-def settings_for(tokens: int) -> RolloutSettings:
-    return RolloutSettings(group_size=4, groups_per_batch=2, max_tokens=tokens)
+def settings_for(tokens: int) -> RolloutShape:
+    return RolloutShape(group_size=4, groups_per_batch=2, max_tokens=tokens)
 
 
 def judged(world: World, batch: RolloutBatch, worker: Identity, tokens: int):

@@ -9,17 +9,18 @@ from transformers import AutoTokenizer
 from intellect_node.crypto.identity import Identity
 from intellect_node.crypto.toploc import verify_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
 from intellect_node.protocol.assignment import task_index
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_logprobs, unpack_tokens
 from tests.support.engine_helpers import wide_tiny_model
 
 WORKER = Identity.generate()
 
 
-SETTINGS = RolloutSettings(group_size=3, groups_per_batch=2, max_tokens=40)
+SETTINGS = RolloutShape(group_size=3, groups_per_batch=2, max_tokens=40)
 
 
 @pytest.fixture(scope="module")

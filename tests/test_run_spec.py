@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol.errors import InvalidValue, Oversize, Rejected, SignerMismatch
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import SamplingSettings
 from intellect_node.protocol.run_spec import (
     DilocoRunSpec,
@@ -24,7 +24,7 @@ from intellect_node.protocol.run_spec import (
 )
 
 AUTHORITY = Identity.generate()
-SETTINGS = RolloutSettings(group_size=4, max_tokens=48, top_p=0.9, temperature=0.7)
+SETTINGS = RolloutShape(group_size=4, max_tokens=48, top_p=0.9, temperature=0.7)
 
 
 def spec(run_id: str = "spec-run") -> RunSpec:

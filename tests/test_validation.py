@@ -17,7 +17,6 @@ from intellect_node.crypto.envelope import BadSignature
 from intellect_node.crypto.identity import Identity
 from intellect_node.crypto.toploc import Thresholds
 from intellect_node.node.engine.base import encode_prompt
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.validator import validation
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, termination_problem, verify_batch
@@ -25,6 +24,7 @@ from intellect_node.node.tasks.schema import with_length_target
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH
 from intellect_node.protocol.verdicts import INCONCLUSIVE, PROVEN_CHEATS, AcceptedGroup, RejectedGroup, Verdict
@@ -38,10 +38,10 @@ def world() -> World:
 
 def test_honest_batches_are_all_accepted(world: World) -> None:
     """>= 500 completions, several batch shapes and thread counts: zero false rejections."""
-    shapes = [(RolloutSettings(group_size=8, groups_per_batch=4, max_tokens=16), 16, 2),
-              (RolloutSettings(group_size=4, groups_per_batch=8, max_tokens=24), 4, 1),
-              (RolloutSettings(group_size=16, groups_per_batch=2, max_tokens=16), 64, 2),
-              (RolloutSettings(group_size=1, groups_per_batch=8, max_tokens=32), 8, 1)]
+    shapes = [(RolloutShape(group_size=8, groups_per_batch=4, max_tokens=16), 16, 2),
+              (RolloutShape(group_size=4, groups_per_batch=8, max_tokens=24), 4, 1),
+              (RolloutShape(group_size=16, groups_per_batch=2, max_tokens=16), 64, 2),
+              (RolloutShape(group_size=1, groups_per_batch=8, max_tokens=32), 8, 1)]
     completions, index = 0, 0
     while completions < 520:
         settings, rows, threads = shapes[index % len(shapes)]

@@ -22,15 +22,16 @@ from intellect_node.cli.main import app
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.models.tiny import ensure_tiny_model
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import pack_logprobs, unpack_logprobs
 from intellect_node.protocol.run_spec import build_run_spec
 from tests.support.engine_helpers import QUICK_RECIPE
 
 TASKS = "toy:seed=3,count=40"
-SETTINGS = RolloutSettings(group_size=2, groups_per_batch=2, max_tokens=40, top_p=0.9)
+SETTINGS = RolloutShape(group_size=2, groups_per_batch=2, max_tokens=40, top_p=0.9)
 WORKER, AUTHORITY = Identity.generate(), Identity.generate()
 
 

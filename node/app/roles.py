@@ -17,13 +17,13 @@ from intellect_node.node.shards.config import ShardConfig
 
 if TYPE_CHECKING:
     from intellect_node.node.diloco.settings import DilocoSettings
-    from intellect_node.node.roles.inference.builder import RolloutSettings
     from intellect_node.node.roles.trainer.service import TrainerOptions
     from intellect_node.node.roles.validator.service import ValidatorOptions
     from intellect_node.node.rollouts.exchange import RolloutReceiver
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.swarm.runtime import Node, Service
     from intellect_node.node.tasks.schema import Task
+    from intellect_node.protocol.rollout_shape import RolloutShape
     from intellect_node.protocol.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,12 @@ class Assembly:
     verifier: Any = None  # the ValidatorService judging this node's inbox, once one is built
     services: list[Service] = field(default_factory=list)
 
-    def rollout_settings(self) -> RolloutSettings:
+    def rollout_settings(self) -> RolloutShape:
         """The run's rollout shape ([run]): what workers generate and every verifier judges by."""
-        from intellect_node.node.roles.inference.builder import RolloutSettings
+        from intellect_node.protocol.rollout_shape import RolloutShape
 
         run = self.config.run
-        return RolloutSettings(group_size=run.group_size, max_tokens=run.max_tokens, temperature=float(run.temperature))
+        return RolloutShape(group_size=run.group_size, max_tokens=run.max_tokens, temperature=float(run.temperature))
 
     def run_spec(self, tasks: list[Task], async_window: int) -> RunSpec:
         """The spec this node judges by: the run's rollout shape and calibrated engine pairs ([run]).

@@ -15,11 +15,12 @@ from transformers import AutoTokenizer
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import RunContext, verify_batch
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.protocol import codec
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_logprobs, pack_tokens, proof_key, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from tests.support.engine_helpers import untrained_wide_tiny_model, wide_tiny_model
@@ -27,7 +28,7 @@ from tests.support.engine_helpers import untrained_wide_tiny_model, wide_tiny_mo
 RUN = "validation-test"
 STEP = 4  # the newest checkpoint; step 3 is the previous one
 WINDOW = 2
-SETTINGS = RolloutSettings(group_size=4, groups_per_batch=4, max_tokens=16)
+SETTINGS = RolloutShape(group_size=4, groups_per_batch=4, max_tokens=16)
 CHEATER = Identity.generate()
 VALIDATOR = Identity.generate()
 
@@ -58,7 +59,7 @@ class World:
         self.seen = JudgeState()
         self.run = RunContext(self.spec(SETTINGS), self.tasks)
 
-    def spec(self, settings: RolloutSettings, pair=TORCH_TORCH, tasks=None):
+    def spec(self, settings: RolloutShape, pair=TORCH_TORCH, tasks=None):
         """The run spec the validator judges by (the validator's, never the batch's, settings)."""
         return build_run_spec(run_id=RUN, authority=VALIDATOR.peer_id, tasks=tasks or self.tasks, settings=settings,
                               async_window=WINDOW, engines=(pair,))

@@ -32,7 +32,7 @@ import trio
 from intellect_node.crypto.toploc import DEFAULT_TOPK
 from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.roles.inference.commitments import CommitmentPlan
 from intellect_node.node.roles.inference.outbox import Outbox
 from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
@@ -46,6 +46,7 @@ from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutAnnouncement, RolloutBatch
 
 if TYPE_CHECKING:
@@ -99,10 +100,10 @@ class StepTally:
 
 class InferenceWorker:
     def __init__(self, shards: ShardService, model_dir: Path, tasks: list[Task], *, engine: str = "auto",
-                 settings: RolloutSettings | None = None, async_window: int = 2, groups_per_step: int = 0) -> None:
+                 settings: RolloutShape | None = None, async_window: int = 2, groups_per_step: int = 0) -> None:
         self.policy = PolicyFollower(shards, model_dir, engine)
         self.tasks = tasks
-        self.settings = settings or RolloutSettings()
+        self.settings = settings or RolloutShape()
         self.async_window = async_window
         self.groups_per_step = groups_per_step
         self.stats = WorkerStats()

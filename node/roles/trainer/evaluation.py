@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from intellect_node.node.engine.base import Engine, SamplingParams, encode_prompt
-from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks
 from intellect_node.node.tasks.verify import task_reward
+from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 
 EVAL_SEED = 9_000_001
 

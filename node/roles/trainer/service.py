@@ -51,7 +51,6 @@ import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.home.durable import append_durably, fsync_file, rename_durably, write_durably
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
@@ -71,6 +70,7 @@ from intellect_node.node.roles.validator.validation import BatchVerdict
 from intellect_node.node.shards.checkpoint import write_safetensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import (
     RolloutBatch,
     unpack_tokens,
@@ -172,7 +172,7 @@ class TrainerCounters:
 
 class TrainerService:
     def __init__(self, node: NodeContext, shards: ShardService, options: TrainerOptions, tasks: list[Task], *,
-                 rollout: RolloutSettings | None = None, run_spec: RunSpec | None = None) -> None:
+                 rollout: RolloutShape | None = None, run_spec: RunSpec | None = None) -> None:
         """``rollout``: the run's rollout shape ([run] max_tokens, group_size), which its own
         verification judges batches by; ``run_spec``: the spec it judges by (with the run's
         calibrated engine pairs), else one built from ``rollout`` with the torch/torch pair."""

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 from intellect_node.node.engine.base import Engine, derive_seed
 from intellect_node.node.engine.calibration import PairFigures, measure_pair
-from intellect_node.node.roles.inference.builder import RolloutSettings, build_batch
+from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.tasks.schema import Task
 from intellect_node.protocol.assignment import sampling_seed
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import proof_key, unpack_tokens
 from intellect_node.protocol.sampling import MAX_SLACK, Replay
 
@@ -26,7 +27,7 @@ CALIBRATION_MANIFEST = bytes(32)
 
 
 def measure_engines(worker: Engine, validator: Engine, tokenizer: object, tasks: Sequence[Task],
-                    settings: RolloutSettings, groups: int) -> PairFigures:
+                    settings: RolloutShape, groups: int) -> PairFigures:
     """Figures of ``groups`` honest groups generated on ``worker`` and judged on ``validator``."""
     claims, keys, prompts, completions, replays = [], [], [], [], []
     for first in range(0, groups, settings.groups_per_batch):

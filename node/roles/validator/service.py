@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from intellect_node.node.home.durable import write_durably
-from intellect_node.node.roles.inference.builder import RolloutSettings
 from intellect_node.node.roles.policy import PolicyFollower
 from intellect_node.node.roles.validator.commitments import CommitmentBook, Undelivered
 from intellect_node.node.roles.validator.delivery import DeliveryLedger
@@ -46,6 +45,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, unpack_logprobs
 from intellect_node.protocol.run_spec import RunSpec, build_run_spec
 from intellect_node.protocol.verdicts import (
@@ -148,7 +148,7 @@ class ValidatorService:
 
     def __init__(self, node: NodeContext, shards: ShardService, options: ValidatorOptions, tasks: list[Task], *,
                  async_window: int = 2, run_spec: RunSpec | None = None,
-                 settings: RolloutSettings | None = None, on_judged: JudgedHook | None = None) -> None:
+                 settings: RolloutShape | None = None, on_judged: JudgedHook | None = None) -> None:
         if not 0.0 <= options.verify_fraction <= 1.0:
             raise ValueError("verify fraction must be in [0, 1]")
         self.policy = PolicyFollower(shards, options.model_dir, options.engine)
@@ -156,7 +156,7 @@ class ValidatorService:
         self.tasks = tasks
         # until the overlay distributes the authority's signed spec, the run's shared settings ([run])
         spec = run_spec or build_run_spec(run_id=node.config.run_id, authority=node.peer_id, tasks=tasks,
-                                          settings=settings or RolloutSettings(), async_window=async_window)
+                                          settings=settings or RolloutShape(), async_window=async_window)
         self.run_context = RunContext(spec, tasks)
         self.inbox = shared_inbox(node.config.layout.inbox)
         self.verdict_dir = node.config.layout.verdicts
