@@ -1,7 +1,7 @@
 """The weight broadcast overlay as a node ``Service``: publish, learn, fetch, serve, retain.
 
 - The trainer (``publish_dir`` set) turns each ``step-<N>.safetensors`` dropped there into a held
-  checkpoint, signs its manifest, gossips it and provides it in the DHT.
+  checkpoint, signs its manifest and gossips it (``publisher``).
 - Every node accepts manifests signed by the run's trainer only (``unauthorized_signer``), from
   gossip, from a peer's HTTP server when a member advertises a newer step (``discovery``), or on
   restart from disk; fetches each new step (``fetcher``), serves every verified shard (``server``
@@ -19,30 +19,27 @@ fetched and uploaded, and the complaints it made and heard.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import random
 import re
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 from libp2p.custom_types import TProtocol
 
-from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.home.durable import write_durably
-from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
-from intellect_node.node.shards.deltas import DeltaFailed, adapter_delta, build_from_delta, make_delta, usable_base
+from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, usable_base
 from intellect_node.node.shards.discovery import StepDiscovery
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.provider import ShardProvider
+from intellect_node.node.shards.publisher import CheckpointPublisher
 from intellect_node.node.shards.server import ShardServer
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
@@ -51,7 +48,7 @@ from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.streams import connection_path
 from intellect_node.protocol import codec, overlay_routes
 from intellect_node.protocol.deltas import delta_hash
-from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected, Unjudgeable
+from intellect_node.protocol.errors import MalformedBody, Rejected, Unjudgeable
 from intellect_node.protocol.framing import SHARDS_PROTOCOL
 from intellect_node.protocol.lora import LORA_FORMAT
 from intellect_node.protocol.manifest import (
@@ -66,9 +63,6 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
-PUBLISHED_FILE = re.compile(r"step-(\d{1,12})\.safetensors")
-ADAPTER_FILE = re.compile(r"step-(\d{1,12})\.base-(\d{1,12})\.lora")  # the trainer's adapter beside it
-PUBLISH_POLL_S = 0.1
 STATUS_EVERY_S = 0.5
 
 
@@ -95,6 +89,8 @@ class ShardService:
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
                          "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0}
+        self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
+                          if config.is_publisher else None)
         self.complaints = ShardComplaints(node, self.book, on_change=self._dirty)
         self.provider = ShardProvider(node)
         self.discovery = StepDiscovery(node, config, self.store, self.book, self.client, self.streams,
@@ -170,8 +166,8 @@ class ShardService:
             nursery.start_soon(self._intake_loop)
             nursery.start_soon(self.discovery.run)
             nursery.start_soon(self._status_loop)
-            if self.config.publish_dir is not None:
-                nursery.start_soon(self._publish_loop)
+            if self.publisher is not None:
+                nursery.start_soon(self.publisher.run)
             log.info("shard overlay serving on %s (data in %s)", self.http_addr, self.store.root)
             task_status.started()
             await trio.sleep_forever()
@@ -190,7 +186,7 @@ class ShardService:
         if held is not None:
             if held.manifest.checkpoint_hash != manifest.checkpoint_hash:
                 log.warning("trainer signed two different manifests for step %d; keeping the first", manifest.step)
-            elif signed.envelope.expiry_ms > _expiry_ms(held.envelope):
+            elif signed.envelope.expiry_ms > held.envelope_expiry_ms():
                 self.store.replace_envelope(held, envelope)  # serve the copy that lasts longest
             return
         steps = sorted(self.store.checkpoints)
@@ -222,7 +218,7 @@ class ShardService:
         finally:
             self._starting.discard(manifest.step)
         log.info("fetching step %d: %d bytes in %d shards", manifest.step, manifest.total_size, manifest.shard_count)
-        self._retain()
+        self.retain()
         if manifest.step in self.store.checkpoints:
             self.provider.provide_manifest(manifest.step)
             assert self._nursery is not None
@@ -250,10 +246,16 @@ class ShardService:
     def _completed(self, checkpoint: Checkpoint) -> None:
         """A step became complete here: serve and provide it, retain, advertise the newest."""
         self.provider.provide_shards(checkpoint)
-        self._retain()
+        self.retain()
         newest = self.store.newest_complete()
         if newest is not None:
             self.node.update_advert(policy_step=newest.step)
+        self._dirty()
+        self._wake_completion_waiters()
+
+    def published(self, checkpoint: Checkpoint) -> None:
+        """The publisher holds ``checkpoint`` complete and gossiped it: provide it, wake the waiters."""
+        self.provider.provide_held(checkpoint)
         self._dirty()
         self._wake_completion_waiters()
 
@@ -381,7 +383,7 @@ class ShardService:
                 log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
         return None
 
-    def _retain(self) -> None:
+    def retain(self) -> None:
         """Keep the newest ``keep_steps`` steps (complete or not): cancel and delete the rest."""
         pinned = self._adapter_bases()
         steps = sorted(step for step in self.store.checkpoints if step not in pinned)
@@ -391,6 +393,10 @@ class ShardService:
                 scope.cancel()
         for step in self.store.prune(self.config.keep_steps, pinned):
             log.info("dropped step %d (keeping the newest %d)", step, self.config.keep_steps)
+
+    def pin_adapter_base(self, step: int) -> None:
+        """The publisher's adapter applies to ``step``: keep it however old."""
+        self._adapter_base = step
 
     def _adapter_bases(self) -> frozenset[int]:
         """The frozen bases that adapters apply to, kept however old: those of the steps held, and
@@ -414,118 +420,6 @@ class ShardService:
         assert self._nursery is not None
         self._nursery.start_soon(self.complaints.publish, complaint)
         self._dirty()
-
-    # ---- publishing (the trainer) ------------------------------------------------------------
-
-    async def _publish_loop(self) -> None:
-        """Publish each new step-<N>.safetensors in publish_dir; repeat the newest for late joiners."""
-        assert self.config.publish_dir is not None
-        self.config.publish_dir.mkdir(parents=True, exist_ok=True)
-        last_announce = trio.current_time()
-        while True:
-            newest = max(self.store.checkpoints, default=-1)
-            for step, path in sorted(self._published_files()):
-                if step > newest:
-                    await self._publish(path, step, parent=newest if newest >= 0 else None)
-                    newest = step
-                    last_announce = trio.current_time()
-                else:
-                    log.warning("ignoring %s: step %d is not after the newest step %d", path.name, step, newest)
-                    path.unlink(missing_ok=True)
-            if newest >= 0 and trio.current_time() - last_announce >= self.config.reannounce_s:
-                await self._announce(self.store.checkpoints[newest])
-                last_announce = trio.current_time()
-            await trio.sleep(PUBLISH_POLL_S)
-
-    def _take_adapter(self, step: int) -> tuple[int, bytes] | None:
-        """The adapter body the trainer wrote as ``step-<N>.base-<B>.lora`` before handing over
-        ``step-<N>.safetensors`` (read and removed), with its base step B."""
-        assert self.config.publish_dir is not None
-        found = None
-        for path in self.config.publish_dir.glob(f"step-{step}.base-*.lora"):
-            match = ADAPTER_FILE.fullmatch(path.name)
-            if match and int(match[1]) == step and path.is_file() and not path.is_symlink():
-                found = (int(match[2]), path.read_bytes())
-            path.unlink(missing_ok=True)
-        return found
-
-    def _published_files(self) -> list[tuple[int, Path]]:
-        assert self.config.publish_dir is not None
-        found = []
-        for path in self.config.publish_dir.iterdir():
-            match = PUBLISHED_FILE.fullmatch(path.name)
-            if match and path.is_file() and not path.is_symlink():
-                found.append((int(match[1]), path))
-        return found
-
-    async def _publish(self, path: Path, step: int, parent: int | None) -> None:
-        staged = self.store.staging_path(step)
-        await trio.to_thread.run_sync(shutil.move, path, staged)
-        try:
-            manifest = await trio.to_thread.run_sync(lambda: build_manifest(
-                staged, run_id=self.run_id, step=step, parent_step=parent, shard_size=self.config.shard_size))
-        except (CheckpointFormatError, InvalidValue) as exc:
-            log.error("cannot publish %s: %s", path.name, exc)
-            staged.unlink(missing_ok=True)
-            return
-        delta = await self._delta_for(manifest, staged)
-        if delta is not None:
-            manifest = dataclasses.replace(manifest, delta=delta[0])
-        envelope = codec.encode(manifest, self.node.identity, lifetime_s=self.config.manifest_lifetime_s)
-        checkpoint = self.store.add_published(staged, self.decode_manifest(envelope), envelope,
-                                              delta=delta[1] if delta is not None else None)
-        self._retain()
-        self.node.update_advert(policy_step=step)
-        log.info("published step %d: %d bytes in %d shards, checkpoint %s", step, manifest.total_size,
-                 manifest.shard_count, manifest.checkpoint_hash.hex()[:16])
-        await self._announce(checkpoint)
-        self.provider.provide_held(checkpoint)
-        self._dirty()
-        self._wake_completion_waiters()
-
-    async def _delta_for(self, manifest: CheckpointManifest, staged: Path) -> tuple[DeltaRef, bytes] | None:
-        """The smaller of the trainer's adapter (if it wrote one beside the checkpoint) and the
-        sparse delta from the parent step, where either pays (specs/deltas.md). At LoRA's small
-        learning rates the merged policy's own sparse delta is often smaller than the adapter
-        (bench/deltas.py: about 0.2 MB against 1.8 MB a step on SmolLM2-135M)."""
-        options: list[tuple[DeltaRef, bytes]] = []
-        adapter = await trio.to_thread.run_sync(self._take_adapter, manifest.step)
-        if adapter is not None:
-            base_step, body = adapter
-            base = self.store.checkpoints.get(base_step)
-            ref = adapter_delta(base, body, manifest) if base is not None and base.complete else None
-            if ref is not None and manifest.parent_step is not None and base_step <= manifest.parent_step:
-                options.append((ref, body))
-                self._adapter_base = base_step
-            else:
-                log.warning("step %d: its adapter's base step %d is not held complete here", manifest.step, base_step)
-        parent = self.store.checkpoints.get(manifest.parent_step) if manifest.parent_step is not None else None
-        if parent is not None and parent.complete and self.config.max_delta_fraction > 0:
-            delta = await trio.to_thread.run_sync(make_delta, parent, staged, manifest, self.config.max_delta_fraction)
-            if delta is not None:
-                options.append(delta)
-        if not options:
-            return None
-        chosen = min(options, key=lambda option: option[0].size)
-        self.counters["published_delta_bytes"] = chosen[0].size
-        log.info("step %d ships as a %d-byte %s delta on step %d (%.4f of the checkpoint)", manifest.step,
-                 chosen[0].size, chosen[0].format, chosen[0].base_step, chosen[0].size / manifest.total_size)
-        return chosen
-
-    async def _announce(self, checkpoint: Checkpoint) -> None:
-        """Gossip ``checkpoint``'s manifest: the envelope held, while more than half its lifetime is
-        left. Workers bind every batch to sha256(envelope) and holders keep the longest-lasting copy,
-        so a fresh signature at each re-announcement would leave validators unable to place any
-        batch begun before it: on a real model a batch takes longer than ``reannounce_s``."""
-        try:
-            if _expiry_ms(checkpoint.envelope) - now_ms() > self.config.manifest_lifetime_s * 500:
-                await self.node.publish_announcement(checkpoint.envelope)
-                return
-            envelope = await self.node.announce(checkpoint.manifest, lifetime_s=self.config.manifest_lifetime_s)
-        except Exception as exc:  # no gossip peers yet: discovery and the next re-announcement cover it
-            log.info("announcing step %d failed: %s", checkpoint.step, exc)
-            return
-        self.store.replace_envelope(checkpoint, envelope)
 
     # ---- status ----------------------------------------------------------------------------
 
@@ -562,14 +456,6 @@ class ShardService:
                 self._status_dirty = False
                 await trio.to_thread.run_sync(_write_status, path, json.dumps(self.status(), indent=1))
             await trio.sleep(STATUS_EVERY_S)
-
-
-def _expiry_ms(envelope: bytes) -> int:
-    """Expiry of a held envelope; 0 once it no longer decodes (expired), so any fresh copy wins."""
-    try:
-        return codec.decode(envelope, CheckpointManifest).envelope.expiry_ms
-    except Rejected:
-        return 0
 
 
 def _listen_host(listen: list[str]) -> str:

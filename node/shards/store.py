@@ -30,7 +30,7 @@ import trio
 
 from intellect_node.node.home.durable import fsync_directory, fsync_file, write_durably
 from intellect_node.node.shards.checkpoint import hash_range
-from intellect_node.protocol.codec import Signed
+from intellect_node.protocol.codec import Signed, decode
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.manifest import CheckpointManifest
 from intellect_node.protocol.messages import RUN_ID_PATTERN
@@ -88,6 +88,13 @@ class Checkpoint:
     @property
     def verified_count(self) -> int:
         return sum(self.verified)
+
+    def envelope_expiry_ms(self) -> int:
+        """When the envelope held expires; 0 once it no longer decodes (expired), so any fresh copy wins."""
+        try:
+            return decode(self.envelope, CheckpointManifest).envelope.expiry_ms
+        except Rejected:
+            return 0
 
     def bump(self) -> None:
         """Wake everyone waiting on this checkpoint's state (have long-polls, schedulers)."""
