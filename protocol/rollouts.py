@@ -79,6 +79,10 @@ def proof_key(manifest_hash: bytes, policy_step: int, prompt_ids: bytes, token_i
 
 @dataclass(frozen=True)
 class SamplingSettings(Record):
+    """What a batch declares it was sampled with: the wire record of a claim, which validators
+    compare with the run spec's (``RunSpec.sampling``); workers fill it from the run's shape
+    (``RolloutShape.sampling``), never from a default of their own."""
+
     temperature: float = wire(Float(0.0, 10.0))
     top_p: float = wire(Float(0.0, 1.0))
     max_tokens: int = wire(Int(1, MAX_COMPLETION_TOKENS))

@@ -31,6 +31,7 @@ from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
 from intellect_node.protocol.errors import Rejected
+from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
 
 DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intellect-node"))
@@ -44,6 +45,9 @@ ROLE_SECTION_KEYS = {"inference": {"model", "tasks", "engine", "groups_per_step"
                      "validator": {"model", "tasks", "engine", "verify_fraction"}}
 
 
+_DEFAULT_SHAPE = RolloutShape()
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Run-wide values: every role reads them from here, never from a per-role copy."""
@@ -51,10 +55,10 @@ class RunConfig:
     async_level: int = 2  # the oldest usable policy is step - async_level (0: synchronous)
     # The rollouts' shape, part of the run spec: a worker generating another shape than its
     # validators judge by has every batch refused, so the nodes of a run must agree on them.
-    max_tokens: int = 64  # completion budget of every rollout
-    group_size: int = 8  # completions per prompt: one GRPO group
-    # sampling temperature; INTELLECT-2's 1.0 suits large models, a 135M model at 1.0 writes noise
-    temperature: float = 1.0
+    # Their defaults are the protocol's (protocol/rollout_shape.py), written there only.
+    max_tokens: int = _DEFAULT_SHAPE.max_tokens
+    group_size: int = _DEFAULT_SHAPE.group_size
+    temperature: float = _DEFAULT_SHAPE.temperature
     # which engine may generate for which to judge, with the tolerances measured for that pair
     # (``[[run.engines]]`` tables, as ``intellect-node calibrate`` prints them; specs/sampling.md 4)
     engines: tuple[EnginePair, ...] = (TORCH_TORCH,)

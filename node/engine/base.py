@@ -39,7 +39,12 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature == 0`` is greedy (seed unused).
+    """How to sample, for one engine call. ``temperature == 0`` is greedy (seed unused).
+
+    Not the run's rollout shape (``protocol.rollout_shape.RolloutShape``), which the rollout builder
+    turns into one of these per batch: an engine call also serves greedy evaluation and the tiny
+    model's checks (temperature 0, which no run may sample with), and carries what only a call has:
+    its seeds and its stop ids.
 
     ``stop_token_ids``: None means the model's end-of-sequence ids; an empty tuple means never
     stop early (benchmarks use that to generate a fixed length). The stop token that ends a
