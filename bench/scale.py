@@ -1,45 +1,61 @@
 """Scale bench: what a connected node costs as the swarm grows, N = 10, 25, 50, 100 real processes.
 
-Each swarm on 127.0.0.1: a bootstrap node, a trainer that publishes what is written to its
-``--publish-dir`` (no model: the light mode), and light members (``join --role seeder``) for the
-rest, all with the node's default timings. For each N it measures:
+Each swarm: a bootstrap node, a trainer that publishes what is written to its ``--publish-dir`` (no
+model: the light mode), and light members (``join --role seeder``) for the rest, all with the
+node's default timings. Where the nodes live:
+
+- ``--netns`` (the default when a size is 50 or more, and this runs as root with ``ip``): each node
+  in a network namespace of its own on one bridge, at 10.(1+i).1.2 (``SwarmNet``), so every node
+  dials from its own address and the per-IP admission caps and stream slots apply at their
+  defaults, as between hosts on the internet;
+- ``--loopback`` (the default below that, or without root): every node on 127.0.0.1, one source
+  address, with the admission caps raised for the bench (``LOOPBACK_ADMISSION``); the stream
+  guard's per-IP slots still refuse the swarm's own DHT and gossip streams from N=25 on.
+
+For each N it measures:
 
 - converged view: seconds from the last node's start until every node lists every node;
-- idle cost: each process's CPU (psutil ``cpu_times``) and TCP bytes sent + received (``ss -tinp``)
+- idle cost: each process's CPU (psutil ``cpu_times``) and TCP bytes sent + received (``ss -tin``)
   over an idle window after a settle;
 - connections per node (``status``'s ``connected_peers``);
 - checkpoint to all: a ``CHECKPOINT_MIB`` checkpoint dropped in the trainer's publish directory
   until every node's overlay holds it complete, with the CPU and bytes of that window;
 - a newcomer's DHT get latency (p90): bench/membership.py's in-process client, which knows only the
-  bootstrap node, fetching a sample of the members' signed adverts with the node's bounded get.
+  bootstrap node, fetching a sample of the members' signed adverts with the node's bounded get
+  (with --netns from a namespace of its own).
 
 Then each figure's growth from the smallest N to the largest as a ratio. The headline is the
 light members' median idle CPU at the largest N over the same at the smallest (target <= 1.2x, and
 <= 1% of one core per light member at the largest N).
 
-    python bench/scale.py              # N = 10, 25, 50, 100 (memory permitting; ~15 min on 2 cores)
-    python bench/scale.py --quick      # N = 10 and 20, short windows (about a minute)
-    python bench/scale.py --sizes 10,50
+    python bench/scale.py              # N = 10, 25, 50, 100 in namespaces (memory permitting; ~40 min on 2 cores)
+    python bench/scale.py --quick      # N = 6 and 12 on 127.0.0.1, short windows (under a minute)
+    python bench/scale.py --sizes 10,50 --netns
 
 Memory: every node is ~120 MB RSS. Before each N the bench reads MemAvailable and stops (saying
-why) if N nodes would not fit beside a reserve for the rest of the machine.
+why) if N nodes would not fit beside a reserve for the rest of the machine. The namespaces (N + 2)
+are removed on exit, on a failure, on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -48,6 +64,7 @@ if str(ROOT) not in sys.path:
 import membership  # noqa: E402  (bench/membership.py: the newcomer's DHT client, CPU meter, convergence poll)
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess  # noqa: E402
+from tests.support.netns import Namespaces, NetnsUnavailable, enter, unavailable_reason  # noqa: E402
 from tests.support.shards_swarm import holds, make_checkpoint  # noqa: E402
 
 RUN_ID = membership.RUN_ID  # the DHT client builds advert keys for this run
@@ -55,29 +72,34 @@ NODE_RSS_MB = 130  # measured ~120 MB per idle node; a margin for the overlay's 
 RESERVE_MB = 4096  # left for the rest of the machine (other work shares it)
 CHECKPOINT_MIB = 4
 LAUNCH_WIDTH = 4  # nodes started at once: a 100-node start storm on 2 cores times out handshakes
+QUICK_LAUNCH_WIDTH = 12  # --quick's few nodes all at once: on cores shared with other work, more at once get more
 IDLE_CORE_TARGET = 0.01
 RATIO_TARGET = 1.2
 GET_SAMPLE = 20  # adverts the newcomer fetches per N
-# Every node here dials from 127.0.0.1, one address: the inbound admission caps on unproven peers
+# On 127.0.0.1 every node dials from one address: the inbound admission caps on unproven peers
 # per IP (32) refused the 35th joiner's connection to the bootstrap node at N=50. Raised for the
-# bench only (specs/connections.md keeps them for public nodes); the stream guard's per-IP slots
-# (node/swarm/guard.py) still apply, which public nodes with their own addresses do not meet.
+# loopback bench only (specs/connections.md keeps them for public nodes); the stream guard's per-IP
+# slots (node/swarm/guard.py) still apply, which public nodes with their own addresses do not meet:
+# from N=25 they refuse the swarm's own DHT and gossip streams. --netns gives each node its address.
 LOOPBACK_ADMISSION = {"INTELLECT_NODE_UNPROVEN_PER_IP": "250", "INTELLECT_NODE_UNPROVEN_PER_24": "250",
                       "INTELLECT_NODE_UNPROVEN_PER_16": "250", "INTELLECT_NODE_MAX_INBOUND": "250"}
+NETNS_FROM_N = 50  # by default, a run with a size this large puts every size's nodes in namespaces
+MAX_NETNS_NODES = 250  # node i at 10.(1+i).1.2: one /16 each (and the namespaces a run may make)
 
 
 class Window:
     """CPU seconds and TCP bytes (sent + received) of each process between construction and ``take``."""
 
-    def __init__(self, nodes: dict[str, NodeProcess]) -> None:
+    def __init__(self, nodes: dict[str, NodeProcess], net: Loopback | SwarmNet) -> None:
         self.nodes = dict(nodes)
+        self.net = net
         self.start = time.monotonic()
-        self.bytes_before = socket_bytes()
+        self.bytes_before = net.socket_bytes(self.nodes)
         self.before = {name: _cpu_s(node) for name, node in self.nodes.items()}
 
     def take(self) -> dict[str, dict[str, float]]:
         wall = time.monotonic() - self.start
-        bytes_after = socket_bytes()
+        bytes_after = self.net.socket_bytes(self.nodes)
         out = {}
         for name, node in self.nodes.items():
             after, before = _cpu_s(node), self.before[name]
@@ -100,11 +122,13 @@ def _cpu_s(node: NodeProcess) -> float | None:
     return times.user + times.system
 
 
-def socket_bytes() -> dict[int, int]:
-    """Bytes sent + received so far on every process's open TCP sockets (``ss -tinp``'s tcp_info):
-    a socket closed inside a window loses its bytes, so a window's figure is a lower bound."""
+def socket_bytes(namespace: str | None = None) -> dict[int, int]:
+    """Bytes sent + received so far on every process's open TCP sockets (``ss -tinp``'s tcp_info),
+    in the host's network namespace or ``namespace``'s: a socket closed inside a window loses its
+    bytes, so a window's figure is a lower bound."""
+    where = ["-N", namespace] if namespace else []
     try:
-        text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run(["ss", *where, "-tinpH"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     totals: dict[int, int] = {}
@@ -119,6 +143,122 @@ def socket_bytes() -> dict[int, int]:
     return totals
 
 
+class Loopback:
+    """Every node on 127.0.0.1: one source address, so the admission caps are raised for the bench
+    (``LOOPBACK_ADMISSION``) and the stream guard's per-IP slots refuse streams from N=25 on."""
+
+    label = "127.0.0.1, admission caps raised"
+    env = LOOPBACK_ADMISSION
+
+    def start(self, swarm: LocalSwarm, name: str, args: list[str]) -> NodeProcess:
+        return swarm.start(name, args)
+
+    def socket_bytes(self, nodes: dict[str, NodeProcess]) -> dict[int, int]:
+        return socket_bytes()
+
+    def as_newcomer(self, job: Callable[[], Any]) -> Any:
+        """Run ``job`` (the DHT client) where a newcomer to the swarm would be: here, anywhere."""
+        return job()
+
+    def reset(self) -> None:
+        """Between sizes: nothing to forget on 127.0.0.1."""
+
+
+@dataclass
+class SwarmNet(Namespaces):
+    """A network namespace per node, on one bridge: every node dials from its own address, so the
+    per-IP admission caps (specs/connections.md) and the stream guard's per-IP slots meet each node
+    as they would on the internet, at their defaults.
+
+    ``br``: a namespace holding the bridge ``br0`` (none has a link to the host's namespace, so
+    nothing leaves the machine); node i (in start order): namespace ``n<i>``, ``eth0`` at
+    10.(1+i).1.2/8, so each node is in a /16 and a /24 of its own, as unrelated hosts are (the
+    admission caps also count per /24 and per /16); ``new``: the bench's newcomer, the DHT client,
+    at 10.255.1.2. Built with ``ip -batch`` (one command for the namespaces and links, one per
+    namespace): 3 commands per node took seconds per node on 2 loaded cores. Removed on exit, on a
+    failure and on Ctrl-C or SIGTERM (``Namespaces``); a run killed outright leaves them to the next
+    run's ``cleanup_stale``."""
+
+    nodes: int = 2
+    ips: dict[str, tuple[str, str]] = field(default_factory=dict)  # node name -> (namespace, address)
+    TOOLS: ClassVar[tuple[str, ...]] = ("ip",)
+    env: ClassVar[dict[str, str]] = {}  # the node's own admission caps
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= MAX_NETNS_NODES:
+            raise ValueError(f"from 1 to {MAX_NETNS_NODES} nodes in namespaces")
+
+    @property
+    def label(self) -> str:
+        return "a network namespace per node (10.x.1.2), the node's own admission caps"
+
+    def _build(self) -> None:
+        bridge, newcomer = self.name("br"), self.name("new")
+        hosts = [self.name(f"n{i}") for i in range(self.nodes)]
+        self.created.extend([bridge, *hosts, newcomer])  # before they exist: close() removes what was made
+        _ip_batch([f"netns add {name}" for name in self.created]
+                  + [f"link add eth0 netns {host} type veth peer name p{i} netns {bridge}"
+                     for i, host in enumerate([*hosts, newcomer])])
+        ports = [f"link set p{i} master br0 up" for i in range(len(hosts) + 1)]
+        _ip_batch(["link add br0 type bridge", "link set br0 up", "link set lo up", *ports], bridge)
+        for host, address in [*zip(hosts, _addresses(len(hosts)), strict=True), (newcomer, "10.255.1.2")]:
+            _ip_batch(["link set lo up", f"addr add {address}/8 dev eth0", "link set eth0 up"], host)
+
+    def close(self) -> None:
+        """Every namespace this run made, in one command (their veths and the bridge go with them)."""
+        if self.created:
+            _ip_batch([f"netns delete {name}" for name in self.created], force=True)
+        self.created.clear()
+
+    def host(self, node: str) -> tuple[str, str]:
+        """The namespace and address of ``node``: the next free one at its first start, the same after."""
+        if node not in self.ips:
+            i = len(self.ips)
+            if i >= self.nodes:
+                raise ValueError(f"only {self.nodes} node namespaces were made")
+            self.ips[node] = (self.name(f"n{i}"), _addresses(i + 1)[i])
+        return self.ips[node]
+
+    def start(self, swarm: LocalSwarm, name: str, args: list[str]) -> NodeProcess:
+        namespace, address = self.host(name)
+        return swarm.start(name, args, prefix=self.exec_prefix(namespace), listen=f"/ip4/{address}/tcp/0")
+
+    def socket_bytes(self, nodes: dict[str, NodeProcess]) -> dict[int, int]:
+        """Per node, its namespace's TCP bytes (one node per namespace)."""
+        def one(name: str) -> tuple[int, int]:
+            return nodes[name].process.pid, sum(socket_bytes(self.ips[name][0]).values())
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return dict(pool.map(one, [name for name in nodes if name in self.ips]))
+
+    def as_newcomer(self, job: Callable[[], Any]) -> Any:
+        """Run ``job`` in a thread that entered the newcomer's namespace (a thread's sockets live
+        in its namespace; the bench's own thread stays in the host's)."""
+        def inside() -> Any:
+            enter(self.name("new"))
+            return job()
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(inside).result()
+
+    def reset(self) -> None:
+        """Forget which node had which namespace (the next size starts again from n0)."""
+        self.ips.clear()
+
+
+def _addresses(count: int) -> list[str]:
+    return [f"10.{1 + i}.1.2" for i in range(count)]
+
+
+def _ip_batch(lines: list[str], namespace: str | None = None, force: bool = False) -> None:
+    """``ip -batch``: many commands for one process start; ``force`` goes on past a failed line."""
+    command = ["ip", *(["-n", namespace] if namespace else []), *(["-force"] if force else []), "-batch", "-"]
+    result = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=120,
+                            check=False)
+    if result.returncode != 0 and not force:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+
+
 def available_mb() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -126,11 +266,11 @@ def available_mb() -> int:
     return 0
 
 
-def launch(swarm: LocalSwarm, n: int, publish_dir: Path) -> dict[str, Any]:
-    """Bootstrap, trainer (publisher, no model), then n-2 seeders, LAUNCH_WIDTH at a time."""
-    boot = swarm.start_bootstrap()
-    trainer = swarm.start("trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr,
-                                      "--publish-dir", str(publish_dir)])
+def launch(swarm: LocalSwarm, net: Loopback | SwarmNet, n: int, publish_dir: Path, width: int) -> dict[str, Any]:
+    """Bootstrap, trainer (publisher, no model), then n-2 seeders, ``width`` at a time."""
+    boot = net.start(swarm, "bootstrap", ["bootstrap"])
+    trainer = net.start(swarm, "trainer", ["join", "--role", "trainer", "--bootstrap", boot.addr,
+                                           "--publish-dir", str(publish_dir)])
     args = ["join", "--role", "seeder", "--bootstrap", boot.addr, "--trainer", trainer.peer_id]
     failed: list[str] = []
 
@@ -139,13 +279,16 @@ def launch(swarm: LocalSwarm, n: int, publish_dir: Path) -> dict[str, Any]:
         time out (seen at N=50, load 26), which is a start-up figure, not a reason to lose the size."""
         name = f"s{i:03d}"
         try:
-            swarm.start(name, args)
+            net.start(swarm, name, args)
         except RuntimeError:
             failed.append(name)
-            swarm.start(name, args)
+            net.start(swarm, name, args)
 
-    with ThreadPoolExecutor(max_workers=LAUNCH_WIDTH) as pool:
+    pool = ThreadPoolExecutor(max_workers=width)
+    try:
         list(pool.map(start, range(n - 2)))
+    finally:  # on Ctrl-C, the starts not begun are dropped (the caller stops the started nodes)
+        pool.shutdown(cancel_futures=True)
     return {"boot": boot, "trainer": trainer, "t_all": time.monotonic(), "start_retries": failed}
 
 
@@ -154,16 +297,16 @@ def statuses(nodes: list[NodeProcess]) -> list[dict[str, Any]]:
         return list(pool.map(lambda node: node.status_or_empty(), nodes))
 
 
-def run_size(n: int, windows: dict[str, float], keep: Path | None) -> dict[str, Any]:
+def run_size(n: int, net: Loopback | SwarmNet, windows: dict[str, float], keep: Path | None) -> dict[str, Any]:
     import trio
 
     root = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-", dir=keep))
-    swarm = LocalSwarm(root, run_id=RUN_ID, timing=dict(LOOPBACK_ADMISSION))  # the node's default timings
+    swarm = LocalSwarm(root, run_id=RUN_ID, timing=dict(net.env))  # the node's default timings
     publish_dir = root / "publish"
     out: dict[str, Any] = {"nodes": n, "load_before": round(os.getloadavg()[0], 1)}
     t0 = time.monotonic()
     try:
-        started = launch(swarm, n, publish_dir)
+        started = launch(swarm, net, n, publish_dir, int(windows["launch_width"]))
         out["start_s"] = round(started["t_all"] - t0, 1)
         out["start_retries"] = started["start_retries"]
         conv = membership.measure_convergence(swarm, started["t_all"], poll_s=1.0)
@@ -171,23 +314,24 @@ def run_size(n: int, windows: dict[str, float], keep: Path | None) -> dict[str, 
         out["convergence_s"] = round(conv["t_conv"] - started["t_all"], 1) if out["converged"] else None
         out["view_sizes"] = [min(conv["final_view_sizes"]), max(conv["final_view_sizes"])]
         time.sleep(windows["settle"])
-        idle = Window(swarm.nodes)
+        idle = Window(swarm.nodes, net)
         time.sleep(windows["idle"])
         out["idle"] = summarize(idle.take())
         status = statuses(list(swarm.nodes.values()))
         conns = [s["connected_peers"] for s in status if s]
         out["connections"] = {"median": statistics.median(conns), "max": max(conns)} if conns else {}
         out["rejections"] = membership.sum_rejections(list(swarm.nodes.values()))
-        out["broadcast"] = broadcast(swarm, publish_dir, windows["broadcast_timeout"])
+        out["broadcast"] = broadcast(swarm, net, publish_dir, windows["broadcast_timeout"])
         pids = [node.process.pid for node in swarm.nodes.values()]
         sample = [node.peer_id for node in list(swarm.nodes.values())[:GET_SAMPLE]]
-        gets = trio.run(membership.client_gets, started["boot"].addr, sample, 1, pids)
+        gets = net.as_newcomer(lambda: trio.run(membership.client_gets, started["boot"].addr, sample, 1, pids))
         out["dht_get"] = {"p90_ms": gets["get_p90_ms"], "median_ms": gets["get_median_ms"],
                           "misses": gets["get_misses"], "gets": gets["gets"]}
         out["rss_mb_median"] = round(statistics.median(_rss_mb(node) for node in swarm.nodes.values()), 1)
     finally:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(swarm.stop, list(swarm.nodes)))
+        net.reset()
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
     out["load_after"] = round(os.getloadavg()[0], 1)
@@ -203,13 +347,13 @@ def _rss_mb(node: NodeProcess) -> float:
         return 0.0
 
 
-def broadcast(swarm: LocalSwarm, publish_dir: Path, timeout_s: float) -> dict[str, Any]:
+def broadcast(swarm: LocalSwarm, net: Loopback | SwarmNet, publish_dir: Path, timeout_s: float) -> dict[str, Any]:
     """A checkpoint into the trainer's publish directory; seconds until every node holds it."""
     publish_dir.mkdir(parents=True, exist_ok=True)
     staging = publish_dir / ".writing-1"
     make_checkpoint(staging, CHECKPOINT_MIB, seed=1)
     followers = [node for name, node in swarm.nodes.items() if name not in ("bootstrap", "trainer")]
-    window = Window(swarm.nodes)
+    window = Window(swarm.nodes, net)
     began = time.monotonic()
     os.rename(staging, publish_dir / "step-1.safetensors")
     done: dict[str, float] = {}
@@ -283,17 +427,46 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="N = 10 and 20, short windows (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="N = 6 and 12, short windows (under a minute)")
     parser.add_argument("--sizes", default=None, help="comma-separated swarm sizes [10,25,50,100]")
-    parser.add_argument("--idle-s", type=float, default=None, help="idle window per size [30; --quick 8]")
+    parser.add_argument("--idle-s", type=float, default=None, help="idle window per size [30; --quick 5]")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
     parser.add_argument("--keep", type=Path, default=None, help="keep the node homes (logs) under this folder")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--netns", action="store_true", default=None,
+                       help=f"a network namespace per node (root; the default when a size is >= {NETNS_FROM_N})")
+    where.add_argument("--loopback", dest="netns", action="store_false",
+                       help="every node on 127.0.0.1 with the admission caps raised (the default below that)")
     args = parser.parse_args()
-    sizes = [int(s) for s in (args.sizes or ("10,20" if args.quick else "10,25,50,100")).split(",")]
-    windows = {"settle": 5.0 if args.quick else 20.0, "idle": args.idle_s or (8.0 if args.quick else 30.0),
-               "broadcast_timeout": 60.0 if args.quick else 180.0}
+    sizes = [int(s) for s in (args.sizes or ("6,12" if args.quick else "10,25,50,100")).split(",")]
+    use_netns = args.netns if args.netns is not None else max(sizes) >= NETNS_FROM_N
+    reason = unavailable_reason(SwarmNet.TOOLS) if use_netns else None
+    if reason and args.netns:
+        print(f"--netns: {reason}", file=sys.stderr)
+        return 2
+    if reason:
+        print(f"# namespaces unavailable ({reason}): every node on 127.0.0.1, the admission caps raised", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # so the namespaces and the nodes are removed as on Ctrl-C
+    try:
+        net = SwarmNet(nodes=max(sizes)) if use_netns and not reason else Loopback()
+        with net if isinstance(net, SwarmNet) else contextlib.nullcontext():
+            return measure(args, sizes, net)
+    except NetnsUnavailable as exc:
+        print(f"--netns: {exc}", file=sys.stderr)
+        return 2
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def measure(args: argparse.Namespace, sizes: list[int], net: Loopback | SwarmNet) -> int:
+    """Every size in turn on ``net``, then the table and the headline."""
+    windows = {"settle": 3.0 if args.quick else 20.0, "idle": args.idle_s or (5.0 if args.quick else 30.0),
+               "broadcast_timeout": 60.0 if args.quick else 180.0,
+               "launch_width": QUICK_LAUNCH_WIDTH if args.quick else LAUNCH_WIDTH}
     membership.CONVERGENCE_TIMEOUT_S = 60.0 if args.quick else 180.0
-    print(f"# scale bench: sizes {sizes}, windows {windows}; node default timings; "
+    print(f"# scale bench: sizes {sizes}, windows {windows}; node default timings; {net.label}; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     stopped = None
@@ -303,11 +476,12 @@ def main() -> int:
             stopped = f"N={n} needs ~{need} MB ({n} x {NODE_RSS_MB} + {RESERVE_MB} reserve), {have} MB available"
             print(f"# stopping before {stopped}", flush=True)
             break
-        result = run_size(n, windows, args.keep)
+        result = run_size(n, net, windows, args.keep)
         results.append(result)
         print(f"# N={n}: " + json.dumps(result), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "stopped": stopped, "windows": windows}, indent=1))
+        args.json.write_text(json.dumps({"results": results, "stopped": stopped, "windows": windows,
+                                         "network": net.label}, indent=1))
     if not results:
         print("scale: ours=- peer=- ratio=- target=1.2 short")
         return 1
