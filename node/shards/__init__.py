@@ -3,6 +3,7 @@
 - ``intellect_node.node.shards.service``: ``ShardService``, the node service and facade that ties the rest
   together: manifest intake, fetch orchestration, retention, completion, status.
 - ``intellect_node.node.shards.publisher``: the trainer's side: each dropped checkpoint signed, held, gossiped.
+- ``intellect_node.node.shards.delta_follower``: a step built from a held base and its delta, fetched from a holder.
 - ``intellect_node.node.shards.provider``: DHT provider records, queued and spaced out; a shard's providers.
 - ``intellect_node.node.shards.discovery``: members advertising a newer step; their manifests.
 - ``intellect_node.node.shards.complaints``: signed complaints about bad shards, made and heard on gossip.

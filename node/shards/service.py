@@ -6,22 +6,25 @@
   gossip, from a peer's HTTP server when a member advertises a newer step (``discovery``), or on
   restart from disk; fetches each new step (``fetcher``), serves every verified shard (``server``
   over HTTP, ``stream_server`` over libp2p streams for peers that cannot dial HTTP), provides a
-  DHT record per (step, shard) (``provider``), keeps the newest ``keep_steps`` and advertises the newest complete
-  step as its ``policy_step``.
+  DHT record per (step, shard) (``provider``), keeps the newest ``keep_steps`` and advertises the
+  newest complete step as its ``policy_step``.
 - A step whose manifest names a delta (specs/deltas.md) against a base held complete here is built
   from that base and the delta body (megabytes, not the checkpoint), checked against every shard
-  hash, and then held like any fetched step; where that fails, the step is fetched in full.
+  hash, and then held like any fetched step; where that fails, the step is fetched in full
+  (``delta_follower``).
 - A bad shard is reported on gossip as a signed ``ShardComplaint`` (``complaints``).
 
-``<data_dir>/status.json`` (replaced atomically) tells operators and tests what the node holds,
-fetched and uploaded, and the complaints it made and heard.
+``ShardService`` is the facade the roles and the node use (``store``, ``wait_complete_after``,
+``status``); it wires those parts together and keeps what orders them: the intake of manifests,
+the steps being started and fetched, retention and completion. ``<data_dir>/status.json``
+(replaced atomically) tells operators and tests what the node holds, fetched and uploaded, and
+the complaints it made and heard.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,12 +34,13 @@ from libp2p.custom_types import TProtocol
 
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.home.durable import write_durably
-from intellect_node.node.shards.client import HttpStatus, ShardClient
+from intellect_node.node.shards.client import ShardClient
 from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
-from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, usable_base
+from intellect_node.node.shards.delta_follower import DeltaFollower
+from intellect_node.node.shards.deltas import usable_base
 from intellect_node.node.shards.discovery import StepDiscovery
-from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook, http_endpoint
+from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook
 from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.provider import ShardProvider
 from intellect_node.node.shards.publisher import CheckpointPublisher
@@ -46,9 +50,8 @@ from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.shards.stream_server import ShardStreamServer
 from intellect_node.node.swarm.host import dialable_hosts
 from intellect_node.node.swarm.streams import connection_path
-from intellect_node.protocol import codec, overlay_routes
-from intellect_node.protocol.deltas import delta_hash
-from intellect_node.protocol.errors import MalformedBody, Rejected, Unjudgeable
+from intellect_node.protocol import codec
+from intellect_node.protocol.errors import Unjudgeable
 from intellect_node.protocol.framing import SHARDS_PROTOCOL
 from intellect_node.protocol.lora import LORA_FORMAT
 from intellect_node.protocol.manifest import (
@@ -89,12 +92,14 @@ class ShardService:
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
                          "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0}
-        self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
-                          if config.is_publisher else None)
-        self.complaints = ShardComplaints(node, self.book, on_change=self._dirty)
         self.provider = ShardProvider(node)
         self.discovery = StepDiscovery(node, config, self.store, self.book, self.client, self.streams,
                                        trainer=self.trainer, decode_manifest=self.decode_manifest, accept=self._accept)
+        self.deltas = DeltaFollower(node, config, self.store, self.client, self.streams, self.counters,
+                                    self.decode_manifest, self.trainer)
+        self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
+                          if config.is_publisher else None)
+        self.complaints = ShardComplaints(node, self.book, on_change=self._dirty)
         self.http_addr: str | None = None
         self._fetches: dict[int, trio.CancelScope] = {}
         self._starting: set[int] = set()  # steps whose partial directory is being created
@@ -207,6 +212,37 @@ class ShardService:
             return
         await self._fetch_in_full(signed, envelope)
 
+    async def _follow_delta(self, signed: codec.Signed[CheckpointManifest], envelope: bytes,
+                            base: Checkpoint) -> None:
+        """Build the step from ``base`` and its delta (``delta_follower``); fetch it in full if that fails."""
+        step = signed.message.step
+        try:
+            checkpoint = await self.deltas.build(signed, envelope, base)
+        except InsufficientDisk as exc:
+            log.error("cannot build step %d: %s", step, exc)
+            self._starting.discard(step)
+            return
+        except BaseException:
+            self._starting.discard(step)
+            raise
+        if checkpoint is None:
+            await self._fetch_in_full(signed, envelope)
+            return
+        self._starting.discard(step)
+        self.provider.provide_manifest(step)
+        self._completed(checkpoint)
+
+    async def _fetch_adapter_base(self, ref: DeltaRef) -> None:
+        """Fetch the frozen base an adapter applies to (a joiner holds none) in full, once; the
+        steps after it then arrive as adapters."""
+        await trio.lowlevel.checkpoint()  # let the step that named it register first, so the base counts as pinned
+        if ref.base_step in self.store.checkpoints or ref.base_step in self._starting:
+            return
+        found = await self.deltas.base_manifest(ref)
+        if found is not None:
+            log.info("fetching step %d, the frozen base of the run's adapters", ref.base_step)
+            await self._accept(*found)
+
     async def _fetch_in_full(self, signed: codec.Signed[CheckpointManifest], envelope: bytes) -> None:
         """Begin the step's partial checkpoint and fetch every shard (the caller put it in ``_starting``)."""
         manifest = signed.message
@@ -243,6 +279,8 @@ class ShardService:
             log.info("step %d verified and complete (%d shards)", step, checkpoint.manifest.shard_count)
             self._completed(checkpoint)
 
+    # ---- completion and retention -------------------------------------------------------------
+
     def _completed(self, checkpoint: Checkpoint) -> None:
         """A step became complete here: serve and provide it, retain, advertise the newest."""
         self.provider.provide_shards(checkpoint)
@@ -269,119 +307,6 @@ class ShardService:
         while (newest := self.store.newest_complete()) is None or newest.step <= step:
             await self._newly_complete.wait()
         return newest
-
-    # ---- following by deltas (specs/deltas.md) -------------------------------------------------
-
-    async def _follow_delta(self, signed: codec.Signed[CheckpointManifest], envelope: bytes,
-                            base: Checkpoint) -> None:
-        """Build the step from ``base`` and its delta; fetch it in full if that fails."""
-        manifest = signed.message
-        checkpoint: Checkpoint | None = None
-        try:
-            body = await self._fetch_delta(manifest)
-            if body is None:
-                self.counters["delta_unavailable"] += 1
-            else:
-                try:
-                    checkpoint = await trio.to_thread.run_sync(build_from_delta, self.store, signed, envelope,
-                                                               base, body)
-                except DeltaFailed as exc:
-                    self.counters[exc.reason] += 1
-                    log.warning("%s; fetching step %d in full", exc, manifest.step)
-                except OSError as exc:  # a disk error while building: the full fetch may still fit
-                    log.warning("building step %d from its delta failed (%s); fetching it in full", manifest.step, exc)
-                except InsufficientDisk as exc:
-                    log.error("cannot build step %d: %s", manifest.step, exc)
-                    self._starting.discard(manifest.step)
-                    return
-        except BaseException:
-            self._starting.discard(manifest.step)
-            raise
-        if checkpoint is None:
-            await self._fetch_in_full(signed, envelope)
-            return
-        self._starting.discard(manifest.step)
-        self.counters["delta_steps"] += 1
-        self.counters["delta_bytes"] += len(body or b"")
-        self.provider.provide_manifest(manifest.step)
-        self._completed(checkpoint)
-
-    async def _fetch_adapter_base(self, ref: DeltaRef) -> None:
-        """Fetch the frozen base an adapter applies to (a joiner holds none): its manifest from a
-        holder, accepted only if it is the one the adapter names, then the base in full, once; the
-        steps after it then arrive as adapters."""
-        await trio.lowlevel.checkpoint()  # let the step that named it register first, so the base counts as pinned
-        if ref.base_step in self.store.checkpoints or ref.base_step in self._starting:
-            return
-        target = overlay_routes.target(self.run_id, "manifest", ref.base_step)
-        for peer_id, addrs in self._delta_holders(ref.base_step):
-            try:
-                envelope = await self._get_whole(peer_id, addrs, target, CheckpointManifest.MAX_SIZE)
-                if envelope is None:
-                    continue
-                signed = self.decode_manifest(envelope)
-            except Rejected as exc:
-                self.node.scores.reject(peer_id, exc.reason, f"adapter base manifest: {exc}")
-                continue
-            except (HttpStatus, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                log.debug("adapter base manifest from %s: %s", peer_id, exc)
-                continue
-            if signed.message.step != ref.base_step or signed.message.checkpoint_hash != ref.base_hash:
-                log.warning("peer %s answered step %d's manifest with another checkpoint", peer_id, ref.base_step)
-                continue
-            log.info("fetching step %d, the frozen base of the run's adapters", ref.base_step)
-            await self._accept(signed, envelope)
-            return
-
-    def _delta_holders(self, step: int) -> list[tuple[str, tuple[str, ...]]]:
-        """Who may hold ``step``'s delta: members at that step or later (shuffled, so followers
-        spread over them), then the trainer, which always does."""
-        others, trainer = [], []
-        for member in self.node.view.members():
-            advert = member.advert
-            if advert.peer_id == self.node.peer_id or self.node.scores.is_banned(advert.peer_id):
-                continue
-            if advert.peer_id == self.trainer:
-                trainer.append((advert.peer_id, advert.addrs))
-            elif advert.policy_step is not None and advert.policy_step >= step:
-                others.append((advert.peer_id, advert.addrs))
-        random.shuffle(others)
-        return others[:self.config.delta_attempts - 1] + trainer if trainer else others[:self.config.delta_attempts]
-
-    async def _get_whole(self, peer_id: str, addrs: tuple[str, ...], target: str, limit: int) -> bytes | None:
-        """A whole body of at most ``limit`` bytes from ``peer_id``: over HTTP where it advertises
-        a server, else over a libp2p connection held to it (None: neither), within a bounded time."""
-        endpoint = http_endpoint(peer_id, addrs)
-        with trio.fail_after(max(self.config.stall_s, 1.0) * 3):
-            if endpoint is not None:
-                return await self.client.get(endpoint, target, limit=limit)
-            if connection_path(self.node.host, peer_id) is not None:
-                return await self.streams.get(peer_id, target, limit=limit)
-        return None
-
-    async def _fetch_delta(self, manifest: CheckpointManifest) -> bytes | None:
-        """The delta body the manifest names, from the first holder whose bytes hash right."""
-        ref = manifest.delta
-        assert ref is not None
-        target = overlay_routes.target(self.run_id, "delta", manifest.step)
-        for peer_id, addrs in self._delta_holders(manifest.step):
-            try:
-                body = await self._get_whole(peer_id, addrs, target, ref.size)
-                if body is None:
-                    continue
-                if len(body) != ref.size:
-                    raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
-                if delta_hash(body) != ref.hash:
-                    self.counters["bad_deltas"] += 1
-                    self.node.scores.reject(peer_id, "bad_delta",
-                                            f"delta of step {manifest.step} does not match the signed manifest")
-                    continue
-                return body
-            except Rejected as exc:
-                self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
-            except (HttpStatus, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
-        return None
 
     def retain(self) -> None:
         """Keep the newest ``keep_steps`` steps (complete or not): cancel and delete the rest."""
