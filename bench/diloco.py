@@ -70,9 +70,9 @@ from intellect_node.node.diloco.data import generate, lm_loss, peer_key, round_b
 from intellect_node.node.diloco.data_spec import CorpusSpec  # noqa: E402
 from intellect_node.node.diloco.layout import Layout  # noqa: E402
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord  # noqa: E402
+from intellect_node.node.diloco.recipe import Recipe, make_optimizer  # noqa: E402
 from intellect_node.node.diloco.settings import DilocoSettings  # noqa: E402
 from intellect_node.node.metagene.presets import build_model  # noqa: E402
-from intellect_node.node.metagene.recipe import Recipe, make_optimizer  # noqa: E402
 from tests.support.netns import LimitedSwitch, enter, unavailable_reason  # noqa: E402
 
 TARGET, BYTES_TARGET, UTILIZATION_TARGET = 1.02, 1000.0, 0.97  # utilization: issue 35's (was 0.95)

@@ -104,13 +104,14 @@ def pipeline(args: argparse.Namespace) -> str:
     import torch
     from Bio import SeqIO
 
+    from intellect_node.node.diloco.recipe import make_optimizer
     from intellect_node.node.metagene.dataset import tokenize_reads
     from intellect_node.node.metagene.feed import round_batches
     from intellect_node.node.metagene.filtering import FilterConfig, filter_reads
     from intellect_node.node.metagene.presets import PRESETS, build_model
     from intellect_node.node.metagene.pretrain import train_step
     from intellect_node.node.metagene.reads import iter_reads
-    from intellect_node.node.metagene.recipe import Recipe, make_optimizer
+    from intellect_node.node.metagene.recipe import MetageneRecipe
     from intellect_node.node.metagene.tokenizer import token_stats, train_tokenizer
 
     torch.set_num_threads(1)
@@ -163,7 +164,7 @@ def pipeline(args: argparse.Namespace) -> str:
 
         pipe_rate = cpu_rate(pipeline, 1)
         model = build_model(PRESETS["small"])
-        recipe = Recipe(warmup_steps=1, total_steps=100)
+        recipe = MetageneRecipe(warmup_steps=1, total_steps=100)
         optimizer = make_optimizer(model, recipe)
         batches = round_batches(store, 0, 0, 0, 1, 64 * (2 if args.quick else 4), 64, seq_len=512)
         train_step(model, optimizer, batches[0], recipe, 0)  # warm-up
@@ -268,8 +269,8 @@ def learning_config(args: argparse.Namespace) -> LearningConfig:
 def theta0(settings: Any, data: Any, steps: int) -> dict[str, Any]:
     """The seed's model, trained ``steps`` AdamW steps at the inner lr on warm-up draws (``WARMUP_ROUND``,
     ``WARMUP_KEY``): both arms start from these weights, as DiLoCo starts from a pretrained checkpoint."""
+    from intellect_node.node.diloco.recipe import make_optimizer
     from intellect_node.node.metagene.pretrain import train_step
-    from intellect_node.node.metagene.recipe import make_optimizer
 
     model = build_preset_model(settings)
     recipe = inner_recipe(settings)
@@ -293,10 +294,10 @@ def build_preset_model(settings: Any, weights: dict[str, Any] | None = None) -> 
 
 def inner_recipe(settings: Any) -> Any:
     """DilocoPeer's inner optimizer: constant-lr AdamW (node/diloco/peer.py)."""
-    from intellect_node.node.metagene.recipe import Recipe
+    from intellect_node.node.metagene.recipe import MetageneRecipe
 
-    return Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
-                  weight_decay=settings.weight_decay, betas=settings.betas)
+    return MetageneRecipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
+                          weight_decay=settings.weight_decay, betas=settings.betas)
 
 
 def run_diloco(settings: Any, data: Any, weights: dict[str, Any], peers: int,
@@ -323,8 +324,8 @@ def run_diloco(settings: Any, data: Any, weights: dict[str, Any], peers: int,
 def one_peer(settings: Any, data: Any, weights: dict[str, Any], keys: list[int], rounds: int) -> tuple[Any, int, float]:
     """Plain AdamW (the inner optimizer) from ``weights`` on the batches the peers of ``keys`` drew, step by step
     in turn; (model, tokens, seconds)."""
+    from intellect_node.node.diloco.recipe import make_optimizer
     from intellect_node.node.metagene.pretrain import train_step
-    from intellect_node.node.metagene.recipe import make_optimizer
 
     model = build_preset_model(settings, weights)
     recipe = inner_recipe(settings)
@@ -369,6 +370,7 @@ def learning(args: argparse.Namespace) -> str:
     headline against one peer on all of them."""
     import torch
 
+    import intellect_node.node.metagene.workload  # noqa: F401 (registers its presets and data with diloco)
     from intellect_node.node.demo.metagene import MetageneDemoOptions, eval_metrics, prepare_data
     from intellect_node.node.diloco.settings import DilocoSettings
     from intellect_node.node.metagene.evaluate import evaluate

@@ -128,9 +128,9 @@ def train_through(preset: str, settings: Any, data: Any, budgets: Sequence[int],
                   reads_by_size: dict[int, list[Any]], base: int) -> list[Point]:
     """One peer from the seed's model (``one_peer``'s AdamW, one key: round s // H, step s % H), evaluated
     each time the tokens reach the next budget."""
+    from intellect_node.node.diloco.recipe import make_optimizer
     from intellect_node.node.metagene.presets import get_preset
     from intellect_node.node.metagene.pretrain import train_step
-    from intellect_node.node.metagene.recipe import make_optimizer
 
     model = build_preset_model(settings)
     recipe = inner_recipe(settings)
@@ -208,6 +208,7 @@ def millions(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> None:
     import torch
 
+    import intellect_node.node.metagene.workload  # noqa: F401 (registers its presets and data with diloco)
     from intellect_node.node.demo.metagene import MetageneDemoOptions, prepare_data
     from intellect_node.node.diloco.settings import DilocoSettings
     from intellect_node.node.metagene.evaluate import kmer_features, probe_mcc

@@ -110,7 +110,7 @@ def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option(
     from intellect_node.node.metagene.pretrain import pretrain as run_pretrain
     from intellect_node.node.metagene.pretrain import save_pretrained
     from intellect_node.node.metagene.reads import ReadFormatError
-    from intellect_node.node.metagene.recipe import Recipe
+    from intellect_node.node.metagene.recipe import MetageneRecipe
     from intellect_node.node.metagene.tokenizer import load_tokenizer
 
     if threads:
@@ -120,8 +120,8 @@ def pretrain(reads: ReadsOpt, tokenizer_dir: Annotated[Path, typer.Option(
         shape = get_preset(preset)
         stream = _filtered(reads, min_quality, max_n, min_length, on_bad)
         train, held = holdout_split(tokenize_reads(stream, tok), 0.05, seed)
-        recipe = Recipe(lr=lr, min_lr=min(lr, 4e-5 * lr / 6e-4), total_steps=steps,
-                        warmup_steps=warmup if warmup is not None else steps // 10)
+        recipe = MetageneRecipe(lr=lr, min_lr=min(lr, 4e-5 * lr / 6e-4), total_steps=steps,
+                                warmup_steps=warmup if warmup is not None else steps // 10)
         model = build_model(shape, seed)
     except (ReadFormatError, ValueError, FileNotFoundError) as exc:
         raise _fail(exc) from None

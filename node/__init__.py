@@ -21,8 +21,9 @@ imports only the tiers below it (tests/test_layering.py holds the tree to it)::
 
     demo
     app
+    metagene
     roles, diloco
-    rollouts, shards, engine, tasks, metagene, models
+    rollouts, shards, engine, tasks, models
     swarm
     home, config
 """

@@ -16,7 +16,7 @@ from intellect_node.node.diloco.outer import GlobalState, outer_step
 from intellect_node.node.diloco.state_file import StateFileError, read_state_file, write_state_file
 from intellect_node.node.diloco.state_hash import state_hash
 from intellect_node.node.diloco.state_overlay import choose
-from intellect_node.node.metagene.presets import build_model
+from intellect_node.node.diloco.toy_lm import build_toy
 from intellect_node.node.shards.checkpoint import build_manifest
 from intellect_node.protocol import codec
 from intellect_node.protocol.manifest import CheckpointManifest
@@ -27,7 +27,7 @@ SHARD = 1 << 16  # the smallest shard size: the micro model's state spans severa
 
 def _states() -> tuple[Layout, GlobalState, GlobalState]:
     """The honest round-1 state, and a lie: the same round with one parameter moved."""
-    named = dict(build_model(MICRO, seed=0).named_parameters())
+    named = dict(build_toy(MICRO, seed=0).named_parameters())
     layout = Layout.of(named)
     honest = GlobalState.start(layout, layout.flatten(named))
     outer_step(honest, torch.full((layout.elements,), 1e-3), 0.7, 0.9)

@@ -311,8 +311,6 @@ def test_settings_from_the_config_section_name_the_bad_key() -> None:
                          ({"H": "5"}, "H: '5' is not a int"), ({"error_feedback": 1}, "error_feedback: 1"),
                          ({"outer_lr": True}, "outer_lr: True"), ({"compression": "fp8"}, "unknown compression"),
                          ({"data": "file:/etc/passwd"}, "expected 'generated"),
-                         ({"data": "metagene:seq_len=64"}, "needs store=DIR"),
-                         ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"),
                          ({"initial_peers": "x"}, "expected a list")):
         with pytest.raises(ValueError, match=message):
             build(DilocoSettings, bad, "cfg.toml", "[diloco]")

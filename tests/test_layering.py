@@ -23,8 +23,9 @@ TIERS: tuple[frozenset[str], ...] = (
     frozenset({"cli"}),
     frozenset({"node", "node.demo"}),  # node: its __init__, a map that imports nothing
     frozenset({"node.app"}),
+    frozenset({"node.metagene"}),  # a workload plugged into diloco: it imports diloco, never the reverse
     frozenset({"node.roles", "node.diloco"}),
-    frozenset({"node.rollouts", "node.shards", "node.engine", "node.tasks", "node.metagene", "node.models"}),
+    frozenset({"node.rollouts", "node.shards", "node.engine", "node.tasks", "node.models"}),
     frozenset({"node.swarm"}),
     frozenset({"node.home", "node.config"}),
     frozenset({"protocol"}),

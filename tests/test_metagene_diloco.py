@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from intellect_node.cli.main import app
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.diloco.data import MetageneData, peer_key
+from intellect_node.node.config.base import build
+from intellect_node.node.diloco.data import peer_key
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.metagene.dataset import tokenize_reads
 from intellect_node.node.metagene.presets import PRESETS, build_model
@@ -20,6 +21,7 @@ from intellect_node.node.metagene.reads import iter_reads
 from intellect_node.node.metagene.sharding import peer_block, peer_reads
 from intellect_node.node.metagene.synthetic import write_metagenome
 from intellect_node.node.metagene.tokenizer import save_tokenizer, train_tokenizer
+from intellect_node.node.metagene.workload import MetageneData
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,15 @@ def test_metagene_data_is_deterministic_per_seed_round_peer(store_dir) -> None:
     # about ln(vocab 1024) = 6.93, plus a small z-loss
     assert tokens == first.target_tokens and 6.5 < float(loss.detach()) < 7.5
     loss.backward()
+
+
+def test_the_diloco_section_checks_metagene_data_and_its_model() -> None:
+    """The workload registers its spec and presets with diloco's settings (node/metagene/workload.py)."""
+    for bad, message in (({"data": "metagene:seq_len=64"}, "needs store=DIR"),
+                         ({"data": "metagene:store=/x", "model": "diloco-tiny"}, "vocabulary fits"),
+                         ({"data": "file:/etc/passwd"}, "expected 'generated:...' or 'metagene:store=DIR")):
+        with pytest.raises(ValueError, match=message):
+            build(DilocoSettings, bad, "cfg.toml", "[diloco]")
 
 
 def test_bad_store_is_a_clear_error(tmp_path, store_dir) -> None:

@@ -22,6 +22,7 @@ from intellect_node.node.metagene.digest import store_digest
 from intellect_node.node.metagene.job import MetageneJob
 from intellect_node.node.metagene.prepare import prepare_store
 from intellect_node.node.metagene.synthetic import write_metagenome
+from intellect_node.node.metagene.workload import MetageneData
 
 OPTIONS = ReadOptions()
 
@@ -72,7 +73,7 @@ def test_peers_compare_a_run_digest_of_model_and_store(tmp_path, reads) -> None:
     assert why is not None and "12D3KooWtheirs" in why and "other data" in why
     # the data the DiLoCo role opens carries the store's digest, recomputed from its files
     opened = DilocoSettings(data=f"metagene:store={a.path},seq_len=64", model="tiny", H=2, batch=2).open_data()
-    assert opened.digest == a.digest
+    assert isinstance(opened, MetageneData) and opened.digest == a.digest
 
 
 def _join(home: Path, *args: str) -> tuple[int, str]:

@@ -10,17 +10,18 @@ import numpy as np
 import pytest
 import torch
 
+from intellect_node.node.diloco.permutation import permute
 from intellect_node.node.metagene.dataset import TokenizedReads, holdout_split, tokenize_reads
 from intellect_node.node.metagene.evaluate import evaluate, kmer_features
 from intellect_node.node.metagene.feed import round_batches
 from intellect_node.node.metagene.loss import lm_loss
-from intellect_node.node.metagene.presets import PRESETS, build_model, get_preset
+from intellect_node.node.metagene.presets import PRESETS, SPECIAL, build_model, get_preset
 from intellect_node.node.metagene.pretrain import pretrain, save_pretrained
 from intellect_node.node.metagene.probe import matthews_corrcoef
 from intellect_node.node.metagene.reads import iter_reads
-from intellect_node.node.metagene.recipe import Recipe
+from intellect_node.node.metagene.recipe import MetageneRecipe
 from intellect_node.node.metagene.sequences import IGNORE, build_rows, plan_rows
-from intellect_node.node.metagene.sharding import permute, shard_indices
+from intellect_node.node.metagene.sharding import shard_indices
 from intellect_node.node.metagene.synthetic import write_metagenome
 from intellect_node.node.metagene.tokenizer import (
     EOS_ID,
@@ -202,7 +203,7 @@ def test_store_save_load_round_trip(store: TokenizedReads, tmp_path: Path) -> No
 
 def test_presets_reach_metagene_7b_without_building_it() -> None:
     seven = get_preset("metagene-7b")
-    cfg = seven.config()
+    cfg = seven.config(SPECIAL)
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
             cfg.max_position_embeddings, cfg.vocab_size) == (32, 4096, 32, 11008, 512, 1024)
     assert 6.4e9 < seven.parameter_count() < 6.6e9
@@ -225,7 +226,7 @@ def test_z_loss_term() -> None:
 
 
 def test_recipe_schedule() -> None:
-    recipe = Recipe(warmup_steps=10, total_steps=110)
+    recipe = MetageneRecipe(warmup_steps=10, total_steps=110)
     assert recipe.lr_at(0) == pytest.approx(6e-5)
     assert recipe.lr_at(9) == pytest.approx(6e-4)
     assert recipe.lr_at(109) == pytest.approx(4e-5)
@@ -239,7 +240,7 @@ def test_recipe_schedule() -> None:
 def test_tiny_pretraining_lowers_loss_and_saves_hf_layout(store: TokenizedReads, tokenizer, tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = build_model(PRESETS["tiny"], seed=0)
-    recipe = Recipe(lr=3e-3, min_lr=3e-4, warmup_steps=4, total_steps=36)
+    recipe = MetageneRecipe(lr=3e-3, min_lr=3e-4, warmup_steps=4, total_steps=36)
     history = pretrain(model, store, recipe, steps=36, reads_per_batch=24, seq_len=256)
     first, last = np.mean([h["ce"] for h in history[:4]]), np.mean([h["ce"] for h in history[-4:]])
     assert last < first - 0.4, (first, last)

@@ -172,6 +172,7 @@ def _diloco_settings(cfg: NodeConfig, flags: Mapping[str, Any], model: str | Non
                      say: Say) -> Any:
     """``[diloco]`` (environment, then --model as a preset name and --data on top) and the allowlist
     of its signed run spec; the metagene workload builds its data from the reads first."""
+    import intellect_node.node.metagene.workload  # noqa: F401 (registers its presets and data with diloco)
     from intellect_node.node.diloco.run_spec import with_run_spec
     from intellect_node.node.diloco.settings import DilocoSettings
 

@@ -20,10 +20,17 @@ pseudo-gradients, the same outer Nesterov step on every peer. One job per module
   an index at top-128 of 4,096), whole-array in and out.
 - ``frames``: length-prefixed msgpack frames between the node and the averager child, size-limited
   before decoding, each message checked against its schema.
-- ``settings``: the ``[diloco]`` section as one checked dataclass, and the model presets.
-- ``data_spec``: the ``data`` line parsed and bounded (generated corpus or read store), without torch.
-- ``data``: a peer's samples for (seed, round, peer id) and their loss, from the generated corpus
-  or a METAGENE tokenized read store (``metagene:store=DIR``, through node/metagene's feed and loss).
+- ``recipe``: the inner optimizer: AdamW (decay on matrices only), warm-up, cosine to a floor, clipping;
+  a peer's is constant (``[diloco] inner_lr``).
+- ``llama``: Llama-shaped model presets and their seeded build (θ0 from the run's seed).
+- ``workload``: what a workload plugs in (presets and their build, its data spec, its data and loss),
+  and the registry of known workloads; node/metagene/workload.py registers METAGENE's.
+- ``toy_lm``: the built-in workload: the generated corpus and a tiny Llama.
+- ``settings``: the ``[diloco]`` section as one checked dataclass (models and data from the workloads).
+- ``data_spec``: the ``data`` line's items, the generated corpus's spec parsed and bounded, without torch.
+- ``permutation``: the keyed Feistel permutation a peer's samples are drawn by, with no coordination.
+- ``data``: a peer's samples for (seed, round, peer id) and their loss (``PeerData``), and the
+  generated corpus's.
 - ``adverts``: the child's hivemind address in the node's signed advert (``/hivemind/`` form), and back;
   the state server's (``/http/diloco-state``).
 - ``membership``: a member's node identity signed into a round and bound to its hivemind peer id;

@@ -1,11 +1,11 @@
-"""The ``[diloco] data`` spec, parsed and bounded: ``generated:...`` (a corpus every peer rebuilds
-from the spec) or ``metagene:store=DIR[,seq_len=L]`` (a tokenized read store). Its own module, free of
-torch, so a config's data line is checked without importing what loads the data (node/diloco/data.py)."""
+"""The ``[diloco] data`` spec's items, and the toy LM's ``generated:...`` spec (a corpus every peer
+rebuilds from the spec) parsed and bounded; another workload's spec (``metagene:store=DIR``) is its
+own (``workload``). Free of torch, so a config's data line is checked without importing what loads
+the data (node/diloco/data.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 MAX_SEQUENCES = 1 << 24
 
@@ -40,28 +40,5 @@ class CorpusSpec:
     @classmethod
     def parse(cls, spec: str) -> CorpusSpec:
         """``generated:key=value,...`` with keys sequences, seq_len, vocab, seed."""
-        values = spec_items(spec, "generated", {"sequences", "seq_len", "vocab", "seed"}, set(),
-                            "'generated:...' or 'metagene:store=DIR[,seq_len=L]'")
+        values = spec_items(spec, "generated", {"sequences", "seq_len", "vocab", "seed"}, set(), "'generated:...'")
         return cls(**{key: int(value) for key, value in values.items()})
-
-
-@dataclass(frozen=True)
-class MetageneSpec:
-    store: Path
-    seq_len: int = 512
-
-    @classmethod
-    def parse(cls, spec: str) -> MetageneSpec:
-        values = spec_items(spec, "metagene", {"seq_len"}, {"store"}, "'metagene:store=DIR[,seq_len=L]'")
-        if "store" not in values:
-            raise ValueError(f"data spec {spec!r}: needs store=DIR "
-                             f"(a directory written by `intellect-node metagene store`)")
-        seq_len = int(values.get("seq_len", 512))
-        if not 2 <= seq_len <= 4096:
-            raise ValueError(f"data spec {spec!r}: seq_len {seq_len} outside 2..4096")
-        return cls(Path(values["store"]).expanduser(), seq_len)
-
-
-def parse_data(spec: str) -> CorpusSpec | MetageneSpec:
-    """The ``[diloco] data`` spec, checked for syntax (the store itself is opened by ``open_data``)."""
-    return MetageneSpec.parse(spec) if spec.startswith("metagene:") else CorpusSpec.parse(spec)

@@ -30,9 +30,9 @@ from intellect_node.node.diloco.client import AveragerClient, AveragerError
 from intellect_node.node.diloco.data import GeneratedData, PeerData, peer_key
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.outer import GlobalState, outer_step
+from intellect_node.node.diloco.recipe import Recipe, make_optimizer
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.diloco.state_hash import state_hash
-from intellect_node.node.metagene.recipe import Recipe, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,8 @@ class DilocoPeer:
         self.stopping = threading.Event()  # set from another thread: the round in progress is dropped
         self.named = dict(model.named_parameters())
         self.layout = Layout.of(self.named)
-        recipe = Recipe(lr=settings.inner_lr, min_lr=settings.inner_lr, warmup_steps=0, total_steps=1,
-                        weight_decay=settings.weight_decay, betas=settings.betas)
-        self.recipe = recipe
-        self.optimizer = make_optimizer(model, recipe)
+        self.recipe = Recipe.constant(settings.inner_lr, settings.weight_decay, settings.betas)
+        self.optimizer = make_optimizer(model, self.recipe)
         if checkpoint is not None and checkpoint.exists():
             saved = load_checkpoint(checkpoint, self.layout)
             restore_adamw(self.optimizer, self.named, self.layout, saved.exp_avg, saved.exp_avg_sq, saved.adam_step)

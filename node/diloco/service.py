@@ -38,8 +38,8 @@ from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord, Stopped
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.diloco.state_hash import state_hash
 from intellect_node.node.diloco.state_overlay import StateOverlay
+from intellect_node.node.diloco.workload import build_model
 from intellect_node.node.home.durable import append_durably
-from intellect_node.node.metagene.presets import build_model
 from intellect_node.node.shards.client import Endpoint
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class DilocoService:
         s = self.settings
         data = s.open_data()  # a bad store fails here, before any child starts
         self.home.mkdir(parents=True, exist_ok=True)
-        model = build_model(s.preset, seed=s.seed)
+        model = build_model(s.model, seed=s.seed)
         client = AveragerClient(self.home / "averager.sock", Layout.of(dict(model.named_parameters())),
                                 ChildSettings(hivemind_prefix(self.run_id), s.levels, initial_peers, s.host, s.port,
                                               s.max_peers, s.min_peers, s.matchmaking_s,

@@ -10,17 +10,14 @@ from typing import TYPE_CHECKING
 
 from intellect_node.node.config.base import ConfigError, check_bounds
 from intellect_node.node.diloco.compressions import levels_for, sparse_k
-from intellect_node.node.diloco.data_spec import MetageneSpec, parse_data
-from intellect_node.node.metagene.presets import PRESETS, Preset
+from intellect_node.node.diloco.llama import Preset
+from intellect_node.node.diloco.toy_lm import TINY
+from intellect_node.node.diloco.workload import models, open_data, workload_of_data
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 from intellect_node.protocol.run_spec import DILOCO_DEFAULT_COMPRESSION
 
 if TYPE_CHECKING:  # data imports torch: a config is checked without it (a config error in under a second)
     from intellect_node.node.diloco.data import PeerData
-
-# A Llama-shaped model small enough for a CPU round in seconds (the generated corpus has 256 tokens).
-TINY = Preset("diloco-tiny", hidden=64, layers=2, heads=4, intermediate=176, context=128, vocab=256)
-MODELS = {TINY.name: TINY} | PRESETS
 
 
 @dataclass(frozen=True)
@@ -55,9 +52,11 @@ class DilocoSettings:
         if sparse_k(self.compression) and not self.error_feedback:
             raise ConfigError(f"[diloco] compression = {self.compression!r} sends a few values per chunk: it needs "
                               "error_feedback = true, or what is not sent is lost")
-        if isinstance(parse_data(self.data), MetageneSpec) and self.model not in PRESETS:
-            raise ConfigError(f"[diloco] model = {self.model!r}: metagene data needs a preset whose vocabulary fits "
-                              f"its tokenizer (1024): one of {', '.join(PRESETS)}")
+        workload = workload_of_data(self.data)
+        workload.parse(self.data)
+        if workload.preset_rule and self.model not in workload.presets:
+            raise ConfigError(f"[diloco] model = {self.model!r}: {workload.kind} data needs {workload.preset_rule}: "
+                              f"one of {', '.join(workload.presets)}")
         check_bounds("[diloco]", self, {
             "H": 1 <= self.H <= 100_000, "inner_lr": 0 < self.inner_lr < 1, "weight_decay": 0 <= self.weight_decay < 1,
             "betas": all(0 <= b < 1 for b in self.betas) and len(self.betas) == 2,
@@ -65,7 +64,7 @@ class DilocoSettings:
             "round_timeout_s": max(1.0, self.matchmaking_s) < self.round_timeout_s <= 3600,
             "matchmaking_s": 0.1 <= self.matchmaking_s <= 60,
             "min_peers": 1 <= self.min_peers <= self.max_peers, "max_peers": 2 <= self.max_peers <= 256,
-            "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in MODELS,
+            "seed": 0 <= self.seed < 2**32, "batch": 1 <= self.batch <= 4096, "model": self.model in models(),
             "rounds": self.rounds >= 0, "port": 0 <= self.port <= 65535,
             "allowlist": len(self.allowlist) <= 4096
             and all(isinstance(p, str) and len(p) <= 64 for p in self.allowlist),
@@ -76,12 +75,10 @@ class DilocoSettings:
 
     @property
     def preset(self) -> Preset:
-        return MODELS[self.model]
+        return models()[self.model]
 
     def open_data(self) -> PeerData:
         """The data source ``data`` names, for this run's seed, batch, round length and model."""
-        from intellect_node.node.diloco.data import open_data
-
         return open_data(self.data, self.seed, self.batch, self.H, self.preset.context, self.preset.vocab)
 
     @property

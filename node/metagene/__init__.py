@@ -20,10 +20,12 @@
 - ``sharding``: which reads a peer trains on in a round: a keyed permutation of (seed, round, peer);
   for elastic DiLoCo peers (no rank), a block of the round's permutation chosen by the peer's key.
 - ``feed``: a peer's batches for a round (``peer_step_batch`` is what the DiLoCo role's
-  ``metagene:store=DIR`` data calls, node/diloco/data.py).
-- ``presets``: Llama-shaped model presets, tiny to the METAGENE-1 7B configuration.
+  ``metagene:store=DIR`` data calls).
+- ``presets``: the Llama-shaped presets (node/diloco/llama.py), tiny to the METAGENE-1 7B configuration.
 - ``loss``: cross entropy plus z-loss 2e-4.
-- ``recipe``: AdamW, warm-up, cosine to a floor, clipping (METAGENE-1's numbers).
+- ``recipe``: METAGENE-1's numbers for DiLoCo's AdamW recipe (warm-up, cosine to a floor, clipping).
+- ``workload``: the workload DiLoCo runs (node/diloco/workload.py): these presets, the
+  ``metagene:store=DIR`` data spec, a peer's reads and loss; registered on import.
 - ``pretrain``: the inner training step and a one-machine loop; HF-layout saving.
 - ``probe``: linear probe and multi-class MCC.
 - ``evaluate``: per-organism perplexity, probe MCC on embeddings vs a 4-mer baseline.

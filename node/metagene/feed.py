@@ -1,4 +1,4 @@
-"""Batches for a (seed, round, peer): what the DiLoCo role (and local pretraining) calls.
+"""Batches for a (seed, round, peer): what the DiLoCo role (``workload``) and local pretraining call.
 
 Why separate from ``sharding``: the assignment is protocol (every peer must agree); turning the
 assigned reads into batches is a local choice (rows per step, packing) that a peer may tune to its

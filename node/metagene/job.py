@@ -73,7 +73,7 @@ class MetageneJob:
                                         min_mean_quality=self.min_quality), self.on_bad)  # type: ignore[arg-type]
 
     def data_spec(self, store: Path) -> str:
-        """The DiLoCo ``data`` spec of a store (node/diloco/data.py: items are comma-separated)."""
+        """The DiLoCo ``data`` spec of a store (``workload``: items are comma-separated)."""
         if "," in str(store) or "=" in str(store):
             raise ValueError(f"{store}: a store path with ',' or '=' cannot be named in a data spec; "
                              "use another --home")

@@ -18,18 +18,19 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from intellect_node.node.diloco.llama import Preset
+from intellect_node.node.diloco.recipe import make_optimizer
 from intellect_node.node.metagene.dataset import TokenizedReads
 from intellect_node.node.metagene.feed import round_batches
 from intellect_node.node.metagene.loss import lm_loss
-from intellect_node.node.metagene.presets import Preset
-from intellect_node.node.metagene.recipe import Recipe, make_optimizer
+from intellect_node.node.metagene.recipe import MetageneRecipe
 from intellect_node.node.metagene.sequences import PackedBatch
 
 RECIPE_FILE = "metagene.json"
 
 
 def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, batch: PackedBatch,
-               recipe: Recipe, step: int) -> dict[str, float]:
+               recipe: MetageneRecipe, step: int) -> dict[str, float]:
     """One optimizer step at ``recipe.lr_at(step)``: forward with the document mask, loss with
     z-loss, backward, clip, AdamW. Returns the step's metrics."""
     for group in optimizer.param_groups:
@@ -46,7 +47,7 @@ def train_step(model: LlamaForCausalLM, optimizer: torch.optim.Optimizer, batch:
             "grad_norm": float(grad_norm), "lr": recipe.lr_at(step), "tokens": parts.tokens}
 
 
-def pretrain(model: LlamaForCausalLM, store: TokenizedReads, recipe: Recipe, steps: int, reads_per_batch: int,
+def pretrain(model: LlamaForCausalLM, store: TokenizedReads, recipe: MetageneRecipe, steps: int, reads_per_batch: int,
              seq_len: int = 512, seed: int = 0, pack: bool = True,
              on_step: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """``steps`` steps on one machine; step s trains on round s of a one-peer assignment."""
@@ -64,7 +65,7 @@ def pretrain(model: LlamaForCausalLM, store: TokenizedReads, recipe: Recipe, ste
 
 
 def save_pretrained(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path, preset: Preset,
-                    recipe: Recipe, extra: dict[str, Any]) -> Path:
+                    recipe: MetageneRecipe, extra: dict[str, Any]) -> Path:
     """HF layout (config.json, model.safetensors, tokenizer files) plus ``metagene.json`` with the
     preset, recipe and run facts, so a reader knows what produced the weights."""
     out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,8 @@
 """Which reads a DiLoCo peer trains on in a round: a pure function of (seed, round, peer).
 
 Why a keyed permutation rather than a shuffled list: every peer must compute the same assignment
-with no communication, bit for bit, in any implementation, for any store size, without holding a
-permutation of billions of indices. Each epoch is a 4-round Feistel network over the smallest
-even bit width that covers the store, with cycle walking to stay inside ``[0, n)`` (a bijection on
-``[0, n)``); the round function is blake2b, so the assignment does not depend on a library's
-random number generator. A round takes ``peers * reads_per_peer`` consecutive positions of the
+with no communication (node/diloco/permutation.py's Feistel network). Each epoch is one such
+permutation of the store. A round takes ``peers * reads_per_peer`` consecutive positions of the
 epoch's permutation, peer p the p-th block of them: within a round, peers' reads are disjoint;
 within an epoch, no read repeats; a new epoch is a new permutation. The ``n mod (peers *
 reads_per_peer)`` positions left over at the end of each epoch are skipped (different reads
@@ -16,33 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-FEISTEL_ROUNDS = 4
-_DOMAIN = b"metagene-shard-v1"
-
-
-def _half_bits(n: int) -> int:
-    bits = max(2, (n - 1).bit_length())
-    return (bits + 1) // 2
-
-
-def permute(seed: int, epoch: int, n: int, index: int) -> int:
-    """The epoch's permutation of ``[0, n)`` at ``index``."""
-    if not 0 <= index < n:
-        raise ValueError(f"index {index} outside [0, {n})")
-    if not (0 <= seed < 2**64 and 0 <= epoch < 2**64):
-        raise ValueError("seed and epoch must fit in 64 unsigned bits")
-    half = _half_bits(n)
-    mask = (1 << half) - 1
-    prefix = _DOMAIN + seed.to_bytes(8, "little") + epoch.to_bytes(8, "little") + n.to_bytes(8, "little")
-    value = index
-    while True:
-        left, right = value >> half, value & mask
-        for r in range(FEISTEL_ROUNDS):
-            digest = hashlib.blake2b(prefix + bytes([r]) + right.to_bytes(8, "little"), digest_size=8).digest()
-            left, right = right, left ^ (int.from_bytes(digest, "little") & mask)
-        value = (left << half) | right
-        if value < n:
-            return value
+from intellect_node.node.diloco.permutation import permute
 
 
 def shard_indices(seed: int, round_: int, peer: int, peers: int, reads_per_peer: int, n_reads: int) -> list[int]:

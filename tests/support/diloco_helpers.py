@@ -18,12 +18,13 @@ from intellect_node.node.diloco.client import AveragerClient, ChildSettings
 from intellect_node.node.diloco.data import generate
 from intellect_node.node.diloco.data_spec import CorpusSpec
 from intellect_node.node.diloco.layout import Layout
+from intellect_node.node.diloco.llama import Preset
 from intellect_node.node.diloco.outer import GlobalState
 from intellect_node.node.diloco.peer import DilocoPeer, RoundRecord
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.diloco.state_hash import state_hash
 from intellect_node.node.diloco.state_overlay import StateOverlay
-from intellect_node.node.metagene.presets import Preset, build_model
+from intellect_node.node.diloco.toy_lm import build_toy
 from intellect_node.node.shards.client import Endpoint
 from intellect_node.node.swarm.peer_scores import PeerScores
 
@@ -48,7 +49,7 @@ def identity(name: str) -> Identity:
 
 def make_peer(tmp: Path, name: str, s: DilocoSettings, initial_peers: tuple[str, ...] = ()) -> DilocoPeer:
     """A peer whose model starts from the same seed as every other (the run's initial θ)."""
-    model = build_model(MICRO, seed=0)
+    model = build_toy(MICRO, seed=0)
     client = AveragerClient(tmp / f"{name}.sock", _layout(model), child_settings(s, initial_peers), tmp / f"{name}.log")
     client.ensure_running()
     return DilocoPeer(model, s, client, generate(CorpusSpec.parse(DATA)), identity(name), tmp / f"{name}.safetensors")
