@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -76,6 +77,10 @@ QUICK_LAUNCH_WIDTH = 12  # --quick's few nodes all at once: on cores shared with
 IDLE_CORE_TARGET = 0.01
 RATIO_TARGET = 1.2
 GET_SAMPLE = 20  # adverts the newcomer fetches per N
+CHURN_EVERY_S = 60.0  # --churn: a tenth of the light members leave this often
+CHURN_AWAY_S = 10.0  # and rejoin this long after they left
+CHURN_POLL_S = 10.0  # every running node's control socket is asked this often
+STALL_POLLS = 3  # a node that answers none of this many polls in a row stalled
 # On 127.0.0.1 every node dials from one address: the inbound admission caps on unproven peers
 # per IP (32) refused the 35th joiner's connection to the bootstrap node at N=50. Raised for the
 # loopback bench only (specs/connections.md keeps them for public nodes); the stream guard's per-IP
@@ -289,7 +294,7 @@ def launch(swarm: LocalSwarm, net: Loopback | SwarmNet, n: int, publish_dir: Pat
         list(pool.map(start, range(n - 2)))
     finally:  # on Ctrl-C, the starts not begun are dropped (the caller stops the started nodes)
         pool.shutdown(cancel_futures=True)
-    return {"boot": boot, "trainer": trainer, "t_all": time.monotonic(), "start_retries": failed}
+    return {"boot": boot, "trainer": trainer, "t_all": time.monotonic(), "start_retries": failed, "seeder_args": args}
 
 
 def statuses(nodes: list[NodeProcess]) -> list[dict[str, Any]]:
@@ -338,6 +343,91 @@ def run_size(n: int, net: Loopback | SwarmNet, windows: dict[str, float], keep: 
     return out
 
 
+def run_churn(n: int, net: Loopback | SwarmNet, minutes: float, keep: Path | None) -> dict[str, Any]:
+    """N nodes started and converged, then every CHURN_EVERY_S a tenth of the light members leave
+    (SIGTERM) and rejoin CHURN_AWAY_S later with the same home (so the same peer id); a checkpoint
+    is published after the first round. Between rounds every running node's control socket is
+    polled: a node silent STALL_POLLS polls in a row stalled, a node that exited unasked crashed.
+    At the end: seconds until every node lists every node again, and how many hold the checkpoint."""
+    root = Path(tempfile.mkdtemp(prefix=f"bench-churn-{n}-", dir=keep))
+    swarm = LocalSwarm(root, run_id=RUN_ID, timing=dict(net.env))
+    publish_dir = root / "publish"
+    rng = random.Random(51)
+    out: dict[str, Any] = {"nodes": n, "minutes": minutes, "load_before": round(os.getloadavg()[0], 1)}
+    try:
+        started = launch(swarm, net, n, publish_dir, LAUNCH_WIDTH)
+        conv = membership.measure_convergence(swarm, started["t_all"], poll_s=1.0)
+        out["converged_before_s"] = round(conv["t_conv"] - started["t_all"], 1) if conv["t_conv"] else None
+        seeders = [name for name in swarm.nodes if name.startswith("s")]
+        leaving_per_round = max(1, len(seeders) // 10)
+        silent: dict[str, int] = {}
+        stalled: set[str] = set()
+        crashed: dict[str, int | None] = {}
+        exits: list[int | None] = []  # exit codes of the nodes asked to leave
+        rejoin_s: list[float] = []
+        rejoin_failures: list[str] = []
+        published = False
+        began = time.monotonic()
+        next_round = began
+        rounds = 0
+        while time.monotonic() - began < minutes * 60:
+            if time.monotonic() >= next_round:
+                leaving = rng.sample([name for name in seeders if name in swarm.nodes], leaving_per_round)
+                with ThreadPoolExecutor(max_workers=8) as pool:
+                    exits += list(pool.map(swarm.stop, leaving))
+                time.sleep(CHURN_AWAY_S)
+                for name in leaving:
+                    t0 = time.monotonic()
+                    try:
+                        net.start(swarm, name, started["seeder_args"])
+                        rejoin_s.append(time.monotonic() - t0)
+                    except RuntimeError:
+                        rejoin_failures.append(name)
+                rounds += 1
+                next_round += CHURN_EVERY_S
+                if not published:  # a checkpoint while members come and go: the overlay must keep serving
+                    stage(publish_dir, 2)()
+                    published = True
+            for name, node in list(swarm.nodes.items()):
+                if node.process.poll() is not None and name not in crashed:
+                    crashed[name] = node.process.returncode
+            answers = dict(zip(swarm.nodes, statuses(list(swarm.nodes.values())), strict=True))
+            for name, status in answers.items():
+                silent[name] = 0 if status else silent.get(name, 0) + 1
+                if silent[name] >= STALL_POLLS:
+                    stalled.add(name)
+            time.sleep(CHURN_POLL_S)
+        out.update({"rounds": rounds, "left_per_round": leaving_per_round, "stalled": sorted(stalled),
+                    "crashed": crashed, "leave_exit_codes": sorted({str(code) for code in exits}),
+                    "rejoin_s_median": round(statistics.median(rejoin_s), 1) if rejoin_s else None,
+                    "rejoin_s_max": round(max(rejoin_s), 1) if rejoin_s else None,
+                    "rejoin_failures": rejoin_failures})
+        end = time.monotonic()
+        running = {name: node for name, node in swarm.nodes.items() if node.process.poll() is None}
+        conv = membership.measure_convergence(LocalSwarm(root, nodes=running), end, poll_s=1.0)
+        out["converged_after_s"] = round(conv["t_conv"] - end, 1) if conv["t_conv"] else None
+        out["view_sizes_after"] = [min(conv["final_view_sizes"]), max(conv["final_view_sizes"])]
+        followers = [node for name, node in running.items() if name not in ("bootstrap", "trainer")]
+        out["checkpoint_held_by"] = sum(holds(node, 2) for node in followers)
+        out["followers"] = len(followers)
+        out["rejections"] = membership.sum_rejections(list(running.values()))
+    finally:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(swarm.stop, list(swarm.nodes)))
+        net.reset()
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    out["load_after"] = round(os.getloadavg()[0], 1)
+    return out
+
+
+def churn_failures(result: dict[str, Any]) -> int:
+    """Stalled and crashed nodes, failed rejoins, nodes not converged at the end, followers without the checkpoint."""
+    unconverged = 0 if result["converged_after_s"] is not None else result["nodes"] - result["view_sizes_after"][0]
+    return (len(result["stalled"]) + len(result["crashed"]) + len(result["rejoin_failures"]) + unconverged
+            + result["followers"] - result["checkpoint_held_by"])
+
+
 def _rss_mb(node: NodeProcess) -> float:
     import psutil
 
@@ -349,13 +439,11 @@ def _rss_mb(node: NodeProcess) -> float:
 
 def broadcast(swarm: LocalSwarm, net: Loopback | SwarmNet, publish_dir: Path, timeout_s: float) -> dict[str, Any]:
     """A checkpoint into the trainer's publish directory; seconds until every node holds it."""
-    publish_dir.mkdir(parents=True, exist_ok=True)
-    staging = publish_dir / ".writing-1"
-    make_checkpoint(staging, CHECKPOINT_MIB, seed=1)
+    publish = stage(publish_dir, 1)
     followers = [node for name, node in swarm.nodes.items() if name not in ("bootstrap", "trainer")]
     window = Window(swarm.nodes, net)
     began = time.monotonic()
-    os.rename(staging, publish_dir / "step-1.safetensors")
+    publish()
     done: dict[str, float] = {}
     while time.monotonic() - began < timeout_s and len(done) < len(followers):
         for node in followers:
@@ -369,6 +457,15 @@ def broadcast(swarm: LocalSwarm, net: Loopback | SwarmNet, publish_dir: Path, ti
             "cores_per_node": figures["member_cores_median"],
             "bytes_per_s_per_node": figures["member_bytes_per_s_median"],
             "trainer_cores": figures["trainer_cores"]}
+
+
+def stage(publish_dir: Path, step: int) -> Callable[[], None]:
+    """A ``CHECKPOINT_MIB`` checkpoint of ``step`` written beside the trainer's publish directory;
+    call the result to publish it, whole at once (a rename)."""
+    publish_dir.mkdir(parents=True, exist_ok=True)
+    staging = publish_dir / f".writing-{step}"
+    make_checkpoint(staging, CHECKPOINT_MIB, seed=step)
+    return lambda: os.rename(staging, publish_dir / f"step-{step}.safetensors")
 
 
 def summarize(per_node: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -432,6 +529,9 @@ def main() -> int:
     parser.add_argument("--idle-s", type=float, default=None, help="idle window per size [30; --quick 5]")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
     parser.add_argument("--keep", type=Path, default=None, help="keep the node homes (logs) under this folder")
+    parser.add_argument("--churn", type=float, default=None, metavar="MINUTES",
+                        help="instead: churn at the largest size for MINUTES (a tenth of the light members "
+                             "leave and rejoin every minute)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--netns", action="store_true", default=None,
                        help=f"a network namespace per node (root; the default when a size is >= {NETNS_FROM_N})")
@@ -450,7 +550,7 @@ def main() -> int:
     try:
         net = SwarmNet(nodes=max(sizes)) if use_netns and not reason else Loopback()
         with net if isinstance(net, SwarmNet) else contextlib.nullcontext():
-            return measure(args, sizes, net)
+            return measure(args, sizes, net) if args.churn is None else churn(args, max(sizes), net)
     except NetnsUnavailable as exc:
         print(f"--netns: {exc}", file=sys.stderr)
         return 2
@@ -458,6 +558,21 @@ def main() -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def churn(args: argparse.Namespace, n: int, net: Loopback | SwarmNet) -> int:
+    """``--churn``: one size, its figures, and a headline that counts what went wrong (target 0)."""
+    membership.CONVERGENCE_TIMEOUT_S = 300.0
+    print(f"# churn bench: N={n} for {args.churn:g} min, {net.label}; {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    result = run_churn(n, net, args.churn, args.keep)
+    print(f"# N={n}: " + json.dumps(result), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"churn": result, "network": net.label}, indent=1))
+    failures = churn_failures(result)
+    print(f"churn: ours={failures} peer=0 ratio=- target=0 (stalled, crashed, failed rejoins, unconverged, "
+          f"without the checkpoint at N={n}) {'ok' if failures == 0 else 'short'}")
+    return 0
 
 
 def measure(args: argparse.Namespace, sizes: list[int], net: Loopback | SwarmNet) -> int:
