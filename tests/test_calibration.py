@@ -29,6 +29,7 @@ from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import RolloutBatch, pack_tokens, unpack_tokens
 from intellect_node.protocol.run_spec import TORCH_TORCH, build_run_spec
 from intellect_node.protocol.sampling import MAX_SLACK, flip_chance
+from intellect_node.protocol.verdicts import INCONCLUSIVE
 from tests.support.engine_helpers import wide_tiny_model
 
 RUN, MANIFEST = "calibration-run", bytes(range(32))
@@ -114,7 +115,11 @@ def test_a_bf16_worker_judged_in_fp32_passes_under_its_calibrated_pair_and_forge
     worker = Identity.generate()  # fresh work: another worker's counter 0 (a judge wants dense counters)
     fresh = _batch(engines, "bf16", worker, 0)
     assert any(_judge(engines, fresh, worker, TORCH_TORCH))  # the exact pair refuses honest bf16 work
-    assert _judge(engines, fresh, worker, pair) == [None] * len(fresh.groups)
+    # none refused; a group whose precision noise flips a token of its final answer is set aside,
+    # neither rewarded nor charged (specs/sampling.md section 4, "The answer span"): on this model
+    # about one honest bf16 group in six when judged in fp32 (bench/HISTORY.md, steering forgers)
+    judged = _judge(engines, fresh, worker, pair)
+    assert set(judged) <= {None, INCONCLUSIVE} and judged.count(None) * 2 >= len(judged), judged
 
     group = fresh.groups[0]
     tokens = unpack_tokens(group.completions[0].token_ids).tolist()
