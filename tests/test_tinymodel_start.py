@@ -30,9 +30,9 @@ from intellect_node.node.models.tiny.build import (
     start_accuracy,
     start_tasks,
 )
-from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.tasks.spec import load_task_spec
+from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 from tests.support.engine_helpers import QUICK_RECIPE, capability_builds
 
 # Stops at its first check (step 4): every accuracy is at least 0.0. The band's top, 0.5, is one

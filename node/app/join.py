@@ -135,9 +135,9 @@ def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
     node: the inference, validator and trainer roles share the model and the tasks."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from intellect_node.node.roles.inference.builder import DEFAULT_LENGTH_TARGETS
     from intellect_node.node.tasks.fit import unfit_tasks
     from intellect_node.node.tasks.spec import load_task_spec
+    from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 
     task_list = load_task_spec(spec)
     positions = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)

@@ -17,9 +17,6 @@ from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.verify import task_reward
 from intellect_node.protocol.assignment import length_target, sampling_seed, task_index
-
-# DEFAULT_LENGTH_TARGETS is re-exported until tests/test_tinymodel_start.py takes it from protocol
-from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS as DEFAULT_LENGTH_TARGETS
 from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.rollouts import (
     CompletionRecord,
