@@ -260,6 +260,30 @@ def test_data_is_served_while_finalize_renames_its_directory(tmp_path, manifest,
         store.open_data(checkpoint)
 
 
+async def test_finalize_in_a_worker_thread_leaves_waking_to_the_trio_thread(tmp_path, manifest, checkpoint_file):
+    """The fetcher and the delta follower finalize in a worker thread while tasks wait on the
+    checkpoint's ``changed`` event; setting a trio.Event off trio's thread fails (or corrupts the
+    run queue), so finalize must not wake anyone and the caller's bump() must."""
+    envelope = signed_envelope(manifest, Identity.generate())
+    store = ShardStore(tmp_path, RUN)
+    checkpoint = store.begin(codec.decode(envelope, CheckpointManifest), envelope)
+    fill(store, checkpoint, checkpoint_file, range(manifest.shard_count))
+    woken: list[bool] = []
+
+    async def wait_for_change() -> None:
+        await checkpoint.changed.wait()
+        woken.append(checkpoint.complete)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait_for_change)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.to_thread.run_sync(store.finalize, checkpoint)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == [] and checkpoint.complete
+        checkpoint.bump()
+    assert woken == [True]
+
+
 def test_finalize_refuses_unverified(tmp_path, manifest):
     envelope = signed_envelope(manifest, Identity.generate())
     store = ShardStore(tmp_path, RUN)

@@ -60,6 +60,7 @@ class DeltaFollower:
         except OSError as exc:  # a disk error while building: the full fetch may still fit
             log.warning("building step %d from its delta failed (%s); fetching it in full", manifest.step, exc)
             return None
+        checkpoint.bump()  # built in a worker thread: waiters are woken here, on trio's thread
         self.counters["delta_steps"] += 1
         self.counters["delta_bytes"] += len(body)
         return checkpoint

@@ -192,6 +192,7 @@ class CheckpointFetch:
             view.release()
             mapped.close()
         await trio.to_thread.run_sync(self.store.finalize, self.checkpoint)
+        self.checkpoint.bump()
 
     def _map_data(self) -> mmap.mmap:
         """The checkpoint's data file mapped for writing (opened off the trio loop: a disk may stall)."""

@@ -232,7 +232,8 @@ class ShardStore:
         self._remove(checkpoint.directory)
 
     def finalize(self, checkpoint: Checkpoint) -> None:
-        """Make a fully verified checkpoint complete: fsync, then one atomic directory rename."""
+        """Make a fully verified checkpoint complete: fsync, then one atomic directory rename.
+        Blocking (run it in a worker thread); the caller then calls ``checkpoint.bump()``."""
         if checkpoint.verified_count != checkpoint.manifest.shard_count:
             raise ValueError(f"step {checkpoint.step} has unverified shards")
         fsync_file(checkpoint.data_path)
@@ -243,7 +244,8 @@ class ShardStore:
         checkpoint.directory = final
         fsync_directory(self.root)
         checkpoint.completed_at = time.time()
-        checkpoint.bump()
+        # no bump() here: this runs in a worker thread, and a trio.Event is set only from trio's
+        # own thread; the caller wakes the waiters once the thread has returned
 
     def open_data(self, checkpoint: Checkpoint) -> int:
         """A read-only descriptor of the checkpoint's data file, wherever it is now. ``finalize``
