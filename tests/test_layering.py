@@ -3,13 +3,16 @@
 The direction, written once (node/__init__.py says it in words): ``cli -> node -> protocol ->
 crypto``, and inside ``node`` the tiers below, each importing only tiers under it (and, inside one
 tier, without a cycle). Imports inside functions count: a deferred import is still an arrow.
-The source is read with ``ast``, nothing is imported, so the test sees the tree as it is written.
+The source is read with ``ast``, nothing is imported (but the package maps, where one test asks
+where an import path is found), so the test sees the tree as it is written.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,3 +124,16 @@ def test_tests_share_code_through_tests_support_only() -> None:
 
 def test_the_tests_support_map_names_every_module() -> None:
     test_the_package_map_names_every_module(ROOT / "tests" / "support")
+
+
+def test_the_import_path_is_the_folder_path() -> None:
+    """intellect_node/ links to each code folder, and the package is found there with no remapping:
+    an import names the file it loads (intellect_node/__init__.py)."""
+    for folder in ("node", "protocol", "crypto", "cli"):
+        link = ROOT / "intellect_node" / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+    assert not (ROOT / "setup.py").exists(), "setup.py would remap the folders again"
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find == {"include": ["intellect_node*"]}, find
+    found = importlib.util.find_spec("intellect_node.node.swarm.runtime")  # imports the package maps only
+    assert found is not None and Path(found.origin).resolve() == (ROOT / "node" / "swarm" / "runtime.py").resolve()
