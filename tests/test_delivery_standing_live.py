@@ -31,7 +31,6 @@ from intellect_node.node.tasks.spec import load_task_spec
 from intellect_node.protocol import codec
 from intellect_node.protocol.commitments import WorkCommitment
 from intellect_node.protocol.rollout_shape import RolloutShape
-from tests.support.engine_helpers import demo_tiny_model
 from tests.support.inprocess_nodes import make_node
 from tests.support.trainer_runs import ENV, TASKS, TIMING, read_jsonl, trained_steps
 
@@ -59,9 +58,9 @@ def verdict_records(home: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_picking_cheaters_groups_are_withheld_while_an_honest_workers_are_trained(tmp_path: Path) -> None:
-    model = demo_tiny_model()
+@pytest.mark.timeout(900, func_only=True)
+def test_a_picking_cheaters_groups_are_withheld_while_an_honest_workers_are_trained(tmp_path: Path, demo_model) -> None:
+    model = demo_model
     swarm = LocalSwarm(tmp_path / "swarm", run_id=RUN, timing=TIMING)
     cheater_keys: set[str] = set()
     log: list[str] = []  # what the cheater did, for a failure's message

@@ -18,7 +18,7 @@ import json
 import pytest
 
 from intellect_node.node.demo.swarm import DemoOptions, run_demo
-from tests.support.engine_helpers import demo_tiny_model, smollm2_import
+from tests.support.engine_helpers import smollm2_import
 
 STEPS = 100
 MARGIN = 0.04
@@ -26,9 +26,9 @@ REWARD_GAIN = 0.1  # the training reward, last five steps over the first five
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_demo_swarm_learns_toy_reversal(tmp_path) -> None:
-    options = DemoOptions(steps=STEPS, minutes=12, out=tmp_path, model_cache=demo_tiny_model(), dashboard=False)
+@pytest.mark.timeout(1200, func_only=True)
+def test_demo_swarm_learns_toy_reversal(tmp_path, demo_model) -> None:
+    options = DemoOptions(steps=STEPS, minutes=12, out=tmp_path, model_cache=demo_model, dashboard=False)
     summary = run_demo(options, log=print)
     assert summary["stopped_by"] == "steps", summary
     lines = [json.loads(raw) for raw in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -20,7 +20,7 @@ from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.rollouts import RolloutBatch, proof_key, unpack_tokens
 from intellect_node.protocol.verdicts import Verdict
-from tests.support.engine_helpers import demo_tiny_model, wide_tiny_model
+from tests.support.engine_helpers import wide_tiny_model
 
 pytestmark = pytest.mark.slow  # three node processes per test, and a model build
 
@@ -102,12 +102,13 @@ def test_inference_node_produces_valid_batches_for_two_successive_checkpoints(sw
     assert trainer.status()["services"]["rollouts"]["received"]["stored"] >= 2
 
 
-def test_a_worker_past_its_groups_per_step_waits_for_the_next_policy(swarm, tmp_path):
+@pytest.mark.timeout(300, func_only=True)
+def test_a_worker_past_its_groups_per_step_waits_for_the_next_policy(swarm, tmp_path, demo_model):
     """``--groups-per-step 1``: on step 0 the worker generates until it has one group whose
     completions scored differently (the demo's model on its reversal tasks: most groups are), then
     waits for a newer policy instead of making batches nobody would train on; a newer step ends
     the wait."""
-    model = demo_tiny_model()
+    model = demo_model
     weights0 = load_file(model / "model.safetensors")
     publish_dir = tmp_path / "publish"
     publish_dir.mkdir()

@@ -114,15 +114,14 @@ def test_nated_fetchers_get_the_checkpoint_and_advertise_no_data_address(tmp_pat
             swarm.stop_all()
 
 
-@pytest.mark.timeout(900)  # includes building the demo's tiny model when this test runs first
-def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.timeout(900, func_only=True)  # the body only: demo_model is built before
+def test_a_nated_worker_delivers_rollouts_the_public_trainer_trains_on(tmp_path, demo_model) -> None:  # type: ignore[no-untyped-def]
     """Rollouts across the NAT: an inference node in a home fetches the trainer's checkpoint from
     the public side, generates, and delivers its batches over its own outbound connection; the
     trainer verifies them (no rejection) and trains."""
-    from tests.support.engine_helpers import demo_tiny_model
     from tests.support.trainer_runs import TASKS, trained_steps
 
-    model = demo_tiny_model()
+    model = demo_model
     with SmallInternet(publics=2, homes=1) as net:
         swarm = LocalSwarm(tmp_path, run_id="nat-rollouts", timing=FAST)
         try:

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm
-from tests.support.engine_helpers import demo_tiny_model
 from tests.support.trainer_runs import ENV, TASKS, TIMING, published_steps, read_jsonl, trained_steps
 
 BRIDGE_AFTER_S = 3  # with a committed counter of the window still owed (the dead worker's): 5 times that
@@ -30,9 +29,9 @@ QUIET_S = 8.0  # the trainer's pool and step unchanged this long after the kill:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_newcomer_after_a_dead_worker_is_trained_on_through_a_bridge_step(tmp_path: Path) -> None:
-    model = demo_tiny_model()
+@pytest.mark.timeout(600, func_only=True)
+def test_a_newcomer_after_a_dead_worker_is_trained_on_through_a_bridge_step(tmp_path: Path, demo_model) -> None:
+    model = demo_model
     swarm = LocalSwarm(tmp_path, run_id="bridge-test", timing=TIMING)
     try:
         trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),

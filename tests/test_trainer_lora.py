@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from intellect_node.node.demo.local_swarm import LocalSwarm
-from tests.support.engine_helpers import demo_tiny_model
 from tests.support.shards_swarm import shard_status
 from tests.support.trainer_runs import ENV, TASKS, TIMING, trained_steps
 
@@ -29,9 +28,10 @@ def sha(path: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # includes building the demo's tiny model when this test runs first
-def test_a_lora_trainer_ships_adapters_that_workers_merge_to_its_exact_checkpoints(swarm: LocalSwarm) -> None:
-    model = demo_tiny_model()
+@pytest.mark.timeout(900, func_only=True)  # the body only: demo_model is built before
+def test_a_lora_trainer_ships_adapters_that_workers_merge_to_its_exact_checkpoints(swarm: LocalSwarm,
+                                                                                  demo_model) -> None:
+    model = demo_model
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
                                       "--tasks", TASKS, "--batch-groups", "4", "--lr", "2e-3"], LORA)
     worker = swarm.start("worker", ["join", "--role", "inference", "--bootstrap", trainer.addr,
