@@ -289,7 +289,7 @@ def _query_swarm(cfg: NodeConfig) -> dict[str, Any]:
     from intellect_node.node.swarm.query import query_members
 
     quiet_libp2p_logs(verbose=False)
-    candidates = list(dict.fromkeys([*cfg.bootstrap, *PeerCache(cfg.layout.peer_cache).addresses()]))
+    candidates = list(dict.fromkeys([*cfg.swarm.bootstrap, *PeerCache(cfg.layout.peer_cache).addresses()]))
     if not candidates:
         err.print(f"[red]error:[/red] no node runs with home {cfg.home} and no --bootstrap peer was given")
         raise typer.Exit(1)

@@ -3,6 +3,7 @@ announcements of its run, and a receiver (node/rollouts/exchange.py) counts thos
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,7 +45,7 @@ def test_a_node_without_services_relays_rollout_announcements_of_its_run_only(tm
 
 def test_a_receiver_counts_the_announcements_its_node_accepted(tmp_path: Path) -> None:
     node = make_node(tmp_path, "validator", RUN)
-    config = NodeConfig(home=node.config.home, run_id=RUN, roles=["validator"])
+    config = NodeConfig(dataclasses.replace(node.config, run_id=RUN, roles=("validator",)))
     receiver = next(s for s in assemble(node, config, RoleOptions()) if s.name == "rollouts")
     validate, worker = topic_validator(node), Identity.generate()
     forwarder = ID.from_base58(Identity.generate().peer_id)

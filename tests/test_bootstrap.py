@@ -74,7 +74,7 @@ def test_the_printed_config_line_loads_as_the_bootstrap_list(tmp_path):
     line = config_line(addrs)
     assert tomllib.loads(line) == {"bootstrap": addrs}
     (tmp_path / "config.toml").write_text(f"[node]\n{line}\n")
-    assert load_config({"home": tmp_path}, environ={}).bootstrap == addrs
+    assert load_config({"home": tmp_path}, environ={}).swarm.bootstrap == tuple(addrs)
 
 
 async def test_a_node_joins_through_a_dns_name(tmp_path, nursery):

@@ -13,16 +13,16 @@ def test_flags_override_environment_override_file_override_defaults(tmp_path):
     env = {"INTELLECT_NODE_RUN_ID": "from-env", "INTELLECT_NODE_HEARTBEAT_S": "4"}
     config = load_config({"home": str(tmp_path), "run_id": "from-flag", "roles": None}, environ=env)
     assert config.run_id == "from-flag"
-    assert config.heartbeat_s == 4.0
-    assert config.roles == ["trainer"]
-    assert config.new_swarm is True
-    assert config.advert_lifetime_s == 120.0
+    assert config.swarm.heartbeat_s == 4.0
+    assert config.roles == ("trainer",)
+    assert config.swarm.new_swarm is True
+    assert config.swarm.advert_lifetime_s == 120.0
 
 
 def test_environment_lists_are_comma_separated(tmp_path):
     env = {"INTELLECT_NODE_HOME": str(tmp_path),
            "INTELLECT_NODE_BOOTSTRAP": "/ip4/1.2.3.4/tcp/1/p2p/x, /ip4/5.6.7.8/tcp/2/p2p/y"}
-    assert load_config({}, environ=env).bootstrap == ["/ip4/1.2.3.4/tcp/1/p2p/x", "/ip4/5.6.7.8/tcp/2/p2p/y"]
+    assert load_config({}, environ=env).swarm.bootstrap == ("/ip4/1.2.3.4/tcp/1/p2p/x", "/ip4/5.6.7.8/tcp/2/p2p/y")
 
 
 @pytest.mark.parametrize("content,match", [
@@ -53,7 +53,7 @@ def test_one_file_with_sections(tmp_path):
         '[shards]\nkeep_steps = 5\n[inference]\nengine = "torch"\n'
         '[trainer]\nbatch_groups = 4\n[trainer.optim]\nlr = 1e-3\n')
     config = load_config({"home": str(tmp_path)}, environ={})
-    assert config.run_id == "sectioned" and config.heartbeat_s == 3.0 and config.run.async_level == 0
+    assert config.run_id == "sectioned" and config.swarm.heartbeat_s == 3.0 and config.run.async_level == 0
     assert (config.run.max_tokens, config.run.group_size, config.run.temperature) == (128, 4, 0.5)
     assert config.sections["inference"] == {"engine": "torch"}
     shards = load_shard_config(config.home, {}, environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"},

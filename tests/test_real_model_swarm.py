@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from intellect_node.crypto.identity import load_or_create_identity
-from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.shards.store import DATA_FILE
 from intellect_node.node.tasks.humaneval import humaneval_task, read_humaneval
 from intellect_node.node.tasks.schema import save_tasks
@@ -73,7 +73,7 @@ def test_three_roles_train_a_real_model_with_long_completions(tmp_path: Path) ->
     for name in ("trainer", "validator", "worker"):
         (swarm.root / name).mkdir(parents=True)
         (swarm.root / name / "config.toml").write_text(RUN_CONFIG)
-    validator_id = load_or_create_identity(NodeConfig(home=swarm.root / "validator").layout.identity_key)[0].peer_id
+    validator_id = load_or_create_identity(HomeLayout(swarm.root / "validator").identity_key)[0].peer_id
     try:
         trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
                                           "--tasks", str(tasks), "--batch-groups", "1", "--steps", str(STEPS),

@@ -116,8 +116,9 @@ def test_relay_limits_come_from_the_node_section(tmp_path) -> None:  # type: ign
 
     (tmp_path / "config.toml").write_text("[node]\nrelay_max_reservations = 3\nrelay_circuit_bytes = 1048576\n")
     config = load_config({"home": str(tmp_path)}, environ={"INTELLECT_NODE_RELAY_CIRCUIT_DURATION_S": "30"})
-    assert (config.relay_max_reservations, config.relay_circuit_bytes,
-            config.relay_circuit_duration_s) == (3, 1 << 20, 30.0)
+    swarm = config.swarm
+    assert (swarm.relay_max_reservations, swarm.relay_circuit_bytes,
+            swarm.relay_circuit_duration_s) == (3, 1 << 20, 30.0)
     (tmp_path / "config.toml").write_text("[node]\nrelay_circuit_bytes = 0\n")
     try:
         load_config({"home": str(tmp_path)}, environ={})

@@ -15,7 +15,7 @@ from tests.support.inprocess_nodes import make_node
 
 def test_relay_only_roles_run_the_overlay_and_the_inbox(tmp_path: Path) -> None:
     node = make_node(tmp_path, "relay", "assembly-run")
-    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference", "validator"])
+    config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference", "validator")))
     shards = load_shard_config(config.home, {}, environ={})
     services = assemble(node, config, RoleOptions(shards=shards))
     assert [s.name for s in services] == ["shards", "rollouts"]
@@ -24,7 +24,7 @@ def test_relay_only_roles_run_the_overlay_and_the_inbox(tmp_path: Path) -> None:
 
 def test_a_role_that_needs_checkpoints_refuses_to_run_without_the_overlay(tmp_path: Path) -> None:
     node = make_node(tmp_path, "worker", "assembly-run")
-    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference"])
+    config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference",)))
     options = RoleOptions(inference=InferenceOptions(model_dir=tmp_path, task_spec="toy:seed=0,count=4"))
     with pytest.raises(ValueError, match="inference role needs the shard overlay"):
         assemble(node, config, options)
@@ -37,7 +37,7 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     from intellect_node.node.roles.validator.service import ValidatorOptions
 
     node = make_node(tmp_path, "both", "assembly-run")
-    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["inference", "validator"],
+    config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference", "validator")),
                         run=RunConfig(max_tokens=128, group_size=4, temperature=0.5))
     shards = load_shard_config(config.home, {}, environ={})
     tasks = "toy:seed=0,count=4"
@@ -61,7 +61,7 @@ def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> No
 
     node = make_node(tmp_path, "trainer", "assembly-run")
     wide = dataclasses.replace(TORCH_TORCH, sampling_slack=0.5, margin_noise=0.02)  # a calibrated bf16 pair
-    config = NodeConfig(home=node.config.home, run_id="assembly-run", roles=["trainer", "validator"],
+    config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("trainer", "validator")),
                         run=RunConfig(engines=(wide,)))
     shards = load_shard_config(config.home, {"publish_dir": tmp_path / "publish"}, environ={})
     tasks = "toy:seed=0,count=4"

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from intellect_node.crypto.identity import load_or_create_identity
-from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm
+from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
@@ -89,7 +89,7 @@ def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdict
     model = demo_tiny_model()
     validator_home = swarm.root / "validator"
     validator_home.mkdir(parents=True)
-    validator_id = load_or_create_identity(NodeConfig(home=validator_home).layout.identity_key)[0].peer_id
+    validator_id = load_or_create_identity(HomeLayout(validator_home).identity_key)[0].peer_id
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--new-swarm", "--model", str(model),
                                       "--tasks", TASKS, "--batch-groups", "4", "--verify-fraction", "0",
                                       "--trust-validator", validator_id], ENV)

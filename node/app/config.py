@@ -3,7 +3,7 @@
 The TOML file is ``<home>/config.toml`` unless ``--config`` names another. It has one section per
 concern, each read by one loader that names the key and the file on any mistake::
 
-    [node]        # this node: NodeConfig's fields below (top-level keys are read as [node] too)
+    [node]        # this node: log_level and node.swarm.settings.SwarmSettings' fields (top-level keys too)
     [run]         # run-wide values every role reads: run_id, async_level, max_tokens, group_size, temperature
     [shards]      # the checkpoint overlay (node.shards.config.ShardConfig)
     [inference]   # model, tasks, engine
@@ -20,7 +20,6 @@ role's options are assembled from these by node/app/join.py.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 from intellect_node.node.config.base import ConfigError, build, field_types, values_of, whole_number
 from intellect_node.node.config.loader import layered, read_toml
 from intellect_node.node.home.layout import HomeLayout
-from intellect_node.node.swarm.settings import DEFAULT_LISTEN, SwarmSettings
+from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.rollout_shape import RolloutShape
 from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair
@@ -38,6 +37,10 @@ DEFAULT_HOME = Path(os.environ.get("INTELLECT_NODE_HOME", Path.home() / ".intell
 # The project's public bootstrap peers go here once they run. Until then the list is empty and a
 # node needs --bootstrap, a peer cache from an earlier run, or --new-swarm; we never invent addresses.
 DEFAULT_BOOTSTRAP_PEERS: tuple[str, ...] = ()
+# The app's defaults for the swarm fields it decides (who this node is, where it finds the swarm);
+# SwarmSettings writes every other knob's default, once.
+APP_SWARM_DEFAULTS: dict[str, Any] = {"run_id": "intellect-public", "roles": ("inference",),
+                                      "bootstrap": DEFAULT_BOOTSTRAP_PEERS}
 
 
 SECTIONS = ("node", "run", "shards", "inference", "validator", "trainer", "diloco", "metagene")
@@ -75,42 +78,37 @@ class RunConfig:
             raise ConfigError(f"[run] engines: want at least one pair and one per (worker, validator), got {pairs}")
 
 
+def default_swarm(home: Path = DEFAULT_HOME) -> SwarmSettings:
+    """The swarm settings of a node nobody configured: APP_SWARM_DEFAULTS, and SwarmSettings' own
+    default for every other knob."""
+    return SwarmSettings(home=home, **APP_SWARM_DEFAULTS)
+
+
 @dataclass
 class NodeConfig:
-    home: Path = DEFAULT_HOME
-    run_id: str = "intellect-public"
-    roles: list[str] = field(default_factory=lambda: ["inference"])
-    listen: list[str] = field(default_factory=lambda: list(DEFAULT_LISTEN))
-    bootstrap: list[str] = field(default_factory=lambda: list(DEFAULT_BOOTSTRAP_PEERS))
-    new_swarm: bool = False
-    advert_lifetime_s: float = 120.0
-    advert_refresh_s: float = 40.0
-    heartbeat_s: float = 10.0
-    discovery_s: float = 15.0
-    connect_timeout_s: float = 5.0
+    """The whole configuration. ``[node]``'s keys are ``log_level`` and the fields of ``swarm``:
+    each swarm knob is written once, in node/swarm/settings.py (type, default, bounds), and the
+    file, the environment and the flags reach it by its field name, so a new knob is one field."""
+
+    swarm: SwarmSettings = field(default_factory=default_swarm)
     log_level: str = "INFO"
-    # Circuit relay v2 service, offered only while this node is publicly reachable (specs/reachability.md).
-    relay_service: bool = True
-    relay_max_reservations: int = 16
-    relay_reservation_ttl_s: float = 600.0
-    relay_circuit_duration_s: float = 120.0
-    relay_circuit_bytes: int = 16 * 1024 * 1024
-    # Inbound admission (specs/connections.md); SwarmSettings checks the bounds.
-    max_inbound: int = 200
-    unproven_per_ip: int = 32
-    unproven_per_24: int = 64
-    unproven_per_16: int = 128
-    evict_unproven: bool = True
     # The file's other sections, checked for unknown names; each concern's loader reads its own.
     sections: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     loaded_from: Path | None = None  # --config, or None: <home>/config.toml
     run: RunConfig = field(default_factory=RunConfig)
 
-    def __post_init__(self) -> None:
-        try:
-            self.swarm()  # the swarm's fields are checked once, by SwarmSettings
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"[node] {exc}") from None
+    # Who this node is lives in ``swarm`` (the swarm adverts it); every part of the app reads it.
+    @property
+    def home(self) -> Path:
+        return self.swarm.home
+
+    @property
+    def run_id(self) -> str:
+        return self.swarm.run_id
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return self.swarm.roles
 
     @property
     def layout(self) -> HomeLayout:
@@ -120,11 +118,6 @@ class NodeConfig:
     def config_file(self) -> Path:
         """The file this config was read from (or would have been): every section's errors name it."""
         return self.loaded_from or self.layout.config_file
-
-    def swarm(self) -> SwarmSettings:
-        """What the swarm reads of this config (node/swarm/settings.py): the swarm never imports the app."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(SwarmSettings)}
-        return SwarmSettings(**{name: tuple(v) if isinstance(v, list) else v for name, v in values.items()})
 
 
 @dataclass(frozen=True)
@@ -152,7 +145,8 @@ class InferenceOptions:
     groups_per_step: int = 0
 
 
-NODE_KEYS = frozenset(field_types(NodeConfig)) - {"sections", "run", "loaded_from"}
+SWARM_KEYS = frozenset(field_types(SwarmSettings))
+NODE_KEYS = SWARM_KEYS | {"log_level"}
 
 
 def load_config(flags: dict[str, Any], config_file: Path | None = None,
@@ -160,7 +154,8 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     """Merge the layers; ``flags`` holds only options the user actually gave (None = not given)."""
     environ = dict(os.environ) if environ is None else environ
     given = {k: v for k, v in flags.items() if v is not None}
-    home = layered(NodeConfig, "node", {}, "", {"home": given.get("home")}, environ, {"home"}).get("home", DEFAULT_HOME)
+    home_layers = layered(SwarmSettings, "node", {}, "", {"home": given.get("home")}, environ, {"home"})
+    home = home_layers.get("home", DEFAULT_HOME)
     path = config_file or HomeLayout(home).config_file
     node_table, sections = _split_sections(read_toml(path, explicit=config_file is not None), path)
     run_table = dict(sections.get("run", {}))
@@ -170,11 +165,18 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
     run_keys = set(field_types(RunConfig)) - {"engines"}  # tables: the file only
     run_values = layered(RunConfig, "run", run_table, str(path), {}, environ, run_keys)
     run = build(RunConfig, {}, str(path), "[run]", **run_values, **({} if engines is None else {"engines": engines}))
-    values = layered(NodeConfig, "node", node_table, str(path), given, environ, NODE_KEYS)
-    config = NodeConfig(**(values | {"home": home, "sections": sections, "run": run, "loaded_from": path}))
-    if config.advert_refresh_s >= config.advert_lifetime_s:
+    unknown = sorted(set(node_table) - NODE_KEYS)
+    if unknown:
+        raise ConfigError(f"{path} [node]: unknown keys {unknown}; known keys are {sorted(NODE_KEYS)}")
+    swarm_table = {name: value for name, value in node_table.items() if name in SWARM_KEYS}
+    swarm_values = layered(SwarmSettings, "node", swarm_table, str(path), given, environ, SWARM_KEYS)
+    swarm = build(SwarmSettings, {}, f"{path} [node]", "", **(
+        APP_SWARM_DEFAULTS | swarm_values | {"home": home}))
+    if swarm.advert_refresh_s >= swarm.advert_lifetime_s:
         raise ConfigError("advert_refresh_s must be shorter than advert_lifetime_s, or adverts lapse")
-    return config
+    own_table = {name: value for name, value in node_table.items() if name not in SWARM_KEYS}
+    own = layered(NodeConfig, "node", own_table, str(path), given, environ, NODE_KEYS - SWARM_KEYS)
+    return NodeConfig(swarm=swarm, sections=sections, run=run, loaded_from=path, **own)
 
 
 def _engine_pairs(tables: Any, path: Path) -> tuple[EnginePair, ...] | None:

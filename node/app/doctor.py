@@ -26,6 +26,7 @@ from intellect_node.crypto.identity import Identity, IdentityError, load_identit
 from intellect_node.node.app.config import (
     ConfigError,
     NodeConfig,
+    default_swarm,
     load_config,
 )
 from intellect_node.node.swarm.bootstrap import Attempt, config_line, dial
@@ -71,7 +72,7 @@ def check_config(flags: dict[str, Any], config_file: Path | None) -> tuple[Check
         config = load_config(flags, config_file=config_file)
     except ConfigError as exc:
         home = flags.get("home")
-        fallback = NodeConfig(**({"home": home} if home else {}))
+        fallback = NodeConfig(default_swarm(Path(home)) if home else default_swarm())
         return Check("config", FAIL, str(exc), "fix the named key or file"), fallback
     source = config_file or config.layout.config_file
     detail = f"{source} parses" if Path(source).exists() else f"no {source}: defaults (and environment, flags) apply"
@@ -285,11 +286,11 @@ def skew_check(peer: str, ahead_s: float, lifetime_s: float = 120.0) -> Check:
 
 def run_checks(flags: dict[str, Any], config_file: Path | None, timeout_s: float = DIAL_TIMEOUT_S) -> list[Check]:
     config_check, config = check_config(flags, config_file)
-    listen = check_listen(config.listen)
+    listen = check_listen(config.swarm.listen)
     checks = [config_check, check_identity(config.layout.identity_key), listen,
-              check_reachability(config.listen), check_disk(config.home), *check_gpu(), check_sandbox(),
+              check_reachability(config.swarm.listen), check_disk(config.home), *check_gpu(), check_sandbox(),
               check_sandbox_memory()]
     # the dial-back tests the node's own port when it is free and fixed; else any port of this machine
-    own = next((a for a in config.listen if re.fullmatch(r"/ip4/[0-9.]+/tcp/[1-9][0-9]*", a)), None)
+    own = next((a for a in config.swarm.listen if re.fullmatch(r"/ip4/[0-9.]+/tcp/[1-9][0-9]*", a)), None)
     probe = own if listen.level == OK and own is not None else "/ip4/0.0.0.0/tcp/0"
-    return checks + trio.run(check_peers, list(config.bootstrap), timeout_s, probe)
+    return checks + trio.run(check_peers, list(config.swarm.bootstrap), timeout_s, probe)

@@ -52,7 +52,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[list[str]], None], roles: R
     identity, created = load_or_create_identity(config.layout.identity_key)
     if created:
         log.info("created a new identity %s at %s", identity.peer_id, config.layout.identity_key)
-    node = Node(config.swarm(), identity, detect_hardware(config.home))
+    node = Node(config.swarm, identity, detect_hardware(config.home))
     node.services.extend(assemble(node, config, roles))
 
     async def main() -> None:

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.crypto.identity import load_or_create_identity
-from intellect_node.node.app.config import NodeConfig
 from intellect_node.node.demo.local_swarm import LocalSwarm, death_report
 from intellect_node.node.demo.plot import write_reward_plot
 from intellect_node.node.demo.shipping import ShippingLog
+from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.models.tiny import tiny_model_dir
 
 POLL_S = 1.0
@@ -131,7 +131,7 @@ class DemoSwarm:
 
 def _peer_id(home: Path) -> str:
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    identity, _ = load_or_create_identity(NodeConfig(home=home).layout.identity_key)
+    identity, _ = load_or_create_identity(HomeLayout(home).identity_key)
     return identity.peer_id
 
 
