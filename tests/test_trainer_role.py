@@ -19,7 +19,6 @@ from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
 from intellect_node.protocol.verdicts import Verdict
-from tests.support.engine_helpers import demo_tiny_model
 from tests.support.trainer_runs import ENV, TASKS, TIMING, published_steps, read_jsonl, trained_steps
 
 # longer than one delivery's retries (about 16 s) and than the worker needs to use up the counters it
@@ -35,9 +34,9 @@ def swarm(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # includes building the demo's tiny model when this test runs first
-def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: LocalSwarm) -> None:
-    model = demo_tiny_model()
+@pytest.mark.timeout(900, func_only=True)  # the body only: demo_model is built before
+def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: LocalSwarm, demo_model) -> None:
+    model = demo_model
     trainer_args = ["join", "--role", "trainer", "--new-swarm", "--model", str(model), "--tasks", TASKS,
                     "--batch-groups", "4", "--lr", "5e-4"]
     trainer = swarm.start("trainer", trainer_args, ENV)
@@ -82,11 +81,12 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdicts(swarm: LocalSwarm) -> None:
+@pytest.mark.timeout(900, func_only=True)
+def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdicts(swarm: LocalSwarm,
+                                                                                  demo_model) -> None:
     """--verify-fraction 0: every batch waits for the trusted validator's verdict and its accepted
     groups (with the validator's recomputed rewards) are trained on; the trainer prefills nothing."""
-    model = demo_tiny_model()
+    model = demo_model
     validator_home = swarm.root / "validator"
     validator_home.mkdir(parents=True)
     validator_id = load_or_create_identity(HomeLayout(validator_home).identity_key)[0].peer_id
@@ -105,14 +105,15 @@ def test_trainer_verifying_nothing_itself_trains_on_a_trusted_validators_verdict
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_trainer_sharded_over_two_processes_trains_publishes_and_stops_without_orphans(swarm: LocalSwarm) -> None:
+@pytest.mark.timeout(900, func_only=True)
+def test_a_trainer_sharded_over_two_processes_trains_publishes_and_stops_without_orphans(swarm: LocalSwarm,
+                                                                                       demo_model) -> None:
     """``join --role trainer --nproc 2``: torchrun starts two ranks, rank 0 runs the node (one key,
     one manifest per step) and the FSDP2 learner spans both; a worker trains it for two steps and
     generates on its published checkpoints; SIGTERM to the launcher stops every rank."""
     import psutil
 
-    model = demo_tiny_model()
+    model = demo_model
     trainer = swarm.start("trainer", ["join", "--role", "trainer", "--nproc", "2", "--master-port", "29533",
                                       "--new-swarm", "--model", str(model), "--tasks", TASKS,
                                       "--batch-groups", "4", "--lr", "5e-4"], ENV)
