@@ -1,7 +1,8 @@
 """The weight broadcast overlay (SHARDCAST, done right): signed manifests, verified shards, a swarm.
 
 - ``intellect_node.node.shards.service``: ``ShardService``, the node service and facade that ties the rest
-  together: manifest intake, fetch orchestration, retention, completion, status.
+  together: manifest intake, fetch orchestration, retention, completion.
+- ``intellect_node.node.shards.status_file``: ``<data_dir>/status.json``, what the overlay holds, fetched, uploaded.
 - ``intellect_node.node.shards.publisher``: the trainer's side: each dropped checkpoint signed, held, gossiped.
 - ``intellect_node.node.shards.delta_follower``: a step built from a held base and its delta, fetched from a holder.
 - ``intellect_node.node.shards.provider``: DHT provider records, queued and spaced out; a shard's providers.

@@ -17,23 +17,20 @@
 ``ShardService`` is the facade the roles and the node use (``store``, ``wait_complete_after``,
 ``status``); it wires those parts together and keeps what orders them: the intake of manifests,
 the steps being started and fetched, retention and completion. ``<data_dir>/status.json``
-(replaced atomically) tells operators and tests what the node holds, fetched and uploaded, and
-the complaints it made and heard.
+(``status_file``) tells operators and tests what the node holds, fetched and uploaded, and the
+complaints it made and heard.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 from libp2p.custom_types import TProtocol
 
 from intellect_node.node.config.base import ConfigError
-from intellect_node.node.home.durable import write_durably
 from intellect_node.node.shards.client import ShardClient
 from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
@@ -45,6 +42,7 @@ from intellect_node.node.shards.progress import CheckpointProgress
 from intellect_node.node.shards.provider import ShardProvider
 from intellect_node.node.shards.publisher import CheckpointPublisher
 from intellect_node.node.shards.server import ShardServer
+from intellect_node.node.shards.status_file import StatusFile, shard_status
 from intellect_node.node.shards.store import Checkpoint, InsufficientDisk, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
 from intellect_node.node.shards.stream_server import ShardStreamServer
@@ -66,7 +64,6 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
-STATUS_EVERY_S = 0.5
 
 
 class ShardService:
@@ -82,10 +79,11 @@ class ShardService:
         if self.trainer not in (None, node.peer_id):
             node.connections.protect(self.trainer, "trainer")  # never trimmed (specs/connections.md)
         self.store = ShardStore(config.data_dir, self.run_id)
+        self.status_file = StatusFile(config.data_dir / "status.json", self.status)
         self.book = PeerBook(path_of=lambda peer_id: connection_path(node.host, peer_id))
         self.client = ShardClient(node.identity, config.stall_s)
         self.streams = ShardStreamClient(node.host, config.stall_s)
-        self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self._dirty,
+        self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self.status_file.mark_dirty,
                                   relays=self.book.may_relay)
         self.stream_server = ShardStreamServer(self.server, node.scores)
         self.progress = CheckpointProgress()
@@ -99,7 +97,7 @@ class ShardService:
                                     self.decode_manifest, self.trainer)
         self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
                           if config.is_publisher else None)
-        self.complaints = ShardComplaints(node, self.book, on_change=self._dirty)
+        self.complaints = ShardComplaints(node, self.book, on_change=self.status_file.mark_dirty)
         self.http_addr: str | None = None
         self._fetches: dict[int, trio.CancelScope] = {}
         self._starting: set[int] = set()  # steps whose partial directory is being created
@@ -107,7 +105,6 @@ class ShardService:
         self._incoming_send, self._incoming = trio.open_memory_channel[
             tuple[codec.Signed[CheckpointManifest], bytes]](64)
         self._nursery: trio.Nursery | None = None
-        self._status_dirty = True
         self._newly_complete = trio.Event()  # set, then replaced, each time a step becomes complete here
         if self.trainer is None:
             log.warning("no trainer peer id configured (--trainer): this node accepts no checkpoint manifests")
@@ -170,7 +167,7 @@ class ShardService:
                     await nursery.start(self._fetch, checkpoint)
             nursery.start_soon(self._intake_loop)
             nursery.start_soon(self.discovery.run)
-            nursery.start_soon(self._status_loop)
+            nursery.start_soon(self.status_file.run)
             if self.publisher is not None:
                 nursery.start_soon(self.publisher.run)
             log.info("shard overlay serving on %s (data in %s)", self.http_addr, self.store.root)
@@ -288,13 +285,13 @@ class ShardService:
         newest = self.store.newest_complete()
         if newest is not None:
             self.node.update_advert(policy_step=newest.step)
-        self._dirty()
+        self.status_file.mark_dirty()
         self._wake_completion_waiters()
 
     def published(self, checkpoint: Checkpoint) -> None:
         """The publisher holds ``checkpoint`` complete and gossiped it: provide it, wake the waiters."""
         self.provider.provide_held(checkpoint)
-        self._dirty()
+        self.status_file.mark_dirty()
         self._wake_completion_waiters()
 
     def _wake_completion_waiters(self) -> None:
@@ -337,50 +334,19 @@ class ShardService:
         self.counters["fetched_shards"] += 1
         self.node.connections.mark_proven(peer_id)  # served a verified shard
         self.progress.advance(checkpoint.step, nbytes, peer_id)
-        self._dirty()
+        self.status_file.mark_dirty()
 
     def bad_shard(self, checkpoint: Checkpoint, shard: int, peer_id: str, digest: bytes) -> None:
         self.counters["bad_shards"] += 1
         complaint = self.complaints.against(checkpoint, shard, peer_id, digest)
         assert self._nursery is not None
         self._nursery.start_soon(self.complaints.publish, complaint)
-        self._dirty()
+        self.status_file.mark_dirty()
 
     # ---- status ----------------------------------------------------------------------------
 
-    def _dirty(self) -> None:
-        self._status_dirty = True
-
     def status(self) -> dict[str, Any]:
-        return {
-            "peer_id": self.node.peer_id,
-            "http": self.http_addr,
-            "steps": {str(c.step): {"complete": c.complete, "verified": c.verified_count,
-                                    "shards": c.manifest.shard_count, "total_size": c.manifest.total_size,
-                                    "origin": c.origin,
-                                    "checkpoint_hash": c.manifest.checkpoint_hash.hex(),
-                                    "delta_size": c.manifest.delta.size if c.manifest.delta else None,
-                                    "delta_format": c.manifest.delta.format if c.manifest.delta else None,
-                                    "completed_at": c.completed_at,
-                                    "path": str(c.data_path)}
-                      for c in self.store.held()},
-            **self.counters,
-            "uploaded_bytes": self.server.stats.bytes,
-            "uploaded_shards": self.server.stats.shards,
-            "uploaded_deltas": self.server.stats.deltas,
-            "uploads_refused": self.server.stats.refused,
-            "stream_requests": dict(self.stream_server.counts),
-            "complaints_made": list(self.complaints.made),
-            "complaints_heard": list(self.complaints.heard),
-        }
-
-    async def _status_loop(self) -> None:
-        path = self.config.data_dir / "status.json"
-        while True:
-            if self._status_dirty:
-                self._status_dirty = False
-                await trio.to_thread.run_sync(_write_status, path, json.dumps(self.status(), indent=1))
-            await trio.sleep(STATUS_EVERY_S)
+        return shard_status(self)
 
 
 def _listen_host(listen: list[str]) -> str:
@@ -390,7 +356,3 @@ def _listen_host(listen: list[str]) -> str:
         if match:
             return match[1]
     return "0.0.0.0"
-
-
-def _write_status(path: Path, text: str) -> None:
-    write_durably(path, text.encode())
