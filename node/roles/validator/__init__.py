@@ -12,6 +12,7 @@
   trainer trains on a worker's groups only while it delivers what it commits.
 - ``calibrate``: honest batches of one engine judged by another, measured (``intellect-node calibrate``).
 - ``offline``: one stored batch judged by ``verify_batch`` without a network (``intellect-node verify``).
+- ``verdict_records``: ``<home>/verdicts``, a durable record per batch done with; read back at a restart.
 - ``verdict_trust``: verdicts from validators this node trusts: bans, and verification a trainer
   may skip.
 """

@@ -3,7 +3,8 @@
 Batches arrive through ``RolloutReceiver`` into ``<home>/inbox``; this service is woken by its
 ``on_stored`` callback and, at start, takes whatever is still pending there, so a restart loses
 nothing. A batch leaves the inbox only after its record (verdict envelope, or the note that it
-was not sampled) is durably in ``<home>/verdicts``; those records also rebuild the seen counters.
+was not sampled) is durably in ``<home>/verdicts`` (``verdict_records``); those records also rebuild
+the seen counters.
 specs/validation.md is normative.
 """
 
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,9 +25,9 @@ import trio
 
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.policy import PolicyFollower
-from intellect_node.node.roles.validator.commitments import CommitmentBook, Undelivered
+from intellect_node.node.roles.validator.commitments import CommitmentBook
 from intellect_node.node.roles.validator.delivery import DeliveryLedger
-from intellect_node.node.roles.validator.ledger import JudgeState, group_digest
+from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import (
     BatchVerdict,
     GroupResult,
@@ -35,6 +35,7 @@ from intellect_node.node.roles.validator.validation import (
     batch_precheck,
     verify_batch,
 )
+from intellect_node.node.roles.validator.verdict_records import VerdictRecords, batch_record, unjudged_record
 from intellect_node.node.roles.validator.verdict_trust import (
     TrustedVerdicts,
     ban_worker,
@@ -159,8 +160,7 @@ class ValidatorService:
                                           settings=settings or RolloutShape(), async_window=async_window)
         self.run_context = RunContext(spec, tasks)
         self.inbox = shared_inbox(node.config.layout.inbox)
-        self.verdict_dir = node.config.layout.verdicts
-        self.verdict_dir.mkdir(parents=True, exist_ok=True)
+        self.records = VerdictRecords(node.config.layout.verdicts)
         self.quarantine_dir = node.config.layout.quarantine
         self.inbox.judged = self._judged  # a batch delivered again after its verdict is a duplicate
         self._waiting: dict[str, WaitingBatch] = {}  # decoded once, judged later (deferred)
@@ -185,7 +185,7 @@ class ValidatorService:
         self._wake = trio.Event()
         self._waiting_since: dict[str, float] = {}  # unsampled batches waiting for trusted verdicts
         self.adopted_batches = 0
-        self.trusted_verdicts = TrustedVerdicts(node, options.trusted, own_accepted=self._own_accepted,
+        self.trusted_verdicts = TrustedVerdicts(node, options.trusted, own_accepted=self.records.own_accepted,
                                                 on_verdict=lambda digest: self._wake.set())
         self.trusted_verdicts.listen()
 
@@ -214,38 +214,12 @@ class ValidatorService:
         self.seen.forget_before(self.policy.newest_known_step(self.node) - self.run_context.spec.async_window)
         settled, self.seen.settled = self.seen.settled, []
         for item in settled:
-            self._write_undelivered(item)
-
-    def _write_undelivered(self, item: Undelivered) -> None:
-        self.undelivered_groups += len(item.counters)
-        log.info("worker %s left %d committed groups of step %d undelivered: settled as reward 0",
-                 item.worker, len(item.counters), item.step)
-        name = hashlib.sha256(f"{item.worker}/{item.step}".encode()).hexdigest()
-        record = {"worker": item.worker, "step": item.step, "counters": [], "verdict": None, "accepted": [],
-                  "contents": [], "cheats": [], "undelivered": list(item.counters), "reward": 0.0}
-        write_durably(self.verdict_dir / f"undelivered-{name}.json", json.dumps(record).encode())
-
-    def _load_records(self) -> list[tuple[str, str]]:
-        """Rebuild the counters and the content index from this node's records, so a restart judges
-        as the node did before it; returns the (worker, cheats) its own verdicts proved."""
-        proven = []
-        for path in self.verdict_dir.glob("*.json"):
-            try:
-                record = json.loads(path.read_text())
-                self.seen.credit(record["worker"], record["step"], record["counters"])
-                for digest in record.get("contents", ()):
-                    self.seen.contents.setdefault(bytes.fromhex(digest), record["step"])
-                cheats = record.get("cheats", ())
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("unreadable verdict record %s: %s", path.name, exc)
-                continue
-            if cheats:
-                proven.append((record["worker"], ", ".join(cheats)))
-        return proven
+            self.undelivered_groups += len(item.counters)
+            self.records.write_undelivered(item)
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
-        for worker, why in await trio.to_thread.run_sync(self._load_records):
+        for worker, why in await trio.to_thread.run_sync(self.records.load, self.seen):
             ban_worker(node, worker, f"{why} (own verdict, before a restart)")
         engine = await self.policy.load()
         log.info("validator ready: %s engine, %d tasks, verifying %.0f%% of batches, %d pending",
@@ -351,12 +325,12 @@ class ValidatorService:
                     self.accepted_groups += len(adopted.accepted)
                     self.adopted_batches += 1
                     await self.on_judged(digest, signed.message, adopted)
-                    self._record(digest, signed.message, None)
+                    self._record(digest, batch_record(signed.message, None))
                     return
                 # conflicting verdicts, or none in time: verify it here
             else:
                 self.seen.credit(header.worker, header.policy_step, counters)
-                self._record_unjudged(digest, header, counters)
+                self._record(digest, unjudged_record(header, counters))
                 return
         signed = signed or self._decode(digest)
         if signed is None:
@@ -397,8 +371,8 @@ class ValidatorService:
             await self.on_judged(digest, batch, result)
         envelope = codec.encode(self._verdict(digest, result), self.node.identity, lifetime_s=VERDICT_LIFETIME_S)
         verdict = codec.decode(envelope, Verdict).message
-        self._record(digest, batch, envelope, (g.counter for g in result.accepted), result.credited,
-                     cheats=verdict.cheats)
+        self._record(digest, batch_record(batch, envelope, (g.counter for g in result.accepted), result.credited,
+                                          cheats=verdict.cheats))
         await self.node.publish_announcement(envelope)
         if verdict.cheats:
             ban_worker(self.node, batch.worker, f"{', '.join(verdict.cheats)} (own verdict)")
@@ -437,16 +411,7 @@ class ValidatorService:
     def _judged(self, digest: str) -> bool:
         """Whether this node recorded ``digest`` (judged, passed over or adopted) or quarantined it;
         called by the inbox before it stores a delivery (``digest`` is a checked sha256 hex)."""
-        recorded = self.verdict_dir / f"{digest}.json"
-        return recorded.exists() or self.inbox.moved_path(digest, self.quarantine_dir).exists()
-
-    def _own_accepted(self, digest: str) -> set[int] | None:
-        """Counters this node accepted in ``digest`` by its own verification (None: not judged here)."""
-        try:
-            record = json.loads((self.verdict_dir / f"{digest}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return set(record["accepted"]) if record.get("verdict") else None
+        return self.records.holds(digest) or self.inbox.moved_path(digest, self.quarantine_dir).exists()
 
     def _verdict(self, digest: str, result: BatchVerdict) -> Verdict:
         return Verdict(run_id=self.node.config.run_id, batch_digest=bytes.fromhex(digest), worker=result.worker,
@@ -455,25 +420,9 @@ class ValidatorService:
                        rejected=tuple(RejectedGroup(counter=g.counter, reason=g.reason or "")
                                       for g in result.rejected))
 
-    def _record(self, digest: str, batch: RolloutBatch, envelope: bytes | None, accepted: Iterable[int] = (),
-                credited: Iterable[int] | None = None, cheats: Iterable[str] = ()) -> None:
-        """Durably note the batch (its verdict, the counters credited, the contents it entered in
-        the content index, the cheats it proved), then drop it from the inbox, so a restart
-        rebuilds the same ledger and the same bans."""
-        counters = [g.counter for g in batch.groups] if credited is None else list(credited)
-        contents = [group_digest(g.prompt_ids, [c.token_ids for c in g.completions]).hex()
-                    for g in batch.groups] if envelope is not None else []
-        self._write_record(digest, {"worker": batch.worker, "step": batch.policy_step, "counters": counters,
-                                    "verdict": envelope.hex() if envelope is not None else None,
-                                    "accepted": list(accepted), "contents": contents, "cheats": list(cheats)})
-
-    def _record_unjudged(self, digest: str, header: RolloutBatch, counters: list[int]) -> None:
-        """An unsampled batch: its counters are used, nothing else of it is known here."""
-        self._write_record(digest, {"worker": header.worker, "step": header.policy_step, "counters": counters,
-                                    "verdict": None, "accepted": [], "contents": [], "cheats": []})
-
-    def _write_record(self, digest: str, record: dict[str, Any]) -> None:
-        write_durably(self.verdict_dir / f"{digest}.json", json.dumps(record).encode())
+    def _record(self, digest: str, record: dict[str, Any]) -> None:
+        """Durably note the batch (``verdict_records``), then drop it from the inbox."""
+        self.records.write(digest, record)
         self._forget(digest)
         self.inbox.remove(digest)
 
