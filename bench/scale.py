@@ -5,7 +5,7 @@ model: the light mode), and light members (``join --role seeder``) for the rest,
 node's default timings. Where the nodes live:
 
 - ``--netns`` (the default when a size is 50 or more, and this runs as root with ``ip``): each node
-  in a network namespace of its own on one bridge, at 10.(1+i).1.2 (``SwarmNet``), so every node
+  in a network namespace of its own behind one router, at 10.(1+i).1.2 (``SwarmNet``), so every node
   dials from its own address and the per-IP admission caps and stream slots apply at their
   defaults, as between hosts on the internet;
 - ``--loopback`` (the default below that, or without root): every node on 127.0.0.1, one source
@@ -171,18 +171,21 @@ class Loopback:
 
 @dataclass
 class SwarmNet(Namespaces):
-    """A network namespace per node, on one bridge: every node dials from its own address, so the
-    per-IP admission caps (specs/connections.md) and the stream guard's per-IP slots meet each node
-    as they would on the internet, at their defaults.
+    """A network namespace per node, each linked to one router: every node dials from its own
+    address, so the per-IP admission caps (specs/connections.md) and the stream guard's per-IP slots
+    meet each node as they would on the internet, at their defaults.
 
-    ``br``: a namespace holding the bridge ``br0`` (none has a link to the host's namespace, so
-    nothing leaves the machine); node i (in start order): namespace ``n<i>``, ``eth0`` at
-    10.(1+i).1.2/8, so each node is in a /16 and a /24 of its own, as unrelated hosts are (the
-    admission caps also count per /24 and per /16); ``new``: the bench's newcomer, the DHT client,
-    at 10.255.1.2. Built with ``ip -batch`` (one command for the namespaces and links, one per
-    namespace): 3 commands per node took seconds per node on 2 loaded cores. Removed on exit, on a
-    failure and on Ctrl-C or SIGTERM (``Namespaces``); a run killed outright leaves them to the next
-    run's ``cleanup_stale``."""
+    ``rt``: a namespace that routes between all the others (none has a link to the host's
+    namespace, so nothing leaves the machine); node i (in start order): namespace ``n<i>``, ``eth0``
+    at 10.(1+i).1.2/24 behind the router's 10.(1+i).1.1, so each node is in a /16 and a /24 of its
+    own, as unrelated hosts are (the admission caps also count per /24 and per /16); ``new``: the
+    bench's newcomer, the DHT client, at 10.255.1.2. Routed, not bridged: the kernel's ARP table is
+    one for all namespaces (gc_thresh3, 1,024 entries), and on one bridge every node holds an entry
+    for every node it talks to, N squared in all: at 35 nodes it overflowed and joins timed out; here
+    a node holds one (its router) and the router N. Built with ``ip -batch`` (one command for the
+    namespaces and links, one per namespace): 3 commands per node took seconds per node on 2
+    loaded cores. Removed on exit, on a failure and on Ctrl-C or SIGTERM (``Namespaces``); a run
+    killed outright leaves them to the next run's ``cleanup_stale``."""
 
     nodes: int = 2
     ips: dict[str, tuple[str, str]] = field(default_factory=dict)  # node name -> (namespace, address)
@@ -198,19 +201,22 @@ class SwarmNet(Namespaces):
         return "a network namespace per node (10.x.1.2), the node's own admission caps"
 
     def _build(self) -> None:
-        bridge, newcomer = self.name("br"), self.name("new")
+        router, newcomer = self.name("rt"), self.name("new")
         hosts = [self.name(f"n{i}") for i in range(self.nodes)]
-        self.created.extend([bridge, *hosts, newcomer])  # before they exist: close() removes what was made
+        self.created.extend([router, *hosts, newcomer])  # before they exist: close() removes what was made
         _ip_batch([f"netns add {name}" for name in self.created]
-                  + [f"link add eth0 netns {host} type veth peer name p{i} netns {bridge}"
+                  + [f"link add eth0 netns {host} type veth peer name p{i} netns {router}"
                      for i, host in enumerate([*hosts, newcomer])])
-        ports = [f"link set p{i} master br0 up" for i in range(len(hosts) + 1)]
-        _ip_batch(["link add br0 type bridge", "link set br0 up", "link set lo up", *ports], bridge)
-        for host, address in [*zip(hosts, _addresses(len(hosts)), strict=True), (newcomer, "10.255.1.2")]:
-            _ip_batch(["link set lo up", f"addr add {address}/8 dev eth0", "link set eth0 up"], host)
+        nets = [*_addresses(len(hosts)), "10.255.1.2"]
+        _ip_batch(["link set lo up"] + [line for i, address in enumerate(nets) for line in
+                                        (f"addr add {_gateway(address)}/24 dev p{i}", f"link set p{i} up")], router)
+        self.sh(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        for host, address in zip([*hosts, newcomer], nets, strict=True):
+            _ip_batch(["link set lo up", f"addr add {address}/24 dev eth0", "link set eth0 up",
+                       f"route add default via {_gateway(address)}"], host)
 
     def close(self) -> None:
-        """Every namespace this run made, in one command (their veths and the bridge go with them)."""
+        """Every namespace this run made, in one command (their veths go with them)."""
         if self.created:
             _ip_batch([f"netns delete {name}" for name in self.created], force=True)
         self.created.clear()
@@ -253,6 +259,11 @@ class SwarmNet(Namespaces):
 
 def _addresses(count: int) -> list[str]:
     return [f"10.{1 + i}.1.2" for i in range(count)]
+
+
+def _gateway(address: str) -> str:
+    """The router's side of a node's link: 10.x.1.1 for 10.x.1.2."""
+    return address.rsplit(".", 1)[0] + ".1"
 
 
 def _ip_batch(lines: list[str], namespace: str | None = None, force: bool = False) -> None:

@@ -1,5 +1,5 @@
-"""bench/scale.py's namespaces (issue 51): every node dials from an address of its own on one
-bridge, the bench's newcomer from another, and every namespace is gone afterwards, also when the
+"""bench/scale.py's namespaces (issue 51): every node dials from an address of its own behind one
+router, the bench's newcomer from another, and every namespace is gone afterwards, also when the
 build fails half way."""
 
 import socket
