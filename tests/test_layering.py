@@ -112,6 +112,19 @@ def test_the_package_map_names_every_module(package: Path) -> None:
     assert not missing, f"{package.relative_to(ROOT)}/__init__.py does not name {missing}"
 
 
+MAX_CLASS_LINES = 300
+
+
+def test_no_class_in_node_is_over_300_lines() -> None:
+    """A class past 300 lines does more than one job (issue 49): move one out into its own module.
+    Counted from the class statement to its last line, docstrings and comments included."""
+    long = [f"{path.relative_to(ROOT)}: {node.name} is {node.end_lineno - node.lineno + 1} lines"
+            for path in sorted((ROOT / "node").rglob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+    assert not long, f"classes over {MAX_CLASS_LINES} lines: {long}"
+
+
 def test_tests_share_code_through_tests_support_only() -> None:
     """A test module imported by another would run its tests twice and tie unrelated files together;
     what tests share lives in ``tests/support`` (and its map names it, checked below)."""

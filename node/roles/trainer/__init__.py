@@ -9,6 +9,7 @@
 - ``learner``: one GRPO update from a batch of groups; compute only.
 - ``lora``: low-rank adapters: train and ship a few small matrices, the base frozen.
 - ``lora_publish``: a LoRA step as it ships: the adapter body and the exactly merged checkpoint.
+- ``publish_checkpoint``: a trained step written whole into the publish directory the overlay reads.
 - ``sharded``: the learner sharded with FSDP2 over several processes (specs/trainer_sharding.md).
 - ``ranks``: one trainer in N processes: rank 0 leads the learner and runs the node, the rest follow.
 - ``launch``: starts those processes with torchrun (``join --role trainer --nproc N``).

@@ -50,14 +50,15 @@ import torch
 import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.home.durable import append_durably, fsync_file, rename_durably, write_durably
+from intellect_node.node.home.durable import append_durably
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
-from intellect_node.node.roles.trainer.lora import LoraConfig, apply_lora, merged_weights
-from intellect_node.node.roles.trainer.lora_publish import adapter_body, round_frozen_weights, write_merged
+from intellect_node.node.roles.trainer.lora import LoraConfig, apply_lora
+from intellect_node.node.roles.trainer.lora_publish import round_frozen_weights
 from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.pool import GroupPool
+from intellect_node.node.roles.trainer.publish_checkpoint import write_checkpoint
 from intellect_node.node.roles.trainer.ranks import LeadLearner, distributed, make_learner
 from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.state import load_state, save_state
@@ -67,7 +68,6 @@ from intellect_node.node.roles.validator.service import (
     ValidatorService,
 )
 from intellect_node.node.roles.validator.validation import BatchVerdict
-from intellect_node.node.shards.checkpoint import write_safetensors
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol.rollout_shape import RolloutShape
@@ -281,34 +281,13 @@ class TrainerService:
                 "verification": self.validator.status()}
 
     def _write_checkpoint(self, step: int) -> None:
-        """Hand the weights to the overlay: written aside, then renamed into the publish directory.
-        Runs in a worker thread between steps (the weights do not change meanwhile); tied
-        embeddings are written once, as ``save_pretrained`` does."""
+        """Hand the weights to the overlay (``publish_checkpoint``). Runs in a worker thread between
+        steps (the weights do not change meanwhile)."""
         assert self.learner is not None
-        publish_dir = self.options.publish_dir
-        publish_dir.mkdir(parents=True, exist_ok=True)
-        staging = publish_dir / f".writing-{step}"
-        if self.lora is not None and self.lora_base_step is not None and step > self.lora_base_step:
-            # an adapter step: the file is merge(base, adapter) exactly as followers build it, and the
-            # adapter goes beside it (written before the hand-over rename, so the overlay finds both)
-            base = self.shards.store.checkpoints.get(self.lora_base_step)
-            if base is None or not base.complete:
-                raise RuntimeError(f"LoRA base step {self.lora_base_step} is not held by this trainer's overlay")
-            body = adapter_body(self.learner.inference_model(), self.lora, base)
-            write_merged(base, body, staging)
-            write_durably(publish_dir / f"step-{step}.base-{self.lora_base_step}.lora", body)
-        else:
-            tied = {"lm_head.weight"} if self.tied_embeddings else set()
-            dtype = POLICY_DTYPES[self.options.policy_dtype]
-            weights = merged_weights(self.learner.inference_model()) if self.lora else self.learner.weights()
-            tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items() if k not in tied}
-            write_safetensors(tensors, staging)
-            # the overlay takes a published file as complete without re-hashing it after a restart: torn
-            # by a power loss, its bytes would not match the signed manifest and peers would ban this trainer
-            fsync_file(staging)
-            if self.lora is not None:
-                self.lora_base_step = step  # the frozen base every later adapter applies to
-        rename_durably(staging, publish_dir / f"step-{step}.safetensors")
+        self.lora_base_step = write_checkpoint(
+            self.learner, step, self.options.publish_dir, POLICY_DTYPES[self.options.policy_dtype],
+            self.shards.store, lora=self.lora, lora_base_step=self.lora_base_step,
+            tied_embeddings=self.tied_embeddings)
 
     def _save(self) -> None:
         assert self.learner is not None
