@@ -102,7 +102,9 @@ async def _cheat(tmp_path: Path, trainer, model: Path, cheater_keys: set[str], l
     committed: dict[int, list[Identity]] = {}
     captured: dict[int, tuple[bytes, dict]] = {}
     async with trio.open_nursery() as nursery:
-        sender = make_node(tmp_path, "cheater", RUN, bootstrap=[trainer.addr])
+        # a light member: advertised as a trainer, it drew the honest worker's deliveries (each
+        # failing after 5 attempts), which slowed the run until the cheater found its steps pruned
+        sender = make_node(tmp_path, "cheater", RUN, bootstrap=[trainer.addr], roles=("seeder",))
         await nursery.start(sender.run)
         nursery.start_soon(_capture, trainer.home, committed, captured)
         with trio.fail_after(780):

@@ -10,8 +10,8 @@ from tests.support.protocol_samples import CPU_HARDWARE
 
 
 def make_node(root: Path, name: str, run_id: str, identity: Identity | None = None, bootstrap=(), services=(),
-              **timing) -> Node:
-    config = SwarmSettings(home=root / name, run_id=run_id, roles=("trainer",), listen=("/ip4/127.0.0.1/tcp/0",),
+              roles=("trainer",), **timing) -> Node:
+    config = SwarmSettings(home=root / name, run_id=run_id, roles=tuple(roles), listen=("/ip4/127.0.0.1/tcp/0",),
                            bootstrap=tuple(bootstrap), new_swarm=not bootstrap,
                            **{"heartbeat_s": 1.0, "discovery_s": 2.0, **timing})
     config.home.mkdir(parents=True, exist_ok=True)
