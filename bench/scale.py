@@ -345,11 +345,7 @@ def run_size(n: int, net: Loopback | SwarmNet, windows: dict[str, float], keep: 
                           "misses": gets["get_misses"], "gets": gets["gets"]}
         out["rss_mb_median"] = round(statistics.median(_rss_mb(node) for node in swarm.nodes.values()), 1)
     finally:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(swarm.stop, list(swarm.nodes)))
-        net.reset()
-        if keep is None:
-            shutil.rmtree(root, ignore_errors=True)
+        _tear_down(swarm, net, root, keep)
     out["load_after"] = round(os.getloadavg()[0], 1)
     return out
 
@@ -423,11 +419,7 @@ def run_churn(n: int, net: Loopback | SwarmNet, minutes: float, keep: Path | Non
         out["followers"] = len(followers)
         out["rejections"] = membership.sum_rejections(list(running.values()))
     finally:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(swarm.stop, list(swarm.nodes)))
-        net.reset()
-        if keep is None:
-            shutil.rmtree(root, ignore_errors=True)
+        _tear_down(swarm, net, root, keep)
     out["load_after"] = round(os.getloadavg()[0], 1)
     return out
 
@@ -437,6 +429,15 @@ def churn_failures(result: dict[str, Any]) -> int:
     unconverged = 0 if result["converged_after_s"] is not None else result["nodes"] - result["view_sizes_after"][0]
     return (len(result["stalled"]) + len(result["crashed"]) + len(result["rejoin_failures"]) + unconverged
             + result["followers"] - result["checkpoint_held_by"])
+
+
+def _tear_down(swarm, net, root: Path, keep) -> None:
+    """Stop every node (8 at once), remove the namespaces, and the run's files unless kept."""
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(swarm.stop, list(swarm.nodes)))
+    net.reset()
+    if keep is None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _rss_mb(node: NodeProcess) -> float:
