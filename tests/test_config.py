@@ -44,8 +44,9 @@ def test_missing_explicit_config_file(tmp_path):
 
 
 def test_one_file_with_sections(tmp_path):
+    from intellect_node.node.config.loader import load_section
     from intellect_node.node.roles.trainer.config import load_trainer_options
-    from intellect_node.node.shards.config import load_shard_config
+    from intellect_node.node.shards.config import ShardConfig
 
     (tmp_path / "config.toml").write_text(
         '[node]\nheartbeat_s = 3.0\n[run]\nrun_id = "sectioned"\nasync_level = 0\nmax_tokens = 128\ngroup_size = 4\n'
@@ -56,9 +57,9 @@ def test_one_file_with_sections(tmp_path):
     assert config.run_id == "sectioned" and config.swarm.heartbeat_s == 3.0 and config.run.async_level == 0
     assert (config.run.max_tokens, config.run.group_size, config.run.temperature) == (128, 4, 0.5)
     assert config.sections["inference"] == {"engine": "torch"}
-    shards = load_shard_config(config.home, {}, environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"},
-                               file_values=config.sections["shards"])
-    assert shards.keep_steps == 5 and shards.discovery_s == 1.5
+    shards = load_section(ShardConfig, "shards", config.sections["shards"], str(config.config_file), {},
+                          environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"}, data_dir=config.layout.shards)
+    assert shards.keep_steps == 5 and shards.discovery_s == 1.5 and shards.data_dir == tmp_path / "shards"
     trainer = load_trainer_options(model_dir=tmp_path, task_spec="toy:seed=0,count=4", publish_dir=tmp_path,
                                    config_file=None, flags={"batch_groups": None}, section=config.sections["trainer"],
                                    run_async_level=config.run.async_level)
@@ -82,11 +83,18 @@ def test_bad_sections_name_the_key_and_file(tmp_path, content, match):
     assert "config.toml" in str(caught.value)
 
 
-def test_unknown_shards_key_is_named(tmp_path):
-    from intellect_node.node.shards.config import load_shard_config
+def load_shards(home, table, flags=None, environ=None, source="config file"):
+    """``[shards]`` as node/app/join.py loads it: ``data_dir`` fixed under the home."""
+    from intellect_node.node.config.loader import load_section
+    from intellect_node.node.shards.config import ShardConfig
 
+    return load_section(ShardConfig, "shards", table, source, flags, {} if environ is None else environ,
+                        data_dir=home / "shards")
+
+
+def test_unknown_shards_key_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"\[shards\]: unknown keys \['shard_mib'\]"):
-        load_shard_config(tmp_path, {}, environ={}, file_values={"shard_mib": 4})
+        load_shards(tmp_path, {"shard_mib": 4})
 
 
 @pytest.mark.parametrize("table,match", [
@@ -95,10 +103,8 @@ def test_unknown_shards_key_is_named(tmp_path):
     ({"data_dir": "/x"}, r"unknown keys \['data_dir'\]"),
 ])
 def test_shards_values_are_typed_strictly(tmp_path, table, match):
-    from intellect_node.node.shards.config import load_shard_config
-
     with pytest.raises(ConfigError, match=match):
-        load_shard_config(tmp_path, {}, environ={}, file_values=table, file_name="cfg.toml")
+        load_shards(tmp_path, table, source="cfg.toml")
 
 
 @pytest.mark.parametrize("value", ['"16"', "-1", "true", "2.5"])

@@ -9,14 +9,14 @@ import pytest
 
 from intellect_node.node.app.config import InferenceOptions, NodeConfig
 from intellect_node.node.app.roles import RoleOptions, assemble
-from intellect_node.node.shards.config import load_shard_config
+from intellect_node.node.shards.config import ShardConfig
 from tests.support.inprocess_nodes import make_node
 
 
 def test_relay_only_roles_run_the_overlay_and_the_inbox(tmp_path: Path) -> None:
     node = make_node(tmp_path, "relay", "assembly-run")
     config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference", "validator")))
-    shards = load_shard_config(config.home, {}, environ={})
+    shards = ShardConfig(data_dir=config.layout.shards)
     services = assemble(node, config, RoleOptions(shards=shards))
     assert [s.name for s in services] == ["shards", "rollouts"]
     assert services[1].on_stored is None  # no verifier on this node: nothing judges the inbox here
@@ -39,7 +39,7 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     node = make_node(tmp_path, "both", "assembly-run")
     config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference", "validator")),
                         run=RunConfig(max_tokens=128, group_size=4, temperature=0.5))
-    shards = load_shard_config(config.home, {}, environ={})
+    shards = ShardConfig(data_dir=config.layout.shards)
     tasks = "toy:seed=0,count=4"
     options = RoleOptions(shards=shards, inference=InferenceOptions(model_dir=tmp_path, task_spec=tasks),
                           validator=ValidatorOptions(model_dir=tmp_path, task_spec=tasks))
@@ -63,7 +63,7 @@ def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> No
     wide = dataclasses.replace(TORCH_TORCH, sampling_slack=0.5, margin_noise=0.02)  # a calibrated bf16 pair
     config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("trainer", "validator")),
                         run=RunConfig(engines=(wide,)))
-    shards = load_shard_config(config.home, {"publish_dir": tmp_path / "publish"}, environ={})
+    shards = ShardConfig(data_dir=config.layout.shards, publish_dir=tmp_path / "publish")
     tasks = "toy:seed=0,count=4"
     options = RoleOptions(shards=shards, trainer=TrainerOptions(model_dir=tmp_path, task_spec=tasks,
                                                                 publish_dir=tmp_path / "publish"),

@@ -17,9 +17,10 @@ from safetensors import safe_open
 from intellect_node.crypto.envelope import seal
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.config.base import ConfigError
+from intellect_node.node.config.loader import load_section
 from intellect_node.node.shards.checkpoint import CheckpointFormatError, build_manifest, hash_shards, write_safetensors
 from intellect_node.node.shards.client import Endpoint, HttpStatus, ShardClient
-from intellect_node.node.shards.config import ShardConfig, load_shard_config
+from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.loader import load_tensors
 from intellect_node.node.shards.server import ShardServer, pack_bits, unpack_bits
 from intellect_node.node.shards.service import ShardService
@@ -363,14 +364,17 @@ def test_store_paths_stay_inside_the_data_directory(tmp_path):
 
 
 def test_config_layers_and_checks(tmp_path):
-    config = load_shard_config(tmp_path, {"trainer": None}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(1 << 20),
-                                                             "INTELLECT_NODE_SHARDS_STALL_S": "3"})
+    def load(flags, environ):
+        return load_section(ShardConfig, "shards", {}, "cfg.toml", flags, environ, data_dir=tmp_path / "shards")
+
+    config = load({"trainer": None}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(1 << 20),
+                                      "INTELLECT_NODE_SHARDS_STALL_S": "3"})
     assert config.shard_size == 1 << 20 and config.stall_s == 3.0 and config.data_dir == tmp_path / "shards"
     assert config.keep_steps == 3
-    with pytest.raises(ConfigError):
-        load_shard_config(tmp_path, {"trainer": "not a peer id"}, {})
-    with pytest.raises(ConfigError):
-        load_shard_config(tmp_path, {}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": "12"})
+    with pytest.raises(ConfigError, match="trainer: 'not a peer id' is not a peer id"):
+        load({"trainer": "not a peer id"}, {})
+    with pytest.raises(ConfigError, match="shard_size: 12 outside"):
+        load({}, {"INTELLECT_NODE_SHARDS_SHARD_SIZE": "12"})
 
 
 # ---- loading -----------------------------------------------------------------------------------

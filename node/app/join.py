@@ -20,10 +20,10 @@ from typing import Any
 from intellect_node.node.app.config import ROLE_SECTION_KEYS, InferenceOptions, NodeConfig, RoleSection
 from intellect_node.node.app.join_flags import flag_values, section_flags
 from intellect_node.node.app.roles import RoleOptions
-from intellect_node.node.config.base import ConfigError, build, whole_number
-from intellect_node.node.config.loader import layered
+from intellect_node.node.config.base import ConfigError, whole_number
+from intellect_node.node.config.loader import load_section
 from intellect_node.node.engine import EngineChoice
-from intellect_node.node.shards.config import ShardConfig, load_shard_config
+from intellect_node.node.shards.config import ShardConfig
 
 DEFAULT_TASKS = "toy:seed=0,count=1000"
 SHARED_SECTIONS = ("inference", "validator")  # the role sections whose model/tasks/engine one node shares
@@ -50,8 +50,8 @@ def role_options(cfg: NodeConfig, roles: tuple[str, ...], given: Mapping[str, An
                                    only=("validator",))
     if verify_fraction is not None and not 0.0 <= verify_fraction <= 1.0:  # checked here: the roles start later
         raise ConfigError(f"[validator] verify_fraction: {verify_fraction!r} is not a fraction from 0 to 1")
-    shards = load_shard_config(cfg.home, section_flags(flags, "shards"), environ,
-                               file_values=cfg.sections.get("shards"), file_name=str(cfg.config_file))
+    shards = load_section(ShardConfig, "shards", cfg.sections.get("shards", {}), str(cfg.config_file),
+                          section_flags(flags, "shards"), environ, data_dir=cfg.layout.shards)
     inference = None
     if "inference" in roles:
         if model is None:
@@ -83,17 +83,17 @@ class _SharedRoleValues:
     """``[inference]`` and ``[validator]`` with their environment layers, for the roles this node takes."""
 
     def __init__(self, cfg: NodeConfig, roles: tuple[str, ...], environ: Mapping[str, str]) -> None:
-        self.sections = {role: layered(RoleSection, role, cfg.sections.get(role, {}), str(cfg.config_file), {},
-                                       environ, ROLE_SECTION_KEYS[role])
+        self.sections = {role: load_section(RoleSection, role, cfg.sections.get(role, {}), str(cfg.config_file), {},
+                                            environ, ROLE_SECTION_KEYS[role])
                          for role in SHARED_SECTIONS if role in roles}
 
     def value(self, name: str, flag: Any, default: Any, only: tuple[str, ...] = SHARED_SECTIONS) -> Any:
         """The flag, else the first of this node's sections (of ``only``) setting ``name``, else ``default``."""
         if flag is not None:
             return flag
-        for role, values in self.sections.items():
-            if role in only and values.get(name) is not None:
-                return values[name]
+        for role, section in self.sections.items():
+            if role in only and getattr(section, name) is not None:
+                return getattr(section, name)
         return default
 
 
@@ -182,8 +182,7 @@ def _diloco_settings(cfg: NodeConfig, flags: Mapping[str, Any], model: str | Non
     if _is_metagene(cfg, flags, table):
         data = _metagene_data(cfg, flags, environ, say)
         model = model or table.get("model") or "tiny"
-    values = layered(DilocoSettings, "diloco", table, source, {"model": model, "data": data}, environ)
-    settings = build(DilocoSettings, {}, source, "[diloco]", **values)
+    settings = load_section(DilocoSettings, "diloco", table, source, {"model": model, "data": data}, environ)
     try:
         settings = with_run_spec(settings, cfg.run_id, cfg.config_file.parent)  # a spec failing its checks stops here
         if settings.data.startswith("metagene:"):

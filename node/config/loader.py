@@ -1,20 +1,29 @@
-"""The layers of every section: defaults < the TOML file < environment < flags.
+"""The one section loader: defaults < the TOML file's ``[section]`` < environment < flags.
 
-The environment names a key ``<prefix><KEY>``: ``INTELLECT_NODE_<KEY>`` for ``[node]`` (as
-before sections existed), ``INTELLECT_NODE_<SECTION>_<KEY>`` for the others (``[shards]``'s
-``INTELLECT_NODE_SHARDS_*``). Flags hold only what the user gave (None: not given).
+``load_section`` builds every section's dataclass (``[shards]``, ``[trainer]``, ``[diloco]``,
+``[metagene]``, the role sections); ``layered`` gives the same layers as typed values, for a root
+that adds its own (node/app/config.py's ``[node]`` and ``[run]``). The environment names a key
+``<prefix><KEY>``: ``INTELLECT_NODE_<KEY>`` for ``[node]`` (as before sections existed),
+``INTELLECT_NODE_<SECTION>_<KEY>`` for the others (``[shards]``'s ``INTELLECT_NODE_SHARDS_*``), and
+a sub-table's key by its path (``INTELLECT_NODE_TRAINER_OPTIM_LR`` for ``[trainer.optim] lr``).
+Flags hold only what the user gave (None: not given), a sub-table's as a nested mapping
+(``{"optim": {"lr": 2e-4}}``). A sub-table (a field whose type is a dataclass) is merged key by key
+across the layers, so a flag for one of its keys keeps the file's others.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from intellect_node.node.config.base import ConfigError, field_types, parse_text, typed, values_of
+from intellect_node.node.config.base import ConfigError, build, field_types, parse_text, typed, values_of
+
+T = TypeVar("T")
 
 ENV_PREFIX = "INTELLECT_NODE_"
 MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: a config file with every section written out is a few KB
@@ -63,18 +72,72 @@ def env_prefix(section: str) -> str:
     return ENV_PREFIX if section == "node" else f"{ENV_PREFIX}{section.upper()}_"
 
 
+def load_section(cls: type[T], section: str, table: Mapping[str, Any], source: str,
+                 flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+                 settable: Iterable[str] | None = None, **fixed: Any) -> T:
+    """``cls`` from ``[section]``'s layers: ``table`` (read from ``source``), the environment, then
+    the flags given. ``settable`` limits the keys the layers may set (default: every field);
+    ``fixed`` values (a directory under the home, the checked model) are no setting at all. Every
+    mistake is a ConfigError naming the key and where it came from; a bound the class refuses (its
+    ``__post_init__``) is prefixed with ``source``."""
+    keys = set(field_types(cls) if settable is None else settable) - set(fixed)
+    values = layered(cls, section, table, source, flags or {}, environ, keys)
+    return build(cls, {}, source, f"[{section}]", **values, **fixed)
+
+
 def layered(cls: type, section: str, table: Mapping[str, Any], source: str, flags: Mapping[str, Any],
             environ: Mapping[str, str] | None = None, settable: Iterable[str] | None = None) -> dict[str, Any]:
     """The typed values of ``[section]`` for the dataclass ``cls``: ``table`` (from ``source``),
     the environment, then the flags given; ``settable`` limits the keys (default: every field)."""
     environ = os.environ if environ is None else environ
+    keys = set(field_types(cls) if settable is None else settable)
+    given = merge_tables(_environment_layer(cls, env_prefix(section), environ, keys),
+                         _flag_layer(cls, flags, keys))
+    return values_of(cls, merge_tables(table, given), source, f"[{section}]", keys)
+
+
+def merge_tables(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
+    """``high`` over ``low``; where both hold a table under one key, those merge key by key too."""
+    merged = dict(low)
+    for name, value in high.items():
+        below = merged.get(name)
+        both = isinstance(value, Mapping) and isinstance(below, Mapping)
+        merged[name] = merge_tables(below, value) if both else value
+    return merged
+
+
+def _is_table(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _environment_layer(cls: type, prefix: str, environ: Mapping[str, str], keys: Iterable[str],
+                       path: str = "") -> dict[str, Any]:
+    """The typed values ``environ`` sets for ``keys`` of ``cls`` (a sub-table's by its path)."""
     kinds = field_types(cls)
-    keys = set(kinds if settable is None else settable)
-    values = values_of(cls, table, source, f"[{section}]", keys)
-    prefix = env_prefix(section)
+    layer: dict[str, Any] = {}
     for name in sorted(keys):
-        if prefix + name.upper() in environ:
-            values[name] = parse_text(kinds[name], environ[prefix + name.upper()], f"{name} from environment")
-        if flags.get(name) is not None:
-            values[name] = typed(kinds[name], flags[name], f"{name} from command line")
-    return values
+        variable = prefix + name.upper()
+        if _is_table(kinds[name]):
+            inner = _environment_layer(kinds[name], variable + "_", environ, field_types(kinds[name]), f"{path}{name}.")
+            if inner:
+                layer[name] = inner
+        elif variable in environ:
+            layer[name] = parse_text(kinds[name], environ[variable], f"{path}{name} from environment")
+    return layer
+
+
+def _flag_layer(cls: type, flags: Mapping[str, Any], keys: Iterable[str], path: str = "") -> dict[str, Any]:
+    """The typed values of the flags given for ``keys`` of ``cls`` (a sub-table's as a mapping)."""
+    kinds = field_types(cls)
+    layer: dict[str, Any] = {}
+    for name in sorted(keys):
+        value = flags.get(name)
+        if value is None:
+            continue
+        if _is_table(kinds[name]) and isinstance(value, Mapping):
+            inner = _flag_layer(kinds[name], value, field_types(kinds[name]), f"{path}{name}.")
+            if inner:
+                layer[name] = inner
+        else:
+            layer[name] = typed(kinds[name], value, f"{path}{name} from command line")
+    return layer

@@ -1,17 +1,14 @@
 """Settings of the weight broadcast overlay: defaults < the config file's ``[shards]`` section <
-environment (INTELLECT_NODE_SHARDS_*) < flags, through node/config's layers."""
+environment (INTELLECT_NODE_SHARDS_*) < flags, loaded by node/config's ``load_section`` with
+``data_dir`` fixed under the home (it is not a setting: nothing is ever written outside it)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from intellect_node.node.config.base import ConfigError
-from intellect_node.node.config.loader import layered
-from intellect_node.node.home.layout import HomeLayout
 from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 MIB = 1 << 20
@@ -58,13 +55,3 @@ class ShardConfig:
     def is_publisher(self) -> bool:
         return self.publish_dir is not None
 
-
-SETTABLE = frozenset(f.name for f in fields(ShardConfig)) - {"data_dir"}
-
-
-def load_shard_config(home: Path, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None,
-                      file_values: Mapping[str, Any] | None = None, file_name: str = "config file") -> ShardConfig:
-    """Merge the ``[shards]`` section, environment and flags (None = not given) over the defaults;
-    data always under ``home`` (``data_dir`` is not a setting)."""
-    values = layered(ShardConfig, "shards", file_values or {}, file_name, flags, environ, SETTABLE)
-    return ShardConfig(data_dir=HomeLayout(home).shards, **values)
