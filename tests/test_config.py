@@ -45,7 +45,7 @@ def test_missing_explicit_config_file(tmp_path):
 
 def test_one_file_with_sections(tmp_path):
     from intellect_node.node.config.loader import load_section
-    from intellect_node.node.roles.trainer.config import load_trainer_options
+    from intellect_node.node.roles.trainer.service import TrainerOptions
     from intellect_node.node.shards.config import ShardConfig
 
     (tmp_path / "config.toml").write_text(
@@ -60,10 +60,10 @@ def test_one_file_with_sections(tmp_path):
     shards = load_section(ShardConfig, "shards", config.sections["shards"], str(config.config_file), {},
                           environ={"INTELLECT_NODE_SHARDS_DISCOVERY_S": "1.5"}, data_dir=config.layout.shards)
     assert shards.keep_steps == 5 and shards.discovery_s == 1.5 and shards.data_dir == tmp_path / "shards"
-    trainer = load_trainer_options(model_dir=tmp_path, task_spec="toy:seed=0,count=4", publish_dir=tmp_path,
-                                   config_file=None, flags={"batch_groups": None}, section=config.sections["trainer"],
-                                   run_async_level=config.run.async_level)
-    assert trainer.batch_groups == 4 and trainer.optim.lr == 1e-3 and trainer.async_level == 0
+    trainer = load_section(TrainerOptions, "trainer", config.sections["trainer"], str(config.config_file),
+                           {"batch_groups": None}, {}, model_dir=tmp_path, task_spec="toy:seed=0,count=4",
+                           publish_dir=tmp_path)
+    assert trainer.batch_groups == 4 and trainer.optim.lr == 1e-3  # [run] async_level: tests/test_join_options.py
 
 
 @pytest.mark.parametrize("content,match", [

@@ -66,14 +66,20 @@ def test_a_flag_reaches_its_checks(tmp_path: Path, argv: list[str], match: str) 
 
 
 def test_a_trainer_flag_overrides_its_sub_table_key_by_key(tmp_path: Path) -> None:
-    from intellect_node.node.roles.trainer.config import load_trainer_options
+    from intellect_node.node.app.config import load_config
+    from intellect_node.node.app.join import role_options
+    from tests.support.engine_helpers import quick_tiny_model
 
-    (tmp_path / "config.toml").write_text("[optim]\nlr = 1e-3\nweight_decay = 0.25\n")
-    given = section_flags(flag_values({"lr": 2e-4, "batch_groups": 3}), "trainer")
-    options = load_trainer_options(model_dir=tmp_path, task_spec="toy:seed=0,count=4", publish_dir=tmp_path,
-                                   config_file=tmp_path / "config.toml", flags=given)
-    assert (options.optim.lr, options.optim.weight_decay, options.batch_groups) == (2e-4, 0.25, 3)
-    assert dataclasses.is_dataclass(options)
+    (tmp_path / "config.toml").write_text("[trainer.optim]\nlr = 1e-3\nweight_decay = 0.25\n")
+    (tmp_path / "trainer.toml").write_text("[optim]\nwarmup_steps = 7\n")  # the deprecated --trainer-config
+    given = {"model": str(quick_tiny_model()), "tasks": "toy:seed=0,count=4", "lr": 2e-4, "batch_groups": 3,
+             "trainer_config": tmp_path / "trainer.toml"}
+    said: list[str] = []
+    options = role_options(load_config({"home": str(tmp_path)}, environ={}), ("trainer",), given, said.append,
+                           {}).trainer
+    assert (options.optim.lr, options.optim.weight_decay, options.optim.warmup_steps, options.batch_groups) == (
+        2e-4, 0.25, 7, 3)
+    assert dataclasses.is_dataclass(options) and any("--trainer-config is deprecated" in line for line in said)
 
 
 def test_a_shards_flag_added_as_one_row_reaches_the_overlay_config(tmp_path: Path) -> None:

@@ -64,6 +64,16 @@ def test_trainer_section_environment_sits_between_file_and_flags(tmp_path: Path,
                 model=str(model_dir), tasks=TASKS)
 
 
+def test_trainer_async_level_is_the_runs_unless_its_section_names_it(tmp_path: Path, model_dir: Path) -> None:
+    toml = "[run]\nasync_level = 0\n[trainer.optim]\nlr = 1e-3\nweight_decay = 0.25\n"
+    env = {"INTELLECT_NODE_TRAINER_OPTIM_LR": "2e-3"}  # a sub-table's key, by its path
+    _, roles, _ = options(tmp_path, toml, env, roles=("trainer",), model=str(model_dir), tasks=TASKS)
+    assert roles.trainer.async_level == 0 and (roles.trainer.optim.lr, roles.trainer.optim.weight_decay) == (2e-3, 0.25)
+    _, roles, _ = options(tmp_path, toml + "[trainer]\nasync_level = 1\n", {}, roles=("trainer",),
+                          model=str(model_dir), tasks=TASKS)
+    assert roles.trainer.async_level == 1
+
+
 def test_diloco_section_reads_the_environment(tmp_path: Path) -> None:
     _, roles, _ = options(tmp_path, "[diloco]\nH = 20\n", {"INTELLECT_NODE_DILOCO_H": "7"}, roles=("diloco",))
     assert roles.diloco.H == 7

@@ -1,4 +1,5 @@
-"""Trainer settings: defaults < TOML file < flags, and clear errors for bad values."""
+"""Trainer settings through the one section loader: defaults < TOML file < flags, and clear errors
+for bad values."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from intellect_node.node.config.base import ConfigError
-from intellect_node.node.roles.trainer.config import load_trainer_options
+from intellect_node.node.config.loader import load_section, read_toml
+from intellect_node.node.roles.trainer.service import TrainerOptions
 
 BASE = {"model_dir": Path("/m"), "task_spec": "toy:seed=0,count=10", "publish_dir": Path("/p")}
 
 
 def load(tmp_path: Path, text: str | None, **flags):
-    config_file = None
+    """``[trainer]`` from a file holding ``text`` (its keys at the top level) and ``flags``."""
+    config_file = tmp_path / "trainer.toml"
     if text is not None:
-        config_file = tmp_path / "trainer.toml"
         config_file.write_text(text)
-    return load_trainer_options(**BASE, config_file=config_file, flags=flags)
+    table = {} if text is None else read_toml(config_file, explicit=True)
+    return load_section(TrainerOptions, "trainer", table, str(config_file), flags, {}, **BASE)
 
 
 def test_defaults(tmp_path) -> None:

@@ -14,7 +14,7 @@ concern, each read by one loader that names the key and the file on any mistake:
 
 The environment names a key ``INTELLECT_NODE_<KEY>`` for ``[node]`` and ``INTELLECT_NODE_<SECTION>_<KEY>``
 for every other section (``INTELLECT_NODE_RUN_ASYNC_LEVEL``, ``INTELLECT_NODE_DILOCO_H``); lists are
-comma-separated. ``[trainer]``'s sub-tables (optim, loss, rewards) are set in the file only. Each
+comma-separated; a sub-table's key is named by its path (``INTELLECT_NODE_TRAINER_OPTIM_LR``). Each
 role's options are assembled from these by node/app/join.py.
 """
 

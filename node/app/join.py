@@ -21,7 +21,7 @@ from intellect_node.node.app.config import ROLE_SECTION_KEYS, InferenceOptions, 
 from intellect_node.node.app.join_flags import flag_values, section_flags
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, whole_number
-from intellect_node.node.config.loader import load_section
+from intellect_node.node.config.loader import load_section, merge_tables, read_toml
 from intellect_node.node.engine import EngineChoice
 from intellect_node.node.shards.config import ShardConfig
 
@@ -153,19 +153,21 @@ def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: Mapping[str, Any],
                      verify_fraction: float | None, trusted: tuple[str, ...], environ: Mapping[str, str],
                      say: Say) -> Any:
-    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, load_trainer_options
+    """``[trainer]`` (node/roles/trainer/config.py) over ``[run] async_level``, which is run-wide
+    unless the trainer's section names it; an old ``--trainer-config`` file is still read over both."""
+    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE
+    from intellect_node.node.roles.trainer.service import TrainerOptions
 
     checked = inference_options(cfg, model, tasks, "torch", say)
     given = section_flags(flags, "trainer")
     config_file = given.pop("config_file", None)
+    table, source = merge_tables({"async_level": cfg.run.async_level}, cfg.sections.get("trainer", {})), cfg.config_file
     if config_file is not None:
         say(f"deprecated: {DEPRECATED_FILE}")
+        table, source = merge_tables(table, read_toml(config_file, explicit=True)), config_file
     given |= {"async_level": flags.get("run.async_level"), "verify_fraction": verify_fraction}
-    return load_trainer_options(model_dir=checked.model_dir, task_spec=tasks,
-                                publish_dir=shards.publish_dir or cfg.layout.publish,
-                                config_file=config_file, flags=given, trusted=trusted,
-                                section=cfg.sections.get("trainer"), run_async_level=cfg.run.async_level,
-                                source=str(cfg.config_file), environ=environ)
+    return load_section(TrainerOptions, "trainer", table, str(source), given, environ, model_dir=checked.model_dir,
+                        task_spec=tasks, publish_dir=shards.publish_dir or cfg.layout.publish, trusted=trusted)
 
 
 def _diloco_settings(cfg: NodeConfig, flags: Mapping[str, Any], model: str | None, environ: Mapping[str, str],
