@@ -97,7 +97,51 @@ def test_an_honest_worker_that_loses_groups_to_churn_keeps_its_standing() -> Non
         judge.run(step, {"honest": 24}, {"honest": made})
         if step > WINDOW + 1:
             assert judge.ledger.standing("honest"), (step, judge.ledger.steps["honest"])
-    assert judge.ledger.admits("honest", 19)
+    assert judge.ledger.admits("honest", 19, 0)
+
+
+def test_a_step_past_the_median_loses_its_surplus_to_training_only() -> None:
+    """The step cap: of a worker with standing, a step's counters below its median step's count
+    are trained on; the surplus (the counters delivered last) is credited and paid as before."""
+    judge = Judge()
+    for step in range(1, 12):  # about the same each step, one long step (the trainer took longer)
+        judge.run(step, {"w": 24}, {"w": 16 if step == 5 else 12})
+    assert judge.ledger.trained_per_step("w") == 12  # the long step moves neither median nor share
+    assert judge.ledger.standing("w") and judge.ledger.share("w") == 1.0
+    assert all(judge.ledger.admits("w", 11, c) for c in range(12))
+    assert not any(judge.ledger.admits("w", 11, c) for c in range(12, 24))
+    # the long step's surplus was credited: only the counters never delivered settled unpaid
+    settled_step_5 = [u for u in judge.state.settled if u.worker == "w" and u.step == 5]
+    assert [len(u.counters) for u in settled_step_5] == [24 - 16]
+    # the open steps need neither standing nor the cap
+    assert judge.ledger.admits("w", WINDOW + 1, 23)
+
+
+def test_a_steady_honest_worker_loses_nothing_and_a_churned_one_keeps_its_cap() -> None:
+    judge = Judge()
+    for step in range(1, 20):
+        churned = 0 if step == 9 else 11 if step in (5, 14) else 12  # a step lost whole, two groups
+        judge.run(step, {"steady": 24, "churned": 24}, {"steady": 12, "churned": churned})
+        if step > WINDOW + 1:
+            for worker, made in (("steady", 12), ("churned", churned)):
+                assert all(judge.ledger.admits(worker, step, c) for c in range(made)), (worker, step)
+    assert judge.ledger.trained_per_step("steady") == judge.ledger.trained_per_step("churned") == 12
+    assert judge.ledger.standing("churned")
+
+
+def test_a_topup_picker_keeps_standing_but_its_picks_above_the_median_are_not_trained() -> None:
+    """It delivers half of what it makes unlooked-at, then goes on only while it likes the next
+    task (a third of them): its share is whole (nothing above the median counts), so it keeps
+    standing, but each step trains only its unlooked-at half."""
+    judge = Judge()
+    rng = random.Random(3)
+    for step in range(1, 40):
+        picks = 0
+        while picks < 6 and rng.random() < 1 / 3:
+            picks += 1
+        judge.run(step, {"topup": 24}, {"topup": 6 + picks})
+    assert judge.ledger.standing("topup") and judge.ledger.trained_per_step("topup") == 6
+    assert [c for c in range(24) if judge.ledger.admits("topup", 39, c)] == list(range(6))
 
 
 def test_a_picking_cheater_loses_its_influence() -> None:
@@ -117,7 +161,7 @@ def test_a_picking_cheater_loses_its_influence() -> None:
         judge.run(step, {"prefix": 24, "one-a-step": 1, "honest": 24},
                   {"prefix": run, "one-a-step": int(rng.random() < 0.5), "honest": rng.choice((4, 4, 4, 8))})
         for worker in standing:
-            standing[worker] += judge.ledger.admits(worker, step)
+            standing[worker] += judge.ledger.admits(worker, step, 0)
     gated = len(steps) - (WINDOW + 1)
     assert standing["honest"] == len(steps)
     for picker in ("prefix", "one-a-step"):
@@ -134,9 +178,9 @@ def test_keys_made_for_one_pick_have_no_standing_and_the_open_steps_need_none() 
         key = f"pick-{step}"
         judge.run(step, {key: 1}, {key: 1})
         assert not judge.ledger.standing(key)
-        assert judge.ledger.admits(key, step) == (step <= WINDOW + 1)
-    assert judge.ledger.admits("never-seen", 0) and judge.ledger.admits("never-seen", WINDOW + 1)
-    assert not judge.ledger.admits("never-seen", WINDOW + 2)
+        assert judge.ledger.admits(key, step, 0) == (step <= WINDOW + 1)
+    assert judge.ledger.admits("never-seen", 0, 0) and judge.ledger.admits("never-seen", WINDOW + 1, 0)
+    assert not judge.ledger.admits("never-seen", WINDOW + 2, 0)
 
 
 def test_state_is_bounded_per_worker_and_in_workers(monkeypatch) -> None:
@@ -193,15 +237,17 @@ def test_an_oversized_ledger_is_not_read(tmp_path: Path, monkeypatch, caplog) ->
 
 def test_the_pool_hands_out_only_admitted_groups(tmp_path: Path) -> None:
     pool = GroupPool(tmp_path / "pool")
-    groups = [TrainingGroup(key=f"{i:064x}:0", worker=w, policy_step=s, task_id="t", length_target=None,
+    groups = [TrainingGroup(key=f"{i:064x}:{c}", worker=w, policy_step=s, task_id="t", length_target=None,
                             prompt=(1,), completions=((2,), (3,)), task_rewards=(0.0, 1.0), logprobs=())
-              for i, (w, s) in enumerate([("honest", 5), ("picker", 5), ("picker", 3), ("honest", 4)])]
+              for i, (w, s, c) in enumerate([("honest", 5, 0), ("picker", 5, 0), ("picker", 3, 0), ("honest", 4, 0),
+                                             ("honest", 4, 1), ("honest", 4, 2)])]
     pool.admit(groups)
     ledger = DeliveryLedger(None, RULE, WINDOW)
-    ledger.record([("honest", 2, 24, 12)])
-    assert [(g.worker, g.policy_step) for g in pool.newest_first(ledger.admits)] == [
-        ("honest", 5), ("honest", 4), ("picker", 3)]
-    assert len(pool.newest_first()) == 4  # withheld, not dropped
+    ledger.record([("honest", 2, 24, 2)])
+    # the picker has no standing; the honest worker's counter 2 of step 4 is past its median step (2)
+    assert [(g.worker, g.policy_step, g.counter) for g in pool.newest_first(ledger.admits)] == [
+        ("honest", 5, 0), ("honest", 4, 0), ("honest", 4, 1), ("picker", 3, 0)]
+    assert len(pool.newest_first()) == 6  # withheld, not dropped
 
 
 def test_the_delivery_rule_is_part_of_the_signed_run_spec() -> None:

@@ -35,6 +35,11 @@ class TrainingGroup:
             raise ValueError(f"group {self.key}: logprobs do not match the completions' lengths")
 
     @property
+    def counter(self) -> int:
+        """The worker's counter of this group in its step (the key's suffix)."""
+        return int(self.key.rpartition(":")[2])
+
+    @property
     def lengths(self) -> list[int]:
         return [len(c) for c in self.completions]
 

@@ -72,14 +72,15 @@ class GroupPool:
             self.groups.pop(key, None)
             self._path(key).unlink(missing_ok=True)
 
-    def newest_first(self, admits: Callable[[str, int], bool] | None = None) -> list[TrainingGroup]:
+    def newest_first(self, admits: Callable[[str, int, int], bool] | None = None) -> list[TrainingGroup]:
         """The pooled groups, newest policy step first, each step's in key order (deterministic).
         A trainer fills its batch from the front: every step of lag costs learning per step
         (bench/HISTORY.md, "Staleness per step"), and an older group is still used while newer
-        ones do not fill a batch. ``admits(worker, policy_step)``: only the groups it admits (the
-        judge's delivery standing, node/roles/validator/delivery.py); the rest stay pooled until
-        their worker has standing or their step leaves the window."""
-        return sorted((g for g in self.groups.values() if admits is None or admits(g.worker, g.policy_step)),
+        ones do not fill a batch. ``admits(worker, policy_step, counter)``: only the groups it
+        admits (the judge's delivery standing and step cap, node/roles/validator/delivery.py); the
+        rest stay pooled until admitted or their step leaves the window."""
+        return sorted((g for g in self.groups.values()
+                       if admits is None or admits(g.worker, g.policy_step, g.counter)),
                       key=lambda g: (-g.policy_step, g.key))
 
     def __len__(self) -> int:

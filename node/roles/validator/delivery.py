@@ -21,6 +21,14 @@ move), while a picker stops at the first task it dislikes, so its ``d`` follows 
 share falls to about the chance that the next task pleases it. A step
 lost to churn (``d`` 0) costs an honest worker ``1 / window_steps`` of its share.
 
+The step cap: of a worker with standing, only a step's counters below ``cap`` are trained on. The
+share counts nothing above ``cap``, so a worker could deliver its median step's worth unlooked-at
+and go on only while it likes the next task; counters are credited densely and in order, so those
+picks are exactly the counters at or above ``cap`` (the step's surplus, delivered last). The
+surplus stays accepted and paid (an honest worker's long step has one too); it is not trained on
+unless the worker's ``cap`` rises while it is pooled. The decision reads only this ledger and the
+group's counter: deterministic, and a restart decides as before.
+
 Groups of the open steps (``0 .. async_window + 1``) need no standing: no commitment can settle
 before step ``async_window + 2`` is known, so nobody could have any (step 0 is warm-up anyway).
 
@@ -59,9 +67,17 @@ class DeliveryLedger:
 
     # ---- what the trainer asks ---------------------------------------------------------------
 
-    def admits(self, worker: str, step: int) -> bool:
-        """Whether a group of ``worker`` at policy ``step`` may be trained on now."""
-        return step <= self.open_through or self.standing(worker)
+    def admits(self, worker: str, step: int, counter: int) -> bool:
+        """Whether the group ``counter`` of ``worker`` at policy ``step`` may be trained on now."""
+        return step <= self.open_through or counter < self.trained_per_step(worker)
+
+    def trained_per_step(self, worker: str) -> int:
+        """How many of a step's groups (counters ``0 .. n - 1``) of ``worker`` may be trained on:
+        its ``cap`` while it has standing, else none."""
+        with self._lock:
+            entries = list(self.steps.get(worker, {}).values())
+        share = delivery_share(entries)
+        return median_delivered(entries) if share is not None and share >= self.rule.min_share else 0
 
     def standing(self, worker: str) -> bool:
         share = self.share(worker)
@@ -136,7 +152,12 @@ def delivery_share(entries: Iterable[tuple[int, int]]) -> float | None:
     entries = list(entries)
     if not entries:
         return None
-    delivered = sorted((d for _, d in entries), reverse=True)
-    cap = delivered[(len(delivered) - 1) // 2]
+    cap = median_delivered(entries)
     asked = sum(min(n, cap) for n, _ in entries)
     return sum(min(d, cap) for _, d in entries) / asked if asked else 0.0
+
+
+def median_delivered(entries: list[tuple[int, int]]) -> int:
+    """``cap``: the ``d`` of the median step (the upper one of an even count); 0 without entries."""
+    delivered = sorted((d for _, d in entries), reverse=True)
+    return delivered[(len(delivered) - 1) // 2] if delivered else 0
