@@ -58,14 +58,19 @@ stale groups dropped). Every party has the same compute a step (``--per-step`` g
   first task it does not solve (dense counters allow nothing else);
 - ``coin``: one key, commits one group a step, delivers it only if some completion scored;
 - ``topup``: one key, commits ``2 x per-step``, delivers half its budget unlooked-at, then goes on
-  only while it solves the next task (picking above its median step, which the share does not see:
-  reported, not judged; specs/rollouts.md, "Delivery standing", names it open).
+  only while it solves the next task (picking above its median step, which the share does not see;
+  the step cap keeps those counters out of training: specs/rollouts.md, "Delivery standing").
 
 Each party's influence is its share of the groups trained on at the gated steps (after the open
 steps ``1 .. async_window + 1``), with the gate and, from the same deliveries, without it; next
 to its share of keys, of work, of delivered groups and of honestly delivered work (the groups it
 delivered without looking at them: all of an honest party's, none of a picker's but topup's first
-half). Target: each picker's trained share <= its share of honestly delivered work.
+half; at the gated steps, as the trained share), and its picks trained (groups it delivered after
+looking at them). Target: each picker trains no pick, and its trained share <= its share of
+honestly delivered work, up to the trainer's draw: within the oldest step a batch takes from but
+not whole, which groups come first is their keys' order (digests, as good as random), so a party
+whose trained groups are all honest work reads above or below its share by chance; the margin is
+two standard errors of that draw (hypergeometric, summed over the gated steps).
 
     .venv/bin/python bench/task_choice.py [--quick] [--groups N] [--model DIR] [--threads 2] [--steps S]
 
@@ -129,7 +134,7 @@ QUICK_RECIPE = TinyRecipe(hidden_size=128, intermediate_size=384, num_layers=2, 
                           train_steps=150, batch_size=16, lr=3e-3, kinds=("reverse",))
 STRATEGIES = ("honest", "grind", "commit-grind", "select", "shop", "burn", "burn-split")
 PARTIES = ("honest", "churned", "select", "skim", "coin", "topup")
-PICKERS = ("select", "skim", "coin")  # what the gate closes; topup picks where it does not look (open)
+PICKERS = ("select", "skim", "coin", "topup")  # standing closes the first three, the step cap topup
 CHURN_STEP = 6  # the step the churned honest worker loses whole (and one group of the next)
 
 
@@ -322,9 +327,12 @@ class Party:
     work: int = 0
     committed: int = 0
     delivered: int = 0
-    honest_delivered: int = 0  # delivered without looking at the group first
+    honest_delivered: int = 0  # delivered at a gated step without looking at the group first
+    picked: set[str] = field(default_factory=set)  # keys of the accepted groups delivered after looking
     paid: float = 0.0  # accepted task reward (a group's mean over its completions), summed
     trained: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # gate on/off -> groups
+    picks_trained: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})  # of them, picked
+    draw_variance: float = 0.0  # of its trained count with the gate, from the trainer's draw
 
 
 class InfluenceRun:
@@ -367,7 +375,7 @@ class InfluenceRun:
     def deliver(self, name: str, key: Identity, batch: RolloutBatch, step: int, looked: bool) -> None:
         party = self.parties[name]
         party.delivered += len(batch.groups)
-        party.honest_delivered += 0 if looked else len(batch.groups)
+        party.honest_delivered += 0 if looked or step <= self.open_through else len(batch.groups)
         signed = codec.decode(codec.encode(batch, key, lifetime_s=600), RolloutBatch)
         step_of = {h: s for s, h in self.manifests.items()}.get
         verdict = without_cheating_batch(verify_batch(
@@ -386,6 +394,8 @@ class InfluenceRun:
                 prompt=tuple(unpack_tokens(group.prompt_ids).tolist()),
                 completions=tuple(tuple(unpack_tokens(c.token_ids).tolist()) for c in group.completions),
                 task_rewards=tuple(result.rewards), logprobs=()))
+        if looked:
+            party.picked.update(g.key for g in accepted)
         for pool in self.pools.values():
             pool.admit(accepted)
 
@@ -439,11 +449,31 @@ class InfluenceRun:
         for gate, pool in self.pools.items():
             oldest = step - self.sim.judge.run.spec.async_window
             pool.discard([k for k, g in pool.groups.items() if g.policy_step < oldest])
-            taken = pool.newest_first(self.ledger.admits if gate else None)[:self.batch]
+            admitted = pool.newest_first(self.ledger.admits if gate else None)
+            taken = admitted[:self.batch]
             if step > self.open_through:
                 for group in taken:
-                    self.parties[owner[group.worker]].trained[gate] += 1
+                    party = self.parties[owner[group.worker]]
+                    party.trained[gate] += 1
+                    party.picks_trained[gate] += group.key in party.picked
+                if gate:
+                    self.add_draw_variance(admitted, len(taken), owner)
             pool.groups = {k: g for k, g in pool.groups.items() if k not in {t.key for t in taken}}
+
+    def add_draw_variance(self, admitted: list[TrainingGroup], taken: int, owner: dict[str, str]) -> None:
+        """Add each party's variance of its count in this batch: of the oldest step the batch
+        takes from, ``k`` of its ``n`` admitted groups, in key order (as good as random), ``m`` of
+        them the party's: hypergeometric."""
+        if not taken or taken == len(admitted):
+            return
+        boundary = admitted[taken - 1].policy_step
+        at = [owner[g.worker] for g in admitted if g.policy_step == boundary]
+        n, k = len(at), sum(g.policy_step == boundary for g in admitted[:taken])
+        if k == n:  # the batch ends with its step: nothing drawn
+            return
+        for name, party in self.parties.items():
+            m = at.count(name)
+            party.draw_variance += k * (m / n) * (1 - m / n) * (n - k) / (n - 1)
 
 
 def influence(sim: Sim, steps: int, per_step: int) -> dict[str, Party]:
@@ -466,20 +496,31 @@ def report_influence(parties: dict[str, Party], steps: int, open_through: int) -
     trained = {gate: sum(p.trained[gate] for p in parties.values()) for gate in (True, False)}
     print(f"\ninfluence over steps {open_through + 1}..{steps} (the open steps 1..{open_through} need no standing):")
     print(f"{'party':8} {'keys':>5} {'work':>5} {'commit':>6} {'deliv':>5} {'paid/c':>6} {'keys%':>6} {'work%':>6} "
-          f"{'deliv%':>6} {'honest%':>7} {'trained% no gate':>16} {'trained% gate':>13}")
+          f"{'deliv%':>6} {'honest%':>7} {'trained% no gate':>16} {'trained% gate':>13} {'draw ±2se':>9} "
+          f"{'picks trained':>13}")
     ok = True
     for name, p in parties.items():
         honest_share = share(p.honest_delivered, totals["honest_delivered"])
         on, off = share(p.trained[True], trained[True]), share(p.trained[False], trained[False])
+        margin = draw_margin(p, trained[True])
         paid = share(p.paid, p.committed)
         print(f"{name:8} {len(p.keys):5d} {p.work:5d} {p.committed:6d} {p.delivered:5d} {paid:6.3f} "
               f"{share(len(p.keys), keys):6.3f} {share(p.work, totals['work']):6.3f} "
-              f"{share(p.delivered, totals['delivered']):6.3f} {honest_share:7.3f} {off:16.3f} {on:13.3f}")
-        if name in PICKERS and on > honest_share:
-            ok = False  # topup is reported, not judged: what it picks is open (specs/rollouts.md)
+              f"{share(p.delivered, totals['delivered']):6.3f} {honest_share:7.3f} {off:16.3f} {on:13.3f} "
+              f"{margin:9.3f} {p.picks_trained[False]:>6d} {p.picks_trained[True]:>6d}")
+        if name in PICKERS and (p.picks_trained[True] or on > honest_share + margin):
+            ok = False
     print("(paid/c: accepted reward per committed group, every step; honest%: share of the groups delivered without "
-          "looking at them; trained%: share of the groups the trainer took at the gated steps)")
+          "looking at them at the gated steps; trained%: share of the groups the trainer took at the gated steps; "
+          "draw: two standard errors of the trained share with the gate from the trainer's draw; picks trained: "
+          "groups trained that it delivered after looking at them, without the gate and with it)")
     return ok
+
+
+def draw_margin(party: Party, trained: int) -> float:
+    """Two standard errors of the party's trained share with the gate that the trainer's draw
+    alone explains."""
+    return 2 * math.sqrt(party.draw_variance) / trained if trained else 0.0
 
 
 def noise_margin(cheat: Tally, honest: Tally) -> float:
@@ -563,11 +604,12 @@ def main() -> None:
 
     worst = max(PICKERS, key=excess)
     on, off = (share(parties[worst].trained[gate], trained[gate]) for gate in (True, False))
+    picks = {name: parties[name].picks_trained for name in PICKERS}
     print(f"influence: worst picker {worst}: trained share {on:.3f} with the gate ({off:.3f} without), its share of "
-          f"honestly delivered work {share(parties[worst].honest_delivered, honest_total):.3f}: "
-          f"{'ok' if influence_ok else 'short'}; open, topup: trained share "
-          f"{share(parties['topup'].trained[True], trained[True]):.3f} against "
-          f"{share(parties['topup'].honest_delivered, honest_total):.3f}")
+          f"honestly delivered work {share(parties[worst].honest_delivered, honest_total):.3f} (draw ±"
+          f"{draw_margin(parties[worst], trained[True]):.3f}); picks trained with the gate "
+          f"{sum(p[True] for p in picks.values())} ({sum(p[False] for p in picks.values())} without): "
+          f"{'ok' if influence_ok else 'short'}")
     print(f"task_choice: ours={ours:.3f} peer={peer:.3f} ratio={ratio:.2f} target={TARGET:g} "
           f"{'ok' if ratio <= TARGET + margin and influence_ok else 'short'}")
 
