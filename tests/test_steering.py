@@ -8,6 +8,8 @@ bench/steering.py measures the rates).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from intellect_node.node.roles.validator.answer_span import answer_span_flip, answer_span_start
@@ -70,3 +72,28 @@ def test_a_forger_steering_its_answers_within_the_slack_is_never_accepted(world:
             break
     assert steered >= 2
 
+
+
+
+def test_a_forger_adapted_to_a_softer_rule_flips_its_answers_no_deeper(world: World) -> None:
+    """A forger measuring a softer rule (bench/steering.py --span-depth) steers only with answer-span
+    flips at most that deep. Its groups report the least depth that steers them (``depth_needed``):
+    a forger allowed exactly the batch's least one steers a group, which the validator's rule sets
+    aside for a flip no deeper; allowed a little less, or none (the validator's rule), it steers
+    nothing (an answer written in without a flip is the honest completion itself)."""
+    honest, choose = world.build(), lambda task_id: CHOSEN
+    reach = forger(world, strategy="answer", span_depth=loosest_pair().sampling_slack).steer(honest, choose)[1]
+    needed = min(summary.depth_needed for summary in reach)
+    assert 0 < needed <= loosest_pair().sampling_slack
+    batch, report = forger(world, strategy="answer", span_depth=needed).steer(honest, choose)
+    steered = [(summary, result) for summary, result in zip(report, world.verify(batch).groups, strict=True)
+               if summary.forged]
+    assert steered
+    for summary, result in steered:
+        assert summary.depth_needed == needed  # the least of the batch, and steered at it
+        assert result.reason == INCONCLUSIVE and "final answer span" in result.detail, result
+        margin = float(re.search(r"\(margin (\S+)\)", result.detail).group(1))
+        assert -needed - 1e-3 <= margin < 0
+    for shallower in (needed * 0.999, 0.0):
+        report = forger(world, strategy="answer", span_depth=shallower).steer(honest, choose)[1]
+        assert not any(summary.forged for summary in report)

@@ -21,6 +21,11 @@ Two ways to steer a completion toward the answer ``A``:
 Two budgets: ``greedy`` forges every completion it can while each group stays under the group's own
 flip bound (the per-worker history then catches it); ``stealthy`` also keeps its summed flips at or
 below their honest expectation, which no history test at any level refuses.
+
+Each forger adapts to the answer-span rule it is judged by: ``span_depth`` is the deepest flip that
+rule lets through in a final answer span (0: the validator's rule, none), and every group reports
+the shallowest depth at which it could have been steered (``depth_needed``), so one run measures a
+forger's reach against every softer rule at once (bench/steering.py).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 from intellect_node.node.engine.base import PrefillResult, derive_seed
 from intellect_node.node.engine.proofs import build_completion_proofs
 from intellect_node.node.engine.torch_engine import TorchEngine
-from intellect_node.node.roles.validator.answer_span import answer_span_flip, answer_span_start
+from intellect_node.node.roles.validator.answer_span import answer_span_flip, answer_span_start, span_flip_depth
 from intellect_node.protocol.assignment import sampling_seed
 from intellect_node.protocol.rollouts import (
     CompletionRecord,
@@ -115,6 +120,9 @@ class SteeredGroup:
     # the honest completions' chance of a flip in their answer spans under the pair's noise (the
     # flip test's curve): what the answer-span rule costs an honest worker of this pair, per group
     honest_span_expected: float
+    # the shallowest answer-span flip depth at which one of its completions could be steered within
+    # the slack (inf: at none): a rule letting flips this deep through loses the group, budgets aside
+    depth_needed: float = float("inf")
 
 
 @dataclass
@@ -129,6 +137,7 @@ class SteeringForger:
     strategy: str = "answer"
     budget: str = "greedy"
     knows_span_rule: bool = True  # False: a forger of the rules before the answer span's (it flips there too)
+    span_depth: float = 0.0  # the deepest answer-span flip the rule it adapts to lets through (score units)
     history: list[float] = field(default_factory=lambda: [0, 0.0])  # [flips, expected]
 
     def __post_init__(self) -> None:
@@ -157,12 +166,16 @@ class SteeringForger:
         replays = self._replays(batch, group)
         judged = self.engine.prefill([prompt] * len(honest), honest, replays)
         chosen: dict[int, Candidate] = {}
+        needed = float("inf")
         for j, tokens in enumerate(honest):
             if final_word(self._text(tokens)) == answer:
                 continue  # already there: nothing to steer
-            best = self._best_candidate(prompt, tokens, replays[j], answer)
-            if best is not None:
-                chosen[j] = best
+            candidates = self._candidates(prompt, tokens, replays[j], answer)
+            needed = min([needed] + [span_flip_depth(c.tokens, c.judged.sampling_margins, self.tokenizer)
+                                     for c in candidates])
+            admissible = [c for c in candidates if self._admissible(c)]
+            if admissible:
+                chosen[j] = min(admissible, key=lambda c: c.flips)
         could = len(chosen)
         noise = self.pair.margin_noise
         span = float(sum(flip_chance(r.sampling_gaps[answer_span_start(t, self.tokenizer):], noise).sum()
@@ -172,34 +185,33 @@ class SteeringForger:
         self.history[0] += flips
         self.history[1] += expected
         if not kept:
-            return group, SteeredGroup(group.counter, 0, could, flips, expected, span)
+            return group, SteeredGroup(group.counter, 0, could, flips, expected, span, needed)
         records = list(group.completions)
         for j, candidate in kept.items():
             records[j] = self._record(batch, group, candidate)
         return (dataclasses.replace(group, completions=tuple(records)),
-                SteeredGroup(group.counter, len(kept), could, flips, expected, span))
+                SteeredGroup(group.counter, len(kept), could, flips, expected, span, needed))
 
     def _text(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
     def _admissible(self, candidate: Candidate) -> bool:
-        """What the validator's per-completion checks let through: every margin within the pair's
-        slack (not even inconclusive), and no flip in the final answer span."""
-        margins = candidate.judged.sampling_margins
-        assert margins is not None
-        return bool(np.all(margins >= -self.pair.sampling_slack)) and not (
-            self.knows_span_rule and answer_span_flip(candidate.tokens, margins, self.tokenizer) is not None)
+        """What the answer-span rule it adapts to lets through: no flip deeper than ``span_depth``
+        in the final answer span (the slack is ``_candidates``' business)."""
+        return not (self.knows_span_rule and answer_span_flip(
+            candidate.tokens, candidate.judged.sampling_margins, self.tokenizer, self.span_depth) is not None)
 
-    def _best_candidate(self, prompt: list[int], honest: list[int], replay: Replay, answer: str) -> Candidate | None:
-        """The admissible candidate ending with ``answer`` with the fewest flips, or None."""
+    def _candidates(self, prompt: list[int], honest: list[int], replay: Replay, answer: str) -> list[Candidate]:
+        """The candidates ending with ``answer`` that the validator's per-completion checks let
+        through: every margin within the pair's slack (not even inconclusive)."""
         proposals = (self._answer_proposals(honest, answer) if self.strategy == "answer"
                      else self._reroll_proposals(prompt, honest, replay))
         proposals = [p for p in proposals if p != honest and self._fits(p) and final_word(self._text(p)) == answer]
         if not proposals:
-            return None
+            return []
         judged = self.engine.prefill([prompt] * len(proposals), proposals, [replay] * len(proposals))
-        admissible = [c for c in map(Candidate, proposals, judged) if self._admissible(c)]
-        return min(admissible, key=lambda c: c.flips) if admissible else None
+        return [c for c in map(Candidate, proposals, judged)
+                if bool(np.all(c.judged.sampling_margins >= -self.pair.sampling_slack))]
 
     def _fits(self, tokens: list[int]) -> bool:
         """A completion the termination check accepts: EOS only last, or exactly max_tokens long."""

@@ -42,9 +42,23 @@ def answer_span_start(tokens: Sequence[int], tokenizer: object) -> int:
     return 0
 
 
-def answer_span_flip(tokens: Sequence[int], margins: np.ndarray, tokenizer: object) -> int | None:
-    """The first position of the final answer span whose token is not the replay's exact choice
-    (margin < 0), or None."""
+def span_flip_depth(tokens: Sequence[int], margins: np.ndarray, tokenizer: object) -> float:
+    """How far below the replay's exact choice the deepest token of the final answer span lies
+    (``-min(margin)`` over the span, 0 when none is a flip): the least depth a softer rule
+    would have to let through for this completion to keep its group (bench/steering.py and
+    bench/cross_engine.py measure forgers and honest pairs by it)."""
+    span = np.asarray(margins[answer_span_start(tokens, tokenizer):], dtype=np.float64)
+    deepest = -float(span.min()) if span.size else 0.0
+    return 0.0 if deepest <= 0 else deepest
+
+
+def answer_span_flip(tokens: Sequence[int], margins: np.ndarray, tokenizer: object, depth: float = 0.0) -> int | None:
+    """The first position of the final answer span whose token is more than ``depth`` below the
+    replay's exact choice (margin < -depth), or None.
+
+    The validator's rule is ``depth`` 0: no flip at all. A softer depth is what bench/steering.py's
+    forgers adapt to when measuring one (specs/sampling.md section 4: no depth that spares honest
+    pairs' flips keeps forgers under 1 in 1,000 groups on the bench's model)."""
     start = answer_span_start(tokens, tokenizer)
-    flipped = np.nonzero(~(np.asarray(margins[start:]) >= 0))[0]
+    flipped = np.nonzero(~(np.asarray(margins[start:]) >= -depth))[0]
     return start + int(flipped[0]) if flipped.size else None
