@@ -215,6 +215,7 @@ def test_a_restart_keeps_every_standing_and_a_repeated_settlement_counts_once(tm
     assert json.loads((tmp_path / "delivery.json").read_text()) == after_settle
     assert restarted.ledger.steps == judge.ledger.steps
     assert restarted.ledger.share("honest") == before["honest"] == 1.0
+    assert restarted.ledger.trained_per_step("honest") == judge.ledger.trained_per_step("honest") == 12  # the cap
     assert not restarted.ledger.standing("picker")
 
 
