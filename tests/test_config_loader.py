@@ -4,6 +4,8 @@ no layer sets, and errors naming the key and where it came from."""
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,3 +73,25 @@ def test_merge_tables_is_nested() -> None:
     assert merge_tables(low, high) == {"a": 1, "b": 2, "t": {"x": 1, "y": {"p": 1, "q": 3}}}
     assert merge_tables({"t": {"x": 1}}, {"t": 5}) == {"t": 5}
     assert low == {"a": 1, "t": {"x": 1, "y": {"p": 1, "q": 2}}}  # neither input is changed
+
+
+def test_every_section_has_the_one_loader() -> None:
+    """No section grows its own loader again (issue 49): no ``load_<x>_config``/``load_<x>_options``
+    function, no ``from_section`` method and no ``<X>Flags`` class in the shipped packages; a
+    section is a dataclass, and node/app/join.py loads it with ``load_section``."""
+    import intellect_node.cli
+    import intellect_node.crypto
+    import intellect_node.node
+    import intellect_node.protocol
+
+    own_loader = re.compile(r"load_\w+_(config|options)|from_section")
+    found = []
+    for package in (intellect_node.node, intellect_node.cli, intellect_node.protocol, intellect_node.crypto):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                functions = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and own_loader.fullmatch(node.name)
+                flags = isinstance(node, ast.ClassDef) and node.name.endswith("Flags")
+                if functions or flags:
+                    found.append(f"{path}:{node.lineno} {node.name}")
+    assert not found, f"per-section loaders; use node/config/loader.py's load_section: {found}"

@@ -14,6 +14,7 @@ import pytest
 from intellect_node.node.app.config import load_config
 from intellect_node.node.app.join import role_options
 from intellect_node.node.config.base import ConfigError
+from intellect_node.node.config.loader import load_section
 from intellect_node.node.metagene.job import MetageneJob
 from tests.support.engine_helpers import quick_tiny_model
 
@@ -84,12 +85,13 @@ def test_diloco_section_reads_the_environment(tmp_path: Path) -> None:
 def test_metagene_section_reads_the_environment_under_the_flags(tmp_path: Path) -> None:
     section = {"reads": ["/data/a.fastq"], "min_length": 50}
     env = {"INTELLECT_NODE_METAGENE_MIN_LENGTH": "10", "INTELLECT_NODE_METAGENE_READS": "/data/b.fastq,/data/c.fastq"}
-    job = MetageneJob.from_section(section, None, None, "cfg.toml", env)
+    job = load_section(MetageneJob, "metagene", section, "cfg.toml", {}, env)
     assert job.min_length == 10 and job.reads == ("/data/b.fastq", "/data/c.fastq")
-    job = MetageneJob.from_section(section, ["/data/d.fastq"], Path("/tok"), "cfg.toml", env)
+    job = load_section(MetageneJob, "metagene", section, "cfg.toml", {"reads": ("/data/d.fastq",), "tokenizer": "/tok"},
+                       env)
     assert job.reads == ("/data/d.fastq",) and job.tokenizer == "/tok"
-    with pytest.raises(ConfigError, match="needs reads"):
-        MetageneJob.from_section({}, None, None, "cfg.toml", {})
+    with pytest.raises(ConfigError, match=r"cfg.toml: the metagene workload needs reads: --reads PATH\|DIR\|GLOB"):
+        load_section(MetageneJob, "metagene", {}, "cfg.toml", {}, {})
 
 
 @pytest.mark.parametrize("flags,match", [

@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from intellect_node.cli.main import app
+from intellect_node.node.config.loader import load_section
 from intellect_node.node.diloco.layout import Layout
 from intellect_node.node.diloco.membership import disagreement
 from intellect_node.node.diloco.settings import DilocoSettings
@@ -111,13 +112,16 @@ def test_bad_reads_and_flags_are_clear_errors_before_the_node_starts(tmp_path, r
 
 
 def test_metagene_section_names_bad_keys_and_flags_win() -> None:
+    def job_of(table, flags=None):
+        return load_section(MetageneJob, "metagene", table, "cfg.toml", flags, {})
+
     with pytest.raises(ValueError, match=r"cfg.toml \[metagene\]: unknown keys \['read'\]"):
-        MetageneJob.from_section({"read": ["x"]}, None, None, "cfg.toml")
+        job_of({"read": ["x"]})
     with pytest.raises(ValueError, match=r"\[metagene\] min_length: 'long' is not a int"):
-        MetageneJob.from_section({"reads": ["x"], "min_length": "long"}, None, None, "cfg.toml")
+        job_of({"reads": ["x"], "min_length": "long"})
     with pytest.raises(ValueError, match=r"\[metagene\] seq_len = 1 is out of bounds"):
-        MetageneJob.from_section({"reads": ["x"], "seq_len": 1}, None, None, "cfg.toml")
-    job = MetageneJob.from_section({"reads": ["x"], "seq_len": 64, "on_bad": "skip"}, ["y"], Path("tok"), "cfg.toml")
+        job_of({"reads": ["x"], "seq_len": 1})
+    job = job_of({"reads": ["x"], "seq_len": 64, "on_bad": "skip"}, {"reads": ("y",), "tokenizer": "tok"})
     assert (job.reads, job.tokenizer_dir, job.seq_len, job.read_options().on_bad) == (("y",), Path("tok"), 64, "skip")
     assert job.data_spec(Path("/h/s")) == "metagene:store=/h/s,seq_len=64"
     with pytest.raises(ValueError, match="cannot be named in a data spec"):

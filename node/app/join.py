@@ -1,9 +1,12 @@
 """What ``intellect-node join`` asks for, turned into each role's options: one place decides.
 
-The CLI parses the flags of node/app/join_flags.py's table and prints; this module reads the
-config's sections (each with its environment layer, ``INTELLECT_NODE_<SECTION>_<KEY>``) and the
-flags on top (each section's flag layer is the table's keys under it), checks every value before a
-node starts, and raises ``ConfigError`` naming the flag or the key and file.
+The CLI parses the flags of node/app/join_flags.py's table and prints; this module loads each
+section this node needs with node/config's one loader, ``load_section`` (the file's table, its
+environment layer ``INTELLECT_NODE_<SECTION>_<KEY>``, and the flags on top: each section's flag
+layer is the table's keys under it), checks every value before a node starts, and raises
+``ConfigError`` naming the flag or the key and file. What is particular to a section stays here in
+a few lines: ``[trainer]`` sits over ``[run] async_level`` and under a deprecated file, the
+metagene tokenizer flag is a directory's name.
 One node's roles agree: ``model``, ``tasks`` and ``engine`` come from a flag, else the first of
 ``[inference]``, ``[validator]`` that sets them (for the roles this node takes), else a default.
 """
@@ -214,10 +217,10 @@ def _metagene_data(cfg: NodeConfig, flags: Mapping[str, Any], environ: Mapping[s
     from intellect_node.node.metagene.job import MetageneJob
     from intellect_node.node.metagene.prepare import prepare_store
 
-    source = str(cfg.config_file)
-    reads = list(flags.get("metagene.reads", ())) or None
-    job = MetageneJob.from_section(dict(cfg.sections.get("metagene", {})), reads, flags.get("metagene.tokenizer"),
-                                   source, environ)
+    given = section_flags(flags, "metagene")
+    if "tokenizer" in given:
+        given["tokenizer"] = str(given["tokenizer"])  # a directory's name: "" is "train one"
+    job = load_section(MetageneJob, "metagene", cfg.sections.get("metagene", {}), str(cfg.config_file), given, environ)
     try:
         store = prepare_store(list(job.reads), job.tokenizer_dir, cfg.layout.root / "metagene" / "stores",
                               job.read_options(), job.vocab, job.tokenizer_reads, log=say)

@@ -3,8 +3,9 @@ reads a DiLoCo node pretrains on and how they become its store (node/metagene/pr
 
 Why a section of its own rather than keys of ``[diloco]``: the DiLoCo role trains on whatever its
 ``data`` spec names; how reads are filtered and tokenized is this workload's concern, and the
-same keys mean the same as the ``metagene tokenizer``/``store`` flags. Unknown keys and values of
-the wrong kind are errors naming the file and the key.
+same keys mean the same as the ``metagene tokenizer``/``store`` flags. Loaded by node/config's
+``load_section`` (environment ``INTELLECT_NODE_METAGENE_<KEY>``); unknown keys and values of the
+wrong kind are errors naming the file and the key, and a job with no reads is refused here.
 
     [metagene]
     reads = ["/data/run42/*.fastq.gz"]   # files, directories or globs
@@ -20,13 +21,10 @@ the wrong kind are errors naming the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from intellect_node.node.config.base import ConfigError, build, check_bounds
-from intellect_node.node.config.loader import layered
+from intellect_node.node.config.base import ConfigError, check_bounds
 from intellect_node.node.metagene.build import ReadOptions
 from intellect_node.node.metagene.filtering import FilterConfig
 from intellect_node.node.metagene.tokenizer import VOCAB_SIZE
@@ -34,7 +32,7 @@ from intellect_node.node.metagene.tokenizer import VOCAB_SIZE
 
 @dataclass(frozen=True)
 class MetageneJob:
-    reads: tuple[str, ...]
+    reads: tuple[str, ...] = ()
     tokenizer: str = ""  # "": train one on the reads
     vocab: int = VOCAB_SIZE
     tokenizer_reads: int = 200_000
@@ -45,24 +43,14 @@ class MetageneJob:
     seq_len: int = 512
 
     def __post_init__(self) -> None:
+        if not self.reads:
+            raise ConfigError("the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads")
         check_bounds("[metagene]", self, {
             "reads": 0 < len(self.reads) <= 4096 and all(0 < len(r) <= 4096 for r in self.reads),
             "tokenizer": len(self.tokenizer) <= 4096, "vocab": 16 <= self.vocab <= 65536,
             "tokenizer_reads": 1 <= self.tokenizer_reads <= 10_000_000, "min_quality": 0 <= self.min_quality <= 93,
             "max_n": 0 <= self.max_n <= 1, "min_length": 1 <= self.min_length <= 1 << 20,
             "on_bad": self.on_bad in ("error", "skip"), "seq_len": 2 <= self.seq_len <= 4096})
-
-    @classmethod
-    def from_section(cls, section: Mapping[str, Any], reads: list[str] | None, tokenizer: Path | None,
-                     source: str, environ: Mapping[str, str] | None = None) -> MetageneJob:
-        """The job from a TOML ``[metagene]`` table, the environment (``INTELLECT_NODE_METAGENE_*``)
-        and the flags on top; errors name ``source``."""
-        flags = {"reads": tuple(reads) if reads else None, "tokenizer": None if tokenizer is None else str(tokenizer)}
-        values = layered(cls, "metagene", section, source, flags, environ)
-        if not values.get("reads"):
-            raise ConfigError("the metagene workload needs reads: --reads PATH|DIR|GLOB or [metagene] reads "
-                              f"in {source}")
-        return build(cls, {}, source, "[metagene]", **values)
 
     @property
     def tokenizer_dir(self) -> Path | None:
