@@ -61,6 +61,10 @@ def test_fixed_values_are_no_setting() -> None:
     ({}, {}, {"INTELLECT_NODE_DEMO_INNER_LR": "fast"}, "inner.lr from environment"),
     ({}, {"inner": {"lr": "fast"}}, {}, "inner.lr from command line"),
     ({}, {"steps": 0}, {}, r"cfg.toml: steps: 0 is not at least 1"),
+    # a mistake in the file is named even where a later layer replaces the value
+    ({"steps": "two", "inner": {"lr": "fast"}}, {"steps": 2, "inner": {"lr": 1.0}}, {},
+     r"cfg.toml \[demo\] steps: 'two' is not a int"),
+    ({"inner": {"lr": "fast"}}, {"inner": {"lr": 1.0}}, {}, r"cfg.toml \[demo\] inner lr: 'fast' is not a float"),
 ])
 def test_mistakes_name_the_key_and_where_it_came_from(table, flags, environ, match) -> None:
     with pytest.raises(ConfigError, match=match):

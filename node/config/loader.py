@@ -91,6 +91,7 @@ def layered(cls: type, section: str, table: Mapping[str, Any], source: str, flag
     the environment, then the flags given; ``settable`` limits the keys (default: every field)."""
     environ = os.environ if environ is None else environ
     keys = set(field_types(cls) if settable is None else settable)
+    _check_file_values(cls, table, f"{source} [{section}]".strip(), keys)
     given = merge_tables(_environment_layer(cls, env_prefix(section), environ, keys),
                          _flag_layer(cls, flags, keys))
     return values_of(cls, merge_tables(table, given), source, f"[{section}]", keys)
@@ -104,6 +105,18 @@ def merge_tables(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, A
         both = isinstance(value, Mapping) and isinstance(below, Mapping)
         merged[name] = merge_tables(below, value) if both else value
     return merged
+
+
+def _check_file_values(cls: type, table: Mapping[str, Any], place: str, keys: Iterable[str]) -> None:
+    """Every value of the file's table typed and every unknown key refused, before a later layer may
+    replace one: a mistake in the file is named even where the environment or a flag wins. A
+    sub-table is checked key by key; it is built only once its layers are merged."""
+    kinds = field_types(cls)
+    tables = {name for name, value in table.items()
+              if name in keys and _is_table(kinds[name]) and isinstance(value, Mapping)}
+    values_of(cls, {name: value for name, value in table.items() if name not in tables}, place, "", keys)
+    for name in sorted(tables):
+        _check_file_values(kinds[name], table[name], f"{place} {name}", field_types(kinds[name]))
 
 
 def _is_table(hint: Any) -> bool:
