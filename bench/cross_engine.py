@@ -20,6 +20,13 @@ combination, the issue's bar), where the fixed pair refuses bf16 workers. Groups
 ``inconclusive`` (a figure past the pair's tolerance but within the proof bound: not credited, not
 charged; specs/validation.md, "Two bounds") are counted and printed on their own line before the headline.
 
+The answer-span rule's price and a softer rule's (specs/sampling.md section 4, "The answer span"):
+for each combination, the judged groups' deepest flip in a final answer span, replayed on the
+validator as ``verify_batch`` replays it, gives how many honest groups a rule letting span flips of
+up to K noise levels of the calibrated pair through would still set aside, for each K in
+``DEPTH_LEVELS`` (K = 0: the validator's rule, any flip); bench/steering.py measures what forgers
+reach at the same depths.
+
     .venv/bin/python bench/cross_engine.py [--quick] [--groups 2000] [--model DIR] [--threads 2]
     python bench/cross_engine.py --workers vllm:bfloat16 --validators torch:float32@cuda,torch:float32@cpu  # a GPU
 
@@ -36,6 +43,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoTokenizer
 
@@ -44,20 +52,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.validate import build, judge  # noqa: E402
 from intellect_node.crypto.identity import Identity  # noqa: E402
 from intellect_node.node.engine import build_engine  # noqa: E402
-from intellect_node.node.engine.base import Engine  # noqa: E402
+from intellect_node.node.engine.base import Engine, derive_seed  # noqa: E402
 from intellect_node.node.engine.calibration import PairFigures, calibrated_pair  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model  # noqa: E402
+from intellect_node.node.roles.validator.answer_span import span_flip_depth  # noqa: E402
 from intellect_node.node.roles.validator.calibrate import measure_engines  # noqa: E402
 from intellect_node.node.roles.validator.ledger import JudgeState  # noqa: E402
 from intellect_node.node.roles.validator.validation import RunContext  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
+from intellect_node.protocol.assignment import sampling_seed  # noqa: E402
 from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
-from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, build_run_spec  # noqa: E402
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens  # noqa: E402
+from intellect_node.protocol.run_spec import TORCH_TORCH, EnginePair, RunSpec, build_run_spec  # noqa: E402
+from intellect_node.protocol.sampling import Replay  # noqa: E402
 from intellect_node.protocol.verdicts import INCONCLUSIVE  # noqa: E402
 
 CPU_ENGINES = "torch:float32@cpu,torch:bfloat16@cpu"
 RUN = "bench"
 TARGET = 0.0
+# span-flip depths, in noise levels of the pair, at which a softer answer-span rule is measured
+DEPTH_LEVELS = (0, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16)
 
 
 def load_engines(specs: list[str], model: Path, vllm_memory: float) -> dict[str, Engine]:
@@ -85,10 +99,31 @@ def calibrate(engines: dict[str, Engine], workers: list[str], validators: list[s
     return pairs, figures
 
 
+def span_flip_depths(batch: RolloutBatch, validator: Engine, tokenizer: object, spec: RunSpec) -> list[float]:
+    """Each group's deepest flip in a final answer span (``span_flip_depth``, 0: none), replayed on
+    ``validator`` as ``verify_batch`` replays it (the batch's rows in one prefill, the spec's sampling
+    and its pair's slack)."""
+    pair = spec.pair(batch.engine, validator.name)
+    assert pair is not None  # the run spec names every combination's engines
+    prompts, completions, replays, sizes = [], [], [], []
+    for group in batch.groups:
+        seed = sampling_seed(batch.run_id, batch.worker, batch.policy_step, group.counter)
+        for j, completion in enumerate(group.completions):
+            prompts.append(unpack_tokens(group.prompt_ids).tolist())
+            completions.append(unpack_tokens(completion.token_ids).tolist())
+            replays.append(Replay(derive_seed(seed, j), spec.temperature, spec.top_p, pair.sampling_slack))
+        sizes.append(len(group.completions))
+    depths = [span_flip_depth(tokens, result.sampling_margins, tokenizer)
+              for tokens, result in zip(completions, validator.prefill(prompts, completions, replays), strict=True)]
+    starts = np.cumsum([0] + sizes)
+    return [max(depths[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
+
+
 def refused(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object, tasks: list,
-            settings: RolloutShape, groups: int,
-            pairs: dict[str, list[EnginePair]]) -> dict[str, dict[str, Counter]]:
-    """Per spec name and combination, the refusal reasons of fresh honest groups."""
+            settings: RolloutShape, groups: int, pairs: dict[str, list[EnginePair]],
+            depths: dict[str, list[float]]) -> dict[str, dict[str, Counter]]:
+    """Per spec name and combination, the refusal reasons of fresh honest groups; ``depths`` gets
+    each combination's groups' deepest answer-span flips under the calibrated pair."""
     runs = {name: RunContext(build_run_spec(run_id=RUN, authority="spec", tasks=tasks, settings=settings,
                                             async_window=2, engines=tuple(spec_pairs)), tasks)
             for name, spec_pairs in pairs.items()}
@@ -99,6 +134,8 @@ def refused(engines: dict[str, Engine], workers: list[str], validators: list[str
         for first in range(0, groups, settings.groups_per_batch):
             built, cpu_s = build(engines[w], tokenizer, tasks, worker=worker, settings=settings, first_counter=first)
             for v in validators:
+                depths.setdefault(f"{w}->{v}", []).extend(
+                    span_flip_depths(built.batch, engines[v], tokenizer, runs["calibrated"].spec))
                 for name, run in runs.items():
                     verdict = judge(built, cpu_s, engines[v], tokenizer, run=run, state=states[name, v],
                                     worker=worker).verdict
@@ -148,13 +185,20 @@ def main() -> None:
               f"{pair.toploc_max_exp_mismatches}/{pair.toploc_max_mant_err_mean:.3g}/"
               f"{pair.toploc_max_mant_err_median:.3g} ({time.perf_counter() - started:.0f} s)", flush=True)
     fixed = [dataclasses.replace(TORCH_TORCH, worker=p.worker, validator=p.validator) for p in pairs]
+    depths: dict[str, list[float]] = {}
     tallies = refused(engines, workers, validators, tokenizer, tasks, settings, groups,
-                      {"calibrated": pairs, "fixed": fixed})
+                      {"calibrated": pairs, "fixed": fixed}, depths)
     for name, by_combination in tallies.items():
         for combination, tally in by_combination.items():
             reasons = {k: v for k, v in tally.items() if k != "groups"}
             print(f"{name} {combination}: {tally['groups']} groups, refused {share(tally):.4f}, "
                   f"inconclusive {share(tally, inconclusive=True):.4f} {reasons}", flush=True)
+    for combination, found in depths.items():
+        w, v = combination.split("->")
+        noise = next(p.margin_noise for p in pairs if (engines[w].name, engines[v].name) == (p.worker, p.validator))
+        print(f"answer-span set-asides, {combination}: of {len(found)} groups, set aside by a rule letting span flips "
+              f"of <= K noise levels ({noise:.3g}) through: "
+              f"{ {level: sum(d > level * noise for d in found) for level in DEPTH_LEVELS} }", flush=True)
     ours = max(share(t) for t in tallies["calibrated"].values())
     peer = max(share(t) for t in tallies["fixed"].values())
     set_aside = max(share(t, inconclusive=True) for t in tallies["calibrated"].values())
