@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from intellect_node.node.config.base import ConfigError, build, field_types, values_of, whole_number
-from intellect_node.node.config.loader import layered, read_toml
+from intellect_node.node.config.loader import layered, load_section, read_toml
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol.errors import Rejected
@@ -163,8 +163,8 @@ def load_config(flags: dict[str, Any], config_file: Path | None = None,
         node_table = {"run_id": run_table.pop("run_id")} | node_table
     engines = _engine_pairs(run_table.pop("engines", None), path)
     run_keys = set(field_types(RunConfig)) - {"engines"}  # tables: the file only
-    run_values = layered(RunConfig, "run", run_table, str(path), {}, environ, run_keys)
-    run = build(RunConfig, {}, str(path), "[run]", **run_values, **({} if engines is None else {"engines": engines}))
+    run = load_section(RunConfig, "run", run_table, str(path), {}, environ, run_keys,
+                       **({} if engines is None else {"engines": engines}))
     unknown = sorted(set(node_table) - NODE_KEYS)
     if unknown:
         raise ConfigError(f"{path} [node]: unknown keys {unknown}; known keys are {sorted(NODE_KEYS)}")
