@@ -10,8 +10,8 @@ from intellect_node.node.roles.trainer.groups import TrainingGroup
 from intellect_node.node.roles.trainer.pool import GroupPool
 
 
-def group(batch: int, counter: int, policy_step: int) -> TrainingGroup:
-    return TrainingGroup(key=f"{batch:064x}:{counter}", worker="w", policy_step=policy_step, task_id="t",
+def group(batch: int, counter: int, policy_step: int, worker: str = "w") -> TrainingGroup:
+    return TrainingGroup(key=f"{batch:064x}:{counter}", worker=worker, policy_step=policy_step, task_id="t",
                          length_target=16, prompt=(5, 6), completions=((7, 1), (8, 1)), task_rewards=(1.0, 0.0),
                          logprobs=((-0.5, -0.1), (-1.5, -0.2)))
 
@@ -33,6 +33,27 @@ def test_newest_policy_step_first_and_in_key_order_within_a_step(tmp_path: Path)
     # insertion order does not matter: two trainers holding the same groups fill the same batch
     assert [g.key for g in pooled(tmp_path / "other", list(reversed(groups))).newest_first()] == \
         [g.key for g in ordered]
+
+
+def test_admitted_groups_come_first_and_only_standing_workers_surplus_fills_behind_them(tmp_path: Path) -> None:
+    """The trainer's order under delivery standing: groups under their worker's step cap, newest
+    first; then the surplus (over the cap) of workers with standing, newest first, to fill a batch the
+    admitted ones cannot; a worker without standing contributes nothing."""
+    groups = [group(1, 0, 6, "a"), group(1, 5, 6, "a"), group(2, 0, 5, "a"), group(2, 4, 5, "a"),
+              group(3, 0, 6, "b"), group(3, 6, 6, "b")]
+    pool = pooled(tmp_path, groups)
+    under_cap = {"a": 4, "b": 0}  # b has no standing: nothing of it is admitted, and it does not fill
+
+    def admits(worker: str, step: int, counter: int) -> bool:
+        return counter < under_cap[worker]
+
+    def fills(worker: str) -> bool:
+        return worker == "a"
+
+    assert [(g.worker, g.policy_step, g.counter) for g in pool.newest_first(admits)] == [("a", 6, 0), ("a", 5, 0)]
+    assert [(g.worker, g.policy_step, g.counter) for g in pool.newest_first(admits, fills=fills)] == [
+        ("a", 6, 0), ("a", 5, 0), ("a", 6, 5), ("a", 5, 4)]
+    assert len(pool.newest_first()) == 6  # nothing dropped
 
 
 def test_a_restart_finds_every_unconsumed_group_and_drops_the_consumed(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ from intellect_node.node.roles.trainer.learner import GRPOLearner
 from intellect_node.node.roles.trainer.service import (
     BRIDGE_OWED_FACTOR,
     STARVED_S,
+    SURPLUS_AFTER_S,
     TrainerOptions,
+    batch_candidates,
     bridge_due,
     groups_to_take,
 )
@@ -36,6 +38,17 @@ def test_a_starved_step_takes_what_is_pooled_but_never_nothing() -> None:
     assert groups_to_take(14, 16, STARVED_S, STARVED_S) == 14
     assert groups_to_take(1, 16, 10 * STARVED_S, STARVED_S) == 1
     assert groups_to_take(0, 16, 10 * STARVED_S, STARVED_S) == 0
+
+
+def test_the_surplus_over_a_workers_cap_fills_a_batch_only_once_admitted_groups_stop_arriving() -> None:
+    """Delivery standing's surplus (specs/rollouts.md) is the last resort, and never a stall: a step
+    waits briefly for admitted groups, then takes the surplus behind them, before the starvation
+    clock (which the surplus's own arrivals keep resetting) would ever run out."""
+    admitted, surplus = ["a1", "a2"], ["s1", "s2", "s3"]
+    assert batch_candidates(admitted, surplus, 0.0) == admitted
+    assert batch_candidates(admitted, surplus, SURPLUS_AFTER_S - 0.1) == admitted
+    assert batch_candidates(admitted, surplus, SURPLUS_AFTER_S) == admitted + surplus  # admitted first
+    assert SURPLUS_AFTER_S < 10.0 < STARVED_S  # shorter than a worker's pacing wait
 
 
 def test_a_bridge_comes_only_after_the_wait_and_only_for_waiting_workers() -> None:

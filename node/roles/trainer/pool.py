@@ -72,16 +72,27 @@ class GroupPool:
             self.groups.pop(key, None)
             self._path(key).unlink(missing_ok=True)
 
-    def newest_first(self, admits: Callable[[str, int, int], bool] | None = None) -> list[TrainingGroup]:
+    def newest_first(self, admits: Callable[[str, int, int], bool] | None = None,
+                     fills: Callable[[str], bool] | None = None) -> list[TrainingGroup]:
         """The pooled groups, newest policy step first, each step's in key order (deterministic).
         A trainer fills its batch from the front: every step of lag costs learning per step
         (bench/HISTORY.md, "Staleness per step"), and an older group is still used while newer
         ones do not fill a batch. ``admits(worker, policy_step, counter)``: only the groups it
         admits (the judge's delivery standing and step cap, node/roles/validator/delivery.py); the
-        rest stay pooled until admitted or their step leaves the window."""
-        return sorted((g for g in self.groups.values()
-                       if admits is None or admits(g.worker, g.policy_step, g.counter)),
-                      key=lambda g: (-g.policy_step, g.key))
+        rest stay pooled until admitted or their step leaves the window. ``fills(worker)``: of the
+        rest, the groups of the workers it names follow at the back, newest first, so they are
+        trained on only where the admitted ones do not fill a batch (a step's surplus above its
+        worker's cap: specs/rollouts.md, "Delivery standing", rule 5)."""
+        def order(groups: Iterable[TrainingGroup]) -> list[TrainingGroup]:
+            return sorted(groups, key=lambda g: (-g.policy_step, g.key))
+
+        if admits is None:
+            return order(self.groups.values())
+        admitted = {key for key, g in self.groups.items() if admits(g.worker, g.policy_step, g.counter)}
+        front = order(self.groups[key] for key in admitted)
+        if fills is None:
+            return front
+        return front + order(g for key, g in self.groups.items() if key not in admitted and fills(g.worker))
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -87,6 +87,11 @@ log = logging.getLogger(__name__)
 # the counters they committed before its checkpoint existed, and when most of those teach nothing
 # the commitments run out before the trainer has its batch; the workers then wait for the next
 # step and the trainer for groups (seen in the demo: stuck at step 84 with 14 of 16 groups)
+# a step's groups above their worker's cap (delivery standing's surplus) fill a batch once no admitted group
+# arrived for this long: shorter than a worker's pacing wait (10 s), so a swarm whose workers made their
+# share of a step never waits on the cap, and long against a batch's arrival, so the surplus is the last
+# resort it is meant to be (specs/rollouts.md, "Delivery standing")
+SURPLUS_AFTER_S = 5.0
 STARVED_S = 30.0  # longer than a worker's pacing wait (10 s) and a batch of a small model
 METRICS_FILE = "metrics.jsonl"
 LEDGER_FILE = "ledger.jsonl"
@@ -321,11 +326,12 @@ class TrainerService:
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
             await trio.sleep_forever()
 
-    async def _usable(self) -> list[TrainingGroup]:
-        """Pooled groups inside the async window whose worker has delivery standing (specs/rollouts.md,
-        "Delivery standing": the rest stay pooled), newest policy first (``GroupPool.newest_first``);
-        staler ones, and those of a worker banned since they were accepted (a cheat proven later
-        in the same window), leave the pool (noted in the ledger first, off the trio loop: it
+    async def _usable(self) -> tuple[list[TrainingGroup], list[TrainingGroup]]:
+        """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``):
+        those the delivery ledger admits (standing, and under the worker's step cap), then the
+        surplus of workers with standing (specs/rollouts.md, "Delivery standing": the rest stay
+        pooled); staler ones, and those of a worker banned since they were accepted (a cheat proven
+        later in the same window), leave the pool (noted in the ledger first, off the trio loop: it
         fsyncs)."""
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
@@ -336,15 +342,23 @@ class TrainerService:
             self.counters.banned_groups += len(banned)
             await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale, "banned": banned})
             self.pool.discard(stale + banned)
-        return self.pool.newest_first(self.validator.delivery.admits)
+        delivery = self.validator.delivery
+        ordered = self.pool.newest_first(delivery.admits, fills=delivery.standing)
+        admitted = len(self.pool.newest_first(delivery.admits))
+        return ordered[:admitted], ordered[admitted:]
 
     async def _gather(self) -> list[TrainingGroup] | None:
         """The next step's groups, or None when it is due to be a bridge step."""
         changed_at = time.monotonic()
+        admitted_seen, admitted_at = -1, changed_at
         while True:
             self._pool_changed = trio.Event()
-            usable = await self._usable()
-            idle_s = time.monotonic() - changed_at
+            admitted, surplus = await self._usable()
+            now = time.monotonic()
+            if len(admitted) != admitted_seen:
+                admitted_seen, admitted_at = len(admitted), now
+            usable = batch_candidates(admitted, surplus, now - admitted_at)
+            idle_s = now - changed_at
             take = groups_to_take(len(usable), self.options.batch_groups, idle_s, STARVED_S)
             if take:
                 if take < self.options.batch_groups:
@@ -474,6 +488,16 @@ def bridge_due(step: int, idle_s: float, next_step_committed: bool, owed_in_wind
     if step == WARM_UP_STEP or not next_step_committed:
         return False
     return idle_s >= bridge_after_s * (BRIDGE_OWED_FACTOR if owed_in_window else 1)
+
+
+def batch_candidates(admitted: list[TrainingGroup], surplus: list[TrainingGroup],
+                     admitted_idle_s: float) -> list[TrainingGroup]:
+    """What the next step may take, in order: the admitted groups, and the standing workers' surplus
+    behind them once no admitted group arrived for ``SURPLUS_AFTER_S``. Without that, a step the
+    admitted groups cannot fill waits while the workers, done with their share of it, pace one batch
+    above their cap every 10 s, each resetting ``groups_to_take``'s starvation clock (the tiny demo
+    stalled 30-170 s at a time, busy 0.30)."""
+    return admitted + surplus if admitted_idle_s >= SURPLUS_AFTER_S else admitted
 
 
 def groups_to_take(usable: int, batch_groups: int, idle_s: float, starved_s: float) -> int:
