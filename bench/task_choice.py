@@ -48,8 +48,9 @@ Influence (issue 50): committed assignments make picking unpaid, but a picked gr
 accepted; what decides whether it shapes the policy is the trainer's delivery standing
 (specs/rollouts.md, "Delivery standing"). A second simulation runs ``--steps`` policy steps of one
 run with the real judge (``CommitmentBook`` with its ``DeliveryLedger``, ``verify_batch``) and the
-trainer's pool (``GroupPool.newest_first`` with the ledger's ``admits``, ``batch`` groups a step,
-stale groups dropped). Every party has the same compute a step (``--per-step`` groups generated):
+trainer's pool (``GroupPool.newest_first`` with the ledger's ``admits``, then the surplus of the
+workers with standing as the trainer takes it once no admitted group arrives; ``batch`` groups a
+step, stale groups dropped). Every party has the same compute a step (``--per-step`` groups generated):
 
 - ``honest``: one key, commits twice what it makes (as the worker's size rule does) before each
   beacon, delivers all it makes; ``churned`` the same, but loses one step whole and one group;
@@ -449,26 +450,32 @@ class InfluenceRun:
         for gate, pool in self.pools.items():
             oldest = step - self.sim.judge.run.spec.async_window
             pool.discard([k for k, g in pool.groups.items() if g.policy_step < oldest])
-            admitted = pool.newest_first(self.ledger.admits if gate else None)
-            taken = admitted[:self.batch]
+            # the standing workers' surplus fills what the admitted groups do not once none arrived for
+            # SURPLUS_AFTER_S (node/roles/trainer/service.py): here every step's deliveries are in
+            admitted = pool.newest_first(self.ledger.admits) if gate else pool.newest_first()
+            surplus = pool.newest_first(self.ledger.admits, fills=self.ledger.standing)[len(admitted):] if gate else []
+            taken = (admitted + surplus)[:self.batch]
             if step > self.open_through:
                 for group in taken:
                     party = self.parties[owner[group.worker]]
                     party.trained[gate] += 1
                     party.picks_trained[gate] += group.key in party.picked
                 if gate:
-                    self.add_draw_variance(admitted, len(taken), owner)
+                    drawn_from, drawn = (admitted, len(taken)) if len(taken) <= len(admitted) else (
+                        surplus, len(taken) - len(admitted))
+                    self.add_draw_variance(drawn_from, drawn, owner)
             pool.groups = {k: g for k, g in pool.groups.items() if k not in {t.key for t in taken}}
 
-    def add_draw_variance(self, admitted: list[TrainingGroup], taken: int, owner: dict[str, str]) -> None:
-        """Add each party's variance of its count in this batch: of the oldest step the batch
-        takes from, ``k`` of its ``n`` admitted groups, in key order (as good as random), ``m`` of
-        them the party's: hypergeometric."""
-        if not taken or taken == len(admitted):
+    def add_draw_variance(self, ordered: list[TrainingGroup], taken: int, owner: dict[str, str]) -> None:
+        """Add each party's variance of its count in this batch, where the batch ends among
+        ``ordered`` (the admitted groups, or the surplus behind them) after ``taken`` of them: of
+        the oldest step it takes from, ``k`` of its ``n`` groups, in key order (as good as random),
+        ``m`` of them the party's: hypergeometric."""
+        if not taken or taken == len(ordered):
             return
-        boundary = admitted[taken - 1].policy_step
-        at = [owner[g.worker] for g in admitted if g.policy_step == boundary]
-        n, k = len(at), sum(g.policy_step == boundary for g in admitted[:taken])
+        boundary = ordered[taken - 1].policy_step
+        at = [owner[g.worker] for g in ordered if g.policy_step == boundary]
+        n, k = len(at), sum(g.policy_step == boundary for g in ordered[:taken])
         if k == n:  # the batch ends with its step: nothing drawn
             return
         for name, party in self.parties.items():
