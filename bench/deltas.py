@@ -79,9 +79,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from intellect_node.node.demo.swarm import DemoOptions, prepare_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.roles.trainer.config import LoraConfig, OptimConfig  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from intellect_node.node.roles.trainer.lora import LoraConfig, adapter_tensors, apply_lora, lora_modules  # noqa: E402
+from intellect_node.node.roles.trainer.learner import GRPOLearner  # noqa: E402
+from intellect_node.node.roles.trainer.lora import adapter_tensors, apply_lora, lora_modules  # noqa: E402
 from intellect_node.node.shards.checkpoint import build_manifest, read_tensor_index, write_safetensors  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402

@@ -65,10 +65,10 @@ from intellect_node.node.app.config import DEFAULT_HOME  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir  # noqa: E402
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from intellect_node.node.roles.trainer.loss import LossConfig  # noqa: E402
-from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, total_rewards  # noqa: E402
+from intellect_node.node.roles.trainer.learner import GRPOLearner  # noqa: E402
+from intellect_node.node.roles.trainer.rewards import group_advantages, total_rewards  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.toy import generate_toy_tasks  # noqa: E402
 from intellect_node.node.tasks.verify import task_reward  # noqa: E402

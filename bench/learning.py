@@ -55,10 +55,10 @@ import torch  # noqa: E402
 from intellect_node.node.demo.swarm import DEMO_MODELS, DemoOptions, prepare_model, run_demo, summarize  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
+from intellect_node.node.roles.trainer.config import OptimConfig, TrainerOptions  # noqa: E402
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig  # noqa: E402
-from intellect_node.node.roles.trainer.service import TrainerOptions  # noqa: E402
+from intellect_node.node.roles.trainer.learner import GRPOLearner  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402
 from intellect_node.node.tasks.verify import (

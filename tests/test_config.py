@@ -45,7 +45,7 @@ def test_missing_explicit_config_file(tmp_path):
 
 def test_one_file_with_sections(tmp_path):
     from intellect_node.node.config.loader import load_section
-    from intellect_node.node.roles.trainer.service import TrainerOptions
+    from intellect_node.node.roles.trainer.config import TrainerOptions
     from intellect_node.node.shards.config import ShardConfig
 
     (tmp_path / "config.toml").write_text(

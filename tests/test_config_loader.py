@@ -1,11 +1,14 @@
 """node/config/loader.py's ``load_section``, the one loader of every config section: its layers
 (defaults < file < environment < flags), sub-tables merged key by key across them, fixed values
-no layer sets, and errors naming the key and where it came from."""
+no layer sets, and errors naming the key and where it came from; and the modules of the section types
+load without torch."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,3 +102,23 @@ def test_every_section_has_the_one_loader() -> None:
                 if functions or flags:
                     found.append(f"{path}:{node.lineno} {node.name}")
     assert not found, f"per-section loaders; use node/config/loader.py's load_section: {found}"
+
+
+# every module a section's type lives in; node/app/config.py holds [run] and the roles' sections
+SECTION_TYPE_MODULES = (
+    "intellect_node.node.app.config",
+    "intellect_node.node.shards.config",
+    "intellect_node.node.roles.trainer.config",
+    "intellect_node.node.diloco.settings",
+    "intellect_node.node.metagene.job",
+    "intellect_node.node.swarm.settings",
+)
+
+
+def test_section_types_load_without_torch() -> None:
+    """Loading the config (and ``--help``) never pays torch's import (issue 49): a section's type
+    lives in a torch-free module of its package, not beside the code that runs it."""
+    imports = "; ".join(f"import {module}" for module in SECTION_TYPE_MODULES)
+    probe = f"import sys; {imports}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "[]", f"a section type's module imports torch: {result.stdout.strip()}"

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig, _pack, _Row, token_logprobs
-from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
-from intellect_node.node.roles.trainer.rewards import RewardConfig, group_advantages, length_reward, total_rewards
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig
+from intellect_node.node.roles.trainer.learner import GRPOLearner, _pack, _Row, token_logprobs
+from intellect_node.node.roles.trainer.loss import grpo_loss
+from intellect_node.node.roles.trainer.rewards import group_advantages, length_reward, total_rewards
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.tasks.verify import teaches_nothing
 from tests.support.grpo_groups import make_groups, small_model, token_scores

@@ -16,8 +16,7 @@ from intellect_node.node.app.join_flags import JOIN_FLAGS, flag_values, section_
 from intellect_node.node.config.base import field_types
 from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.metagene.job import MetageneJob
-from intellect_node.node.roles.trainer.learner import OptimConfig
-from intellect_node.node.roles.trainer.service import TrainerOptions
+from intellect_node.node.roles.trainer.config import OptimConfig, TrainerOptions
 from intellect_node.node.shards.config import ShardConfig
 
 SECTION_TYPES = {"shards": ShardConfig, "inference": RoleSection, "validator": RoleSection, "run": RunConfig,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
+from intellect_node.node.roles.trainer.config import LoraConfig, OptimConfig
+from intellect_node.node.roles.trainer.learner import GRPOLearner
 from intellect_node.node.roles.trainer.lora import (
-    LoraConfig,
     LoraLinear,
     adapter_tensors,
     apply_lora,

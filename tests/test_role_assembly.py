@@ -55,7 +55,7 @@ def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> No
     """Trainer and validator roles on one node: the trainer's own verification judges the inbox,
     so no second validator service judges (and charges) every batch twice."""
     from intellect_node.node.app.config import RunConfig
-    from intellect_node.node.roles.trainer.service import TrainerOptions
+    from intellect_node.node.roles.trainer.config import TrainerOptions
     from intellect_node.node.roles.validator.service import ValidatorOptions
     from intellect_node.protocol.run_spec import TORCH_TORCH
 

@@ -9,7 +9,7 @@ import pytest
 
 from intellect_node.node.config.base import ConfigError
 from intellect_node.node.config.loader import load_section, read_toml
-from intellect_node.node.roles.trainer.service import TrainerOptions
+from intellect_node.node.roles.trainer.config import TrainerOptions
 
 BASE = {"model_dir": Path("/m"), "task_spec": "toy:seed=0,count=10", "publish_dir": Path("/p")}
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from intellect_node.node.roles.trainer.service import TrainerOptions, evaluation_due
+from intellect_node.node.roles.trainer.config import TrainerOptions
+from intellect_node.node.roles.trainer.service import evaluation_due
 
 OPTIONS = TrainerOptions(model_dir=Path("m"), task_spec="toy", publish_dir=Path("p"), eval_every=5,
                          eval_every_s=180.0, first_eval_s=120.0)

@@ -31,10 +31,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
 from intellect_node.node.roles.trainer import ranks
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig
 from intellect_node.node.roles.trainer.groups import TrainingGroup
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
-from intellect_node.node.roles.trainer.loss import LossConfig
-from intellect_node.node.roles.trainer.rewards import RewardConfig
+from intellect_node.node.roles.trainer.learner import GRPOLearner
 from intellect_node.node.roles.trainer.sharded import ShardedLearner
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from tests.support.grpo_groups import make_groups, small_model

@@ -11,12 +11,12 @@ are published as the next step once workers wait to generate on it."""
 import pytest
 import torch
 
+from intellect_node.node.roles.trainer.config import TrainerOptions
 from intellect_node.node.roles.trainer.learner import GRPOLearner
 from intellect_node.node.roles.trainer.service import (
     BRIDGE_OWED_FACTOR,
     STARVED_S,
     SURPLUS_AFTER_S,
-    TrainerOptions,
     batch_candidates,
     bridge_due,
     groups_to_take,

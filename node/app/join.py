@@ -158,8 +158,7 @@ def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: st
                      say: Say) -> Any:
     """``[trainer]`` (node/roles/trainer/config.py) over ``[run] async_level``, which is run-wide
     unless the trainer's section names it; an old ``--trainer-config`` file is still read over both."""
-    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE
-    from intellect_node.node.roles.trainer.service import TrainerOptions
+    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, TrainerOptions
 
     checked = inference_options(cfg, model, tasks, "torch", say)
     given = section_flags(flags, "trainer")

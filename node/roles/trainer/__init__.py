@@ -1,7 +1,8 @@
 """The trainer role: verified rollouts in, GRPO updates, signed checkpoints out.
 
 - ``service``: ``TrainerService``, the node service: verify, pool, train, save, publish, repeat.
-- ``config``: the trainer's settings (optimizer, loss, rewards).
+- ``config``: the ``[trainer]`` section's types, torch-free: ``TrainerOptions`` and its ``OptimConfig``,
+  ``LossConfig``, ``RewardConfig``, ``LoraConfig``.
 - ``groups``: a verified GRPO group as the trainer keeps it.
 - ``pool``: accepted groups waiting to be trained on, one durable file each.
 - ``rewards``: task and length rewards, group advantages, the online filter.

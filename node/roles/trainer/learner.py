@@ -33,51 +33,10 @@ from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 from intellect_node.node.engine.chunked_head import chunked_token_logprobs
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig
 from intellect_node.node.roles.trainer.groups import TrainingGroup
-from intellect_node.node.roles.trainer.loss import LossConfig, grpo_loss
-from intellect_node.node.roles.trainer.rewards import (
-    RewardConfig,
-    group_advantages,
-    total_rewards,
-)
-
-OLD_POLICIES = ("behavior", "recompute")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.01
-    warmup_steps: int = 5  # linear warm-up, in optimizer steps
-    # then cosine decay to ``final_lr_fraction`` x lr over this many optimizer steps, constant after
-    # (0: constant lr): late in a run a sharp policy moves most per step, which stale rollouts pay for
-    decay_steps: int = 0
-    final_lr_fraction: float = 0.1
-    grad_clip: float = 1.0
-    micro_batch_rows: int = 64
-    optimizer_steps: int = 1  # per rollout step
-    max_tokens: int = 64  # completion budget, the "constant" normalization's unit
-    old_policy: str = "behavior"  # or "recompute": see the module docstring
-
-    def __post_init__(self) -> None:
-        if self.old_policy not in OLD_POLICIES:
-            raise ValueError(f"old_policy {self.old_policy!r}; choose one of {OLD_POLICIES}")
-        if self.lr <= 0 or self.grad_clip <= 0:
-            raise ValueError("lr and grad_clip must be > 0")
-        if self.micro_batch_rows < 1 or self.optimizer_steps < 1 or self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError("micro_batch_rows and optimizer_steps must be >= 1, warmup_steps and decay_steps >= 0")
-        if not 0 < self.final_lr_fraction <= 1:
-            raise ValueError("final_lr_fraction must be in (0, 1]")
-
-    def lr_factor(self, optimizer_step: int) -> float:
-        """The learning rate of optimizer step ``optimizer_step`` (from 0) as a fraction of ``lr``."""
-        if optimizer_step < self.warmup_steps:
-            return (optimizer_step + 1) / self.warmup_steps
-        if not self.decay_steps:
-            return 1.0
-        progress = min(1.0, (optimizer_step - self.warmup_steps) / self.decay_steps)
-        return self.final_lr_fraction + (1 - self.final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+from intellect_node.node.roles.trainer.loss import grpo_loss
+from intellect_node.node.roles.trainer.rewards import group_advantages, total_rewards
 
 
 @dataclass(frozen=True)

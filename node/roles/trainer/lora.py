@@ -26,30 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class LoraConfig:
-    rank: int = 8
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "v_proj")  # last components of the wrapped modules' names
-
-    def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"LoRA rank {self.rank}: must be >= 1")
-        if not self.alpha > 0:
-            raise ValueError(f"LoRA alpha {self.alpha}: must be > 0")
-        if not self.targets:
-            raise ValueError("LoRA needs at least one target module name")
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
+from intellect_node.node.roles.trainer.config import LoraConfig
 
 
 class LoraLinear(nn.Module):

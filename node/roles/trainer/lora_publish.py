@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from intellect_node.node.home.durable import fsync_file
-from intellect_node.node.roles.trainer.lora import LoraConfig, lora_modules
+from intellect_node.node.roles.trainer.config import LoraConfig
+from intellect_node.node.roles.trainer.lora import lora_modules
 from intellect_node.node.shards.deltas import merge_adapter
 from intellect_node.node.shards.store import Checkpoint
 from intellect_node.protocol.lora import decode_adapter, encode_adapter

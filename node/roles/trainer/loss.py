@@ -19,24 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-NORMALIZATIONS = ("token", "constant")
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    clip_eps: float = 0.2
-    ratio_cap: float = 4.0  # delta: applied before the clip
-    normalization: str = "token"  # "token": / completion tokens in the optimizer batch; "constant": / rows * max_tokens
-    entropy_coef: float = 0.0
-    kl_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization {self.normalization!r}; choose one of {NORMALIZATIONS}")
-        if not 0 < self.clip_eps < 1:
-            raise ValueError("clip epsilon must be in (0, 1)")
-        if self.ratio_cap <= 1 + self.clip_eps:
-            raise ValueError("the ratio cap delta must exceed 1 + epsilon")
+from intellect_node.node.roles.trainer.config import LossConfig
 
 
 @dataclass

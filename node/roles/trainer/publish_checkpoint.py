@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from intellect_node.node.home.durable import fsync_file, rename_durably, write_durably
-from intellect_node.node.roles.trainer.lora import LoraConfig, merged_weights
+from intellect_node.node.roles.trainer.config import LoraConfig
+from intellect_node.node.roles.trainer.lora import merged_weights
 from intellect_node.node.roles.trainer.lora_publish import adapter_body, write_merged
 from intellect_node.node.shards.checkpoint import write_safetensors
 

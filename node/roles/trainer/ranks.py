@@ -20,10 +20,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig
 from intellect_node.node.roles.trainer.groups import TrainingGroup
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
-from intellect_node.node.roles.trainer.loss import LossConfig
-from intellect_node.node.roles.trainer.rewards import RewardConfig
+from intellect_node.node.roles.trainer.learner import GRPOLearner
 from intellect_node.node.roles.trainer.sharded import ShardedLearner
 
 ANNOUNCE_TIMEOUT = timedelta(days=7)

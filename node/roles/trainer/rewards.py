@@ -10,27 +10,12 @@ in the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-LENGTH_FORMS = ("absolute", "over", "none")
+from intellect_node.node.roles.trainer.config import RewardConfig
+
 ADVANTAGE_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """``absolute``: -c * |len - target| (INTELLECT-2); ``over``: only length beyond the target
-    costs; ``none``: task reward alone."""
-
-    length_coef: float = 0.0003
-    length_form: str = "absolute"
-
-    def __post_init__(self) -> None:
-        if self.length_form not in LENGTH_FORMS:
-            raise ValueError(f"length reward form {self.length_form!r}; choose one of {LENGTH_FORMS}")
-        if self.length_coef < 0:
-            raise ValueError("length reward coefficient must be >= 0")
 
 
 def length_reward(length: int, target: int | None, config: RewardConfig) -> float:

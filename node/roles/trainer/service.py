@@ -43,7 +43,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,16 +50,15 @@ import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.home.durable import append_durably
+from intellect_node.node.roles.trainer.config import LoraConfig, TrainerOptions
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
-from intellect_node.node.roles.trainer.learner import GRPOLearner, OptimConfig
-from intellect_node.node.roles.trainer.lora import LoraConfig, apply_lora
+from intellect_node.node.roles.trainer.learner import GRPOLearner
+from intellect_node.node.roles.trainer.lora import apply_lora
 from intellect_node.node.roles.trainer.lora_publish import round_frozen_weights
-from intellect_node.node.roles.trainer.loss import LossConfig
 from intellect_node.node.roles.trainer.pool import GroupPool
 from intellect_node.node.roles.trainer.publish_checkpoint import write_checkpoint
 from intellect_node.node.roles.trainer.ranks import LeadLearner, distributed, make_learner
-from intellect_node.node.roles.trainer.rewards import RewardConfig
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.commitments import WARM_UP_STEP
 from intellect_node.node.roles.validator.service import (
@@ -99,59 +97,6 @@ CONSUMED_KEPT_STEPS = 8  # a re-verified batch older than this is outside any as
 # a committed counter of the window still owed (a worker generating it, or gone) defers a bridge this many
 # times longer: a slow honest worker's groups should not age out of the window behind bridges
 BRIDGE_OWED_FACTOR = 5
-
-
-POLICY_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TrainerOptions:
-    model_dir: Path
-    task_spec: str
-    publish_dir: Path
-    batch_groups: int = 16  # GRPO groups (prompts) per step
-    async_level: int = 2
-    max_steps: int | None = None  # stop training after this step (the node keeps serving)
-    eval_every: int = 5
-    # and by wall time: a slow model's steps take minutes, so a step count alone left a 14-minute
-    # real-model demo with no evaluation after step 0 (issue 52)
-    eval_every_s: float = 180.0
-    first_eval_s: float = 120.0  # the first evaluation after step 0, counted from the first trained step
-    eval_tasks: int = 200
-    engine: str = "torch"  # for verification
-    trusted: tuple[str, ...] = ()
-    verify_fraction: float = 1.0  # the rest waits for agreeing trusted verdicts (node/roles/validator/verdict_trust.py)
-    bridge_after_s: float = 60.0  # no usable group for this long while workers wait for the next step: bridge step
-    optim: OptimConfig = OptimConfig()
-    loss: LossConfig = LossConfig()
-    rewards: RewardConfig = RewardConfig()
-    seed: int = 0
-    # the dtype workers and validators run (specs/deltas.md): fp32 masters are rounded to it at each
-    # publish; bfloat16 halves the checkpoint and makes each step's delta sparse at RL learning rates
-    policy_dtype: str = "float32"
-    # LoRA (specs/deltas.md 3a): 0 trains every weight; >= 1 trains only adapters of this rank on the
-    # targeted linear layers, and each step ships the adapter instead of the weights
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
-
-    def __post_init__(self) -> None:
-        if self.lora_rank:
-            LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)  # its own checks
-        elif self.lora_rank < 0:
-            raise ValueError("lora_rank must be >= 0")
-        if self.policy_dtype not in POLICY_DTYPES:
-            raise ValueError(f"policy_dtype {self.policy_dtype!r}; choose one of {sorted(POLICY_DTYPES)}")
-        if self.batch_groups < 1 or self.async_level < 0 or self.eval_every < 1:
-            raise ValueError("batch_groups and eval_every must be >= 1, async_level >= 0")
-        if not self.bridge_after_s > 0:
-            raise ValueError("bridge_after_s must be > 0")
-        if not (self.eval_every_s > 0 and self.first_eval_s > 0):
-            raise ValueError("eval_every_s and first_eval_s must be > 0")
-        if not 0.0 <= self.verify_fraction <= 1.0:
-            raise ValueError("verify_fraction must be in [0, 1]")
-        if self.verify_fraction < 1.0 and not self.trusted:
-            raise ValueError("a trainer that verifies only part of the batches needs --trust-validator for the rest")
 
 
 @dataclass
@@ -251,7 +196,7 @@ class TrainerService:
             if distributed():
                 raise ValueError("LoRA runs on one trainer process (lora_rank with several ranks is not supported)")
             apply_lora(model, self.lora, seed=options.seed)
-            round_frozen_weights(model, POLICY_DTYPES[options.policy_dtype])
+            round_frozen_weights(model, getattr(torch, options.policy_dtype))
         self.tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
         reference = None
         if options.loss.kl_coef:
@@ -290,7 +235,7 @@ class TrainerService:
         steps (the weights do not change meanwhile)."""
         assert self.learner is not None
         self.lora_base_step = write_checkpoint(
-            self.learner, step, self.options.publish_dir, POLICY_DTYPES[self.options.policy_dtype],
+            self.learner, step, self.options.publish_dir, getattr(torch, self.options.policy_dtype),
             self.shards.store, lora=self.lora, lora_base_step=self.lora_base_step,
             tied_embeddings=self.tied_embeddings)
 

@@ -35,16 +35,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from intellect_node.node.roles.trainer.learner import (
-    GRPOLearner,
-    OptimConfig,
-    _pack,
-    _Row,
-    _Tensors,
-    token_logprobs,
-)
-from intellect_node.node.roles.trainer.loss import LossConfig
-from intellect_node.node.roles.trainer.rewards import RewardConfig
+from intellect_node.node.roles.trainer.config import LossConfig, OptimConfig, RewardConfig
+from intellect_node.node.roles.trainer.learner import GRPOLearner, _pack, _Row, _Tensors, token_logprobs
 
 
 class _Scorer(nn.Module):
