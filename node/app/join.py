@@ -25,8 +25,13 @@ from intellect_node.node.app.join_flags import flag_values, section_flags
 from intellect_node.node.app.roles import RoleOptions
 from intellect_node.node.config.base import ConfigError, whole_number
 from intellect_node.node.config.loader import load_section, merge_tables, read_toml
+from intellect_node.node.diloco.run_spec import with_run_spec
+from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.engine import EngineChoice
+from intellect_node.node.models.check import ModelDirError, check_model_dir
+from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, TrainerOptions
 from intellect_node.node.shards.config import ShardConfig
+from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 
 DEFAULT_TASKS = "toy:seed=0,count=1000"
 SHARED_SECTIONS = ("inference", "validator")  # the role sections whose model/tasks/engine one node shares
@@ -119,8 +124,6 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
         say("preparing the tiny model (built once, two to three minutes on 2 cores)...")
         model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
     else:
-        from intellect_node.node.models.check import ModelDirError, check_model_dir
-
         model_dir = Path(model).expanduser()
         if not (model_dir / "config.json").exists():
             raise ConfigError(f"--model {model_dir} is not an HF-layout model directory")
@@ -140,7 +143,6 @@ def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
 
     from intellect_node.node.tasks.fit import unfit_tasks
     from intellect_node.node.tasks.spec import load_task_spec
-    from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 
     task_list = load_task_spec(spec)
     positions = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
@@ -155,11 +157,9 @@ def _check_tasks_fit(spec: str, model_dir: Path, max_tokens: int) -> None:
 
 def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: str, flags: Mapping[str, Any],
                      verify_fraction: float | None, trusted: tuple[str, ...], environ: Mapping[str, str],
-                     say: Say) -> Any:
+                     say: Say) -> TrainerOptions:
     """``[trainer]`` (node/roles/trainer/config.py) over ``[run] async_level``, which is run-wide
     unless the trainer's section names it; an old ``--trainer-config`` file is still read over both."""
-    from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, TrainerOptions
-
     checked = inference_options(cfg, model, tasks, "torch", say)
     given = section_flags(flags, "trainer")
     config_file = given.pop("config_file", None)
@@ -173,12 +173,10 @@ def _trainer_options(cfg: NodeConfig, shards: ShardConfig, model: str, tasks: st
 
 
 def _diloco_settings(cfg: NodeConfig, flags: Mapping[str, Any], model: str | None, environ: Mapping[str, str],
-                     say: Say) -> Any:
+                     say: Say) -> DilocoSettings:
     """``[diloco]`` (environment, then --model as a preset name and --data on top) and the allowlist
     of its signed run spec; the metagene workload builds its data from the reads first."""
     import intellect_node.node.metagene.workload  # noqa: F401 (registers its presets and data with diloco)
-    from intellect_node.node.diloco.run_spec import with_run_spec
-    from intellect_node.node.diloco.settings import DilocoSettings
 
     source = str(cfg.config_file)
     table = dict(cfg.sections.get("diloco", {}))
