@@ -104,11 +104,14 @@ def test_every_section_has_the_one_loader() -> None:
     assert not found, f"per-section loaders; use node/config/loader.py's load_section: {found}"
 
 
-# every module a section's type lives in; node/app/config.py holds [run] and the roles' sections
+# every module a section's type lives in (node/app/config.py holds [run] and the roles' sections), and
+# join's option builder that loads them all
 SECTION_TYPE_MODULES = (
     "intellect_node.node.app.config",
     "intellect_node.node.shards.config",
     "intellect_node.node.roles.trainer.config",
+    "intellect_node.node.roles.validator.config",
+    "intellect_node.node.app.join",
     "intellect_node.node.diloco.settings",
     "intellect_node.node.metagene.job",
     "intellect_node.node.swarm.settings",

@@ -34,7 +34,7 @@ def test_the_runs_rollout_shape_reaches_the_worker_and_the_validator(tmp_path: P
     """[run] max_tokens, group_size and temperature: what the worker generates is what the validator's spec
     demands (a mismatch would have every honest batch refused)."""
     from intellect_node.node.app.config import RunConfig
-    from intellect_node.node.roles.validator.service import ValidatorOptions
+    from intellect_node.node.roles.validator.config import ValidatorOptions
 
     node = make_node(tmp_path, "both", "assembly-run")
     config = NodeConfig(dataclasses.replace(node.config, run_id="assembly-run", roles=("inference", "validator")),
@@ -56,7 +56,7 @@ def test_a_trainer_asked_to_validate_too_runs_one_verifier(tmp_path: Path) -> No
     so no second validator service judges (and charges) every batch twice."""
     from intellect_node.node.app.config import RunConfig
     from intellect_node.node.roles.trainer.config import TrainerOptions
-    from intellect_node.node.roles.validator.service import ValidatorOptions
+    from intellect_node.node.roles.validator.config import ValidatorOptions
     from intellect_node.protocol.run_spec import TORCH_TORCH
 
     node = make_node(tmp_path, "trainer", "assembly-run")

@@ -30,6 +30,7 @@ from intellect_node.node.diloco.settings import DilocoSettings
 from intellect_node.node.engine import EngineChoice
 from intellect_node.node.models.check import ModelDirError, check_model_dir
 from intellect_node.node.roles.trainer.config import DEPRECATED_FILE, TrainerOptions
+from intellect_node.node.roles.validator.config import ValidatorOptions
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.protocol.rollout_shape import DEFAULT_LENGTH_TARGETS
 
@@ -77,8 +78,6 @@ def role_options(cfg: NodeConfig, roles: tuple[str, ...], given: Mapping[str, An
         say("no --model: this trainer publishes the checkpoints written to --publish-dir but trains nothing")
     validator = None
     if "validator" in roles and model is not None:  # with a trainer here, node/app/roles.py keeps one verifier
-        from intellect_node.node.roles.validator.service import ValidatorOptions
-
         checked = inference_options(cfg, model, tasks, engine, say)
         validator = ValidatorOptions(model_dir=checked.model_dir, task_spec=tasks, engine=engine,
                                      verify_fraction=1.0 if verify_fraction is None else verify_fraction,

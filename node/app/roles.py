@@ -18,7 +18,7 @@ from intellect_node.node.shards.config import ShardConfig
 if TYPE_CHECKING:
     from intellect_node.node.diloco.settings import DilocoSettings
     from intellect_node.node.roles.trainer.config import TrainerOptions
-    from intellect_node.node.roles.validator.service import ValidatorOptions
+    from intellect_node.node.roles.validator.config import ValidatorOptions
     from intellect_node.node.rollouts.exchange import RolloutReceiver
     from intellect_node.node.shards.service import ShardService
     from intellect_node.node.swarm.runtime import Node, Service

@@ -61,10 +61,8 @@ from intellect_node.node.roles.trainer.publish_checkpoint import write_checkpoin
 from intellect_node.node.roles.trainer.ranks import LeadLearner, distributed, make_learner
 from intellect_node.node.roles.trainer.state import load_state, save_state
 from intellect_node.node.roles.validator.commitments import WARM_UP_STEP
-from intellect_node.node.roles.validator.service import (
-    ValidatorOptions,
-    ValidatorService,
-)
+from intellect_node.node.roles.validator.config import ValidatorOptions
+from intellect_node.node.roles.validator.service import ValidatorService
 from intellect_node.node.roles.validator.validation import BatchVerdict
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing

@@ -2,6 +2,7 @@
 
 - ``service``: ``ValidatorService``, the node service: judge the inbox, sign and gossip verdicts,
   ban proven cheats. The trainer runs the same service to verify what it trains on.
+- ``config``: ``ValidatorOptions``, what the role is given (torch-free: ``join`` builds it).
 - ``validation``: ``verify_batch``, the checks themselves (assignment, prefill, TOPLOC, logprobs,
   termination, rewards); compute only, no network.
 - ``answer_span``: the final answer span of a completion, where no token may be a flip.

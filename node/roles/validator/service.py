@@ -26,6 +26,7 @@ import trio
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.policy import PolicyFollower
 from intellect_node.node.roles.validator.commitments import CommitmentBook
+from intellect_node.node.roles.validator.config import ValidatorOptions
 from intellect_node.node.roles.validator.delivery import DeliveryLedger
 from intellect_node.node.roles.validator.ledger import JudgeState
 from intellect_node.node.roles.validator.validation import (
@@ -86,22 +87,6 @@ class WaitingBatch:
     @property
     def worker(self) -> str:
         return self.header.worker
-
-
-@dataclass(frozen=True)
-class ValidatorOptions:
-    """What the validator role needs beyond the node (the inference flags, reused)."""
-
-    model_dir: Path
-    task_spec: str
-    engine: str = "auto"
-    verify_fraction: float = 1.0
-    trusted: tuple[str, ...] = ()
-    # a judged-hook user (the trainer) adopts trusted verdicts on unsampled batches; this long it waits
-    verdict_wait_s: float = 60.0
-    # check 17: groups no trainer learns from are not verified (a trainer that trusts a validator,
-    # which catches cheats in them); a validator verifies every group, its verdicts are what bans
-    skip_uninformative: bool = False
 
 
 def load_or_create_secret(path: Path) -> bytes:
