@@ -6,8 +6,11 @@ validator's race put another token only a little ahead, and the flip test counts
 where they are. Flipped into the tokens a reward reads, they choose the answer (bench/steering.py:
 under the loosest calibrated pair a forger made a chosen answer in most groups it tried). A group
 whose final answer span holds a flip is therefore set aside (``inconclusive``: neither trained on
-nor rewarded, nobody charged), whatever its flip count: honest noise flips there rarely, and a
-forgery there earns nothing.
+nor rewarded, nobody charged), whatever its flip count: a forgery there earns nothing, and an honest
+worker whose engines differ loses the groups their noise flips there (about one in nine bf16/fp32
+groups on the tiny model, whose completions are almost all span). No softer depth (a span flip let
+through when shallow) keeps forgers under 1 in 1,000 groups and gives that back (specs/sampling.md
+section 4, measured by bench/steering.py and bench/cross_engine.py).
 
 The span is what the tasks' verifiers read last: the completion's final whitespace-separated word,
 the whitespace before it and everything after it (trailing punctuation, the end-of-sequence
@@ -57,8 +60,7 @@ def answer_span_flip(tokens: Sequence[int], margins: np.ndarray, tokenizer: obje
     replay's exact choice (margin < -depth), or None.
 
     The validator's rule is ``depth`` 0: no flip at all. A softer depth is what bench/steering.py's
-    forgers adapt to when measuring one (specs/sampling.md section 4: no depth that spares honest
-    pairs' flips keeps forgers under 1 in 1,000 groups on the bench's model)."""
+    forgers adapt to when measuring one."""
     start = answer_span_start(tokens, tokenizer)
     flipped = np.nonzero(~(np.asarray(margins[start:]) >= -depth))[0]
     return start + int(flipped[0]) if flipped.size else None
