@@ -83,16 +83,24 @@ class GroupPool:
         rest, the groups of the workers it names follow at the back, newest first, so they are
         trained on only where the admitted ones do not fill a batch (a step's surplus above its
         worker's cap: specs/rollouts.md, "Delivery standing", rule 5)."""
+        front, back = self.admitted_then_surplus(admits, fills)
+        return front + back
+
+    def admitted_then_surplus(self, admits: Callable[[str, int, int], bool] | None,
+                              fills: Callable[[str], bool] | None = None,
+                              ) -> tuple[list[TrainingGroup], list[TrainingGroup]]:
+        """``newest_first``'s two parts, each newest first: what ``admits`` admits (everything
+        without it), and of the rest what ``fills`` names (nothing without it)."""
         def order(groups: Iterable[TrainingGroup]) -> list[TrainingGroup]:
             return sorted(groups, key=lambda g: (-g.policy_step, g.key))
 
         if admits is None:
-            return order(self.groups.values())
+            return order(self.groups.values()), []
         admitted = {key for key, g in self.groups.items() if admits(g.worker, g.policy_step, g.counter)}
         front = order(self.groups[key] for key in admitted)
         if fills is None:
-            return front
-        return front + order(g for key, g in self.groups.items() if key not in admitted and fills(g.worker))
+            return front, []
+        return front, order(g for key, g in self.groups.items() if key not in admitted and fills(g.worker))
 
     def __len__(self) -> int:
         return len(self.groups)

@@ -286,9 +286,7 @@ class TrainerService:
             await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale, "banned": banned})
             self.pool.discard(stale + banned)
         delivery = self.validator.delivery
-        ordered = self.pool.newest_first(delivery.admits, fills=delivery.standing)
-        admitted = len(self.pool.newest_first(delivery.admits))
-        return ordered[:admitted], ordered[admitted:]
+        return self.pool.admitted_then_surplus(delivery.admits, fills=delivery.standing)
 
     async def _gather(self) -> list[TrainingGroup] | None:
         """The next step's groups, or None when it is due to be a bridge step."""
