@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import multiaddr
@@ -81,14 +82,15 @@ def published(tmp_path: Path) -> tuple[Path, str, codec.Signed[CheckpointManifes
 
 
 def serving_node(tmp_path: Path, host: IHost, scores: PeerScores, source: Path,
-                 signed: codec.Signed[CheckpointManifest], envelope: bytes) -> ShardStreamServer:
+                 signed: codec.Signed[CheckpointManifest], envelope: bytes,
+                 on_change: Callable[[], None] = lambda: None) -> ShardStreamServer:
     """A shard server on ``host``'s libp2p streams only (no HTTP listener, nothing advertised)."""
     store = ShardStore(tmp_path / "server", RUN)
     staged = store.staging_path(1)
     shutil.copyfile(source, staged)
     store.add_published(staged, signed, envelope).origin = False  # a plain holder: no seed mode
     config = ShardConfig(data_dir=tmp_path / "server", shard_size=SHARD)
-    server = ShardStreamServer(ShardServer(store, config, host.get_id().to_base58(), scores), scores)
+    server = ShardStreamServer(ShardServer(store, config, host.get_id().to_base58(), scores), scores, on_change)
     host.set_stream_handler(PROTOCOL, server.handle)
     return server
 
@@ -123,7 +125,12 @@ async def test_a_server_without_http_serves_a_checkpoint_that_verifies(tmp_path)
     server_scores, fetcher_scores = PeerScores(), PeerScores()
     server_host, fetcher_host = guarded_host(server_scores), guarded_host(fetcher_scores)
     async with server_host.run(LISTEN), fetcher_host.run(LISTEN):
-        server = serving_node(tmp_path, server_host, server_scores, source, signed, envelope)
+        marks = [0]  # the status file's dirty marks: every answered request must reach the report
+
+        def mark() -> None:
+            marks[0] += 1
+
+        server = serving_node(tmp_path, server_host, server_scores, source, signed, envelope, on_change=mark)
         await connect(fetcher_host, server_host)
         server_id = server_host.get_id().to_base58()
         assert connection_path(fetcher_host, server_id) == "direct"
@@ -135,6 +142,7 @@ async def test_a_server_without_http_serves_a_checkpoint_that_verifies(tmp_path)
         assert book.peers[server_id].rates["p2p"] > 0  # measured per transport
         assert server.counts["answered"] >= signed.message.shard_count + 1  # ranges and a have stream
         assert server.server.stats.shards == signed.message.shard_count
+        assert marks[0] >= server.counts["answered"]
         assert not fetcher_scores.rejections and not server_scores.rejections
 
         # the manifest itself, over the same protocol (discovery's path to a NATed trainer)

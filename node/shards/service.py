@@ -85,7 +85,7 @@ class ShardService:
         self.streams = ShardStreamClient(node.host, config.stall_s)
         self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self.status_file.mark_dirty,
                                   relays=self.book.may_relay)
-        self.stream_server = ShardStreamServer(self.server, node.scores)
+        self.stream_server = ShardStreamServer(self.server, node.scores, on_change=self.status_file.mark_dirty)
         self.progress = CheckpointProgress()
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable
 
 import trio
 from libp2p.abc import INetStream
@@ -77,9 +78,12 @@ async def answer_busy(stream: INetStream) -> None:
 class ShardStreamServer:
     """The ``/ina/shards/1.0.0`` handler: register ``handle`` on the host."""
 
-    def __init__(self, server: ShardServer, scores: PeerScores) -> None:
+    def __init__(self, server: ShardServer, scores: PeerScores, on_change: Callable[[], None] = lambda: None) -> None:
         self.server, self.scores = server, scores
         self.counts: Counter[str] = Counter()  # answered, banned, and each rejection reason
+        # the status file is rewritten only when marked: a count changed after the upload's own mark
+        # (``answered`` comes last) would otherwise stay unreported until something else changes
+        self._on_change = on_change
 
     @busy_reply(answer_busy)
     async def handle(self, stream: INetStream) -> None:
@@ -91,6 +95,7 @@ class ShardStreamServer:
                 return
             await self._answer(reply, stream, peer)
         finally:
+            self._on_change()
             await close_quietly(stream)
 
     async def _answer(self, reply: StreamReply, stream: INetStream, peer: str) -> None:
