@@ -330,10 +330,13 @@ def run_size(n: int, net: Loopback | SwarmNet, windows: dict[str, float], keep: 
         out["convergence_s"] = round(conv["t_conv"] - started["t_all"], 1) if out["converged"] else None
         out["view_sizes"] = [min(conv["final_view_sizes"]), max(conv["final_view_sizes"])]
         time.sleep(windows["settle"])
+        names = list(swarm.nodes)
+        gossip_before, since = statuses(list(swarm.nodes.values())), time.monotonic()
         idle = Window(swarm.nodes, net)
         time.sleep(windows["idle"])
         out["idle"] = summarize(idle.take())
         status = statuses(list(swarm.nodes.values()))
+        out["idle"]["gossip"] = gossip_rates(names, gossip_before, status, time.monotonic() - since)
         conns = [s["connected_peers"] for s in status if s]
         out["connections"] = {"median": statistics.median(conns), "max": max(conns)} if conns else {}
         out["rejections"] = membership.sum_rejections(list(swarm.nodes.values()))
@@ -493,6 +496,25 @@ def summarize(per_node: dict[str, dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def gossip_rates(names: list[str], before: list[dict[str, Any]], after: list[dict[str, Any]],
+                 elapsed_s: float) -> dict[str, float | None]:
+    """The light members' gossip sent per second over the idle window (``status``'s
+    ``gossip_rpcs``, node/swarm/mesh_router.py), medians: RPCs, mesh changes (GRAFT + PRUNE), IHAVE."""
+    rates: dict[str, list[float]] = {"rpcs": [], "graft_prune": [], "ihave": []}
+    for name, old, new in zip(names, before, after, strict=True):
+        sent_old, sent_new = (s.get("gossip_rpcs", {}).get("sent") for s in (old, new))
+        if not name.startswith("s") or sent_old is None or sent_new is None:
+            continue
+
+        def delta(*kinds: str) -> float:
+            return sum(sent_new.get(k, 0) - sent_old.get(k, 0) for k in kinds) / elapsed_s  # noqa: B023
+
+        rates["rpcs"].append(delta("rpcs"))
+        rates["graft_prune"].append(delta("graft", "prune"))
+        rates["ihave"].append(delta("ihave"))
+    return {f"{kind}_per_s_median": round(statistics.median(v), 2) if v else None for kind, v in rates.items()}
+
+
 FIGURES = (  # (label, path into a size's result)
     ("start (s)", ("start_s",)),
     ("converged view after last start (s)", ("convergence_s",)),
@@ -502,6 +524,9 @@ FIGURES = (  # (label, path into a size's result)
     ("bootstrap idle CPU (% core)", ("idle", "bootstrap_cores")),
     ("trainer idle CPU (% core)", ("idle", "trainer_cores")),
     ("whole swarm idle (cores)", ("idle", "swarm_cores")),
+    ("light member gossip RPCs sent/s idle", ("idle", "gossip", "rpcs_per_s_median")),
+    ("light member GRAFT+PRUNE sent/s idle", ("idle", "gossip", "graft_prune_per_s_median")),
+    ("light member IHAVE sent/s idle", ("idle", "gossip", "ihave_per_s_median")),
     ("connections per node, median", ("connections", "median")),
     ("connections per node, max", ("connections", "max")),
     ("checkpoint to all (s)", ("broadcast", "to_all_s")),

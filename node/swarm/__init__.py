@@ -27,6 +27,8 @@ What those parts stand on:
   the slowest incomplete request for a newcomer (specs/guards.md G3, G4).
 - ``streams``: length-prefixed frames over raw libp2p streams, with limits and deadlines.
 - ``gossip``: gossipsub topics per run, with validators that drop and charge bad input.
+- ``mesh_router``: ``SteadyGossipSub``, the gossipsub router with the spec's mesh upkeep (no
+  per-heartbeat grafting churn) and a fixed gossip fan-out, so a node's cost does not grow with N.
 - ``dht_get``: the bounded DHT get (the few closest peers at once, first valid reply wins).
 - ``membership``: signed node adverts, their DHT record check, and the view of the run's members.
 - ``peer_scores``: rejection counters by reason, per-peer penalties and bans.

@@ -17,12 +17,12 @@ import libp2p.pubsub.pubsub as pubsub_module
 from libp2p.abc import IHost
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb.rpc_pb2 import RPC
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import maybe_consume_signed_record
 
 from intellect_node.node.swarm.guard import GuardedPubsub, StreamGuard
+from intellect_node.node.swarm.mesh_router import SteadyGossipSub
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import Rejected, SignerMismatch
@@ -76,9 +76,9 @@ gossipsub_module.maybe_consume_signed_record = SENDER_RECORDS.consume  # type: i
 
 
 def build_pubsub(host: IHost, *, messages_per_topic_per_s: float = 100.0,
-                 guard: StreamGuard | None = None) -> tuple[Pubsub, GossipSub]:
+                 guard: StreamGuard | None = None) -> tuple[Pubsub, SteadyGossipSub]:
     """The run's gossipsub; ``guard`` hears of every exception its reader or message tasks raise."""
-    router = GossipSub(
+    router = SteadyGossipSub(
         protocols=[GOSSIPSUB_PROTOCOL],
         degree=MESH_DEGREE, degree_low=MESH_DEGREE_LOW, degree_high=MESH_DEGREE_HIGH,
         heartbeat_interval=1, heartbeat_initial_delay=0.1,

@@ -2,6 +2,14 @@
 
 A default py-libp2p host also accepts plaintext and secio dialers and prefers mplex (about 25 MiB/s
 against yamux's 120 on loopback), so both choices are made explicitly here.
+
+Its auto-connector is switched off: py-libp2p 0.8.1 dials every peer in the peerstore (private
+addresses too, when the node has no public one) until it holds 200 connections, every 10-30 s, so
+in a swarm of N every node ended up connected to every node it had heard of (48 connections at N=50,
+bench/HISTORY.md "Scale"), and past 160 it would fight the connection manager's trimming
+(``connections.py``) forever. The node chooses its connections itself: ``Discovery`` keeps
+``TARGET_CONNECTIONS`` members connected, and DHT lookups, pulls, deliveries and fetches dial whom
+they need.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -38,13 +47,24 @@ def build_host(identity: Identity, connection_config: ConnectionConfig | None = 
     private = Ed25519PrivateKey.new(identity.seed)
     key_pair = KeyPair(private, private.get_public_key())
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
         connection_config=connection_config,
         addrs_factory=advertised_multiaddrs,
     )
+    swarm = host.get_network()
+    swarm.auto_connector = IdleAutoConnector(swarm)  # type: ignore[attr-defined]
+    return host
+
+
+class IdleAutoConnector(AutoConnector):
+    """py-libp2p's auto-connector, never started: its periodic dials and the redial after each
+    disconnect both return at once (see the module docstring)."""
+
+    async def start(self) -> None:
+        return None
 
 
 def parse_peer_addr(addr: str) -> PeerInfo:
