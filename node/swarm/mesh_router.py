@@ -21,8 +21,10 @@ grows with the swarm:
 And gossip (IHAVE) goes to a fixed ``GOSSIP_PEERS`` peers outside the mesh per heartbeat, where
 py-libp2p sends it to a quarter of them (go-libp2p's GossipFactor 0.25): 23 peers a second at 99
 connections, each an RPC that costs ~1 ms in this Python stack. The mesh delivers every message
-and the members protocol's pulls repair what a mesh misses (specs/dht.md), so a fixed fan-out keeps
-gossip's repair at a cost that does not grow with the swarm.
+and the members protocol's pulls repair what a mesh misses (specs/dht.md), so gossip's repair goes
+to one peer a heartbeat: 3 peers cost a light member 2.4 IHAVE RPCs a second sent (and as many
+received) at N=10 and 25, about a third of its gossip at rest (bench/scale.py, 2026-12-06), for a
+repair the mesh seldom needs.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from libp2p.pubsub.pb import rpc_pb2
 OPPORTUNISTIC_GRAFT_TICKS = 60  # heartbeats between opportunistic grafts (the spec's default: 1 min at 1 s)
 OPPORTUNISTIC_GRAFT_PEERS = 2
 OPPORTUNISTIC_GRAFT_THRESHOLD = 0.0  # a mesh whose median score is below this takes better peers
-GOSSIP_PEERS = 3  # peers outside the mesh told of recent message ids each heartbeat (IHAVE)
+GOSSIP_PEERS = 1  # peers outside the mesh told of recent message ids each heartbeat (IHAVE)
 CONTROL_KINDS = ("ihave", "iwant", "graft", "prune")
 
 
