@@ -17,7 +17,15 @@ import torch
 from transformers import AutoTokenizer
 
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.engine.calibration import PairFigures, calibrated_pair, noise_of_flips, tail_quantile
+from intellect_node.node.engine.calibration import (
+    NOISE_SAFETY,
+    UNIT_FALSE_REJECT,
+    PairFigures,
+    calibrated_pair,
+    honest_depth,
+    noise_of_flips,
+    tail_quantile,
+)
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.roles.validator.calibrate import measure_engines
@@ -58,8 +66,30 @@ def test_a_tail_fit_extrapolates_beyond_the_largest_sample() -> None:
     assert tail_quantile(np.zeros(0)) == 0.0 and tail_quantile(np.array([0.3])) == 0.3
 
 
+def test_the_honest_depth_inverts_the_flip_tests_curve() -> None:
+    for noise, exceed in ((0.0251, UNIT_FALSE_REJECT), (1e-4, 1e-3), (0.5, 0.25)):
+        depth = honest_depth(noise, exceed)
+        assert float(flip_chance(np.array([depth]), noise)[0]) == pytest.approx(exceed, rel=1e-6)
+    assert honest_depth(0.02, 0.5) == 0.0 and honest_depth(0.0) == 0.0
+    assert honest_depth(0.01) == pytest.approx(0.01 * 7071, rel=1e-3)  # the t2 tail: depth ** -2
+
+
+def test_a_pair_whose_flips_reach_past_the_wire_gets_its_bound() -> None:
+    """The CPU bf16/fp32 figures of 2026-12-06 (512 groups per combination): exponential fits to
+    the largest figures gave slack 0.689 and logprob tolerance 1.25, where the flip test's own curve
+    puts one honest token in 1e8 past 177: both are the wire's bounds."""
+    cpu = PairFigures(positions=18_588, flips=66, noise=0.0165, worst_margin=-0.242, max_logprob_error=0.418,
+                      max_exp_mismatches=11, max_mant_err_mean=2.63, max_mant_err_median=1.0, depth_tail=0.689)
+    pair = calibrated_pair("torch", "torch", cpu)
+    assert (pair.sampling_slack, pair.logprob_atol) == (MAX_SLACK, 10.0)
+    # a pair whose noise the curve carries no further than the fit keeps the fit's (and never the base's less)
+    quiet = dataclasses.replace(cpu, noise=1e-5, depth_tail=0.3, worst_margin=-0.01)
+    assert calibrated_pair("torch", "torch", quiet).sampling_slack == pytest.approx(0.3)
+    assert honest_depth(NOISE_SAFETY * 1e-5) < 0.3
+
+
 def test_tail_fits_widen_a_pair_past_safety_times_the_maximum() -> None:
-    figures = PairFigures(positions=20_000, flips=80, noise=0.05, worst_margin=-0.4, max_logprob_error=0.5,
+    figures = PairFigures(positions=20_000, flips=80, noise=1e-4, worst_margin=-0.4, max_logprob_error=0.5,
                           max_exp_mismatches=10, max_mant_err_mean=3.0, max_mant_err_median=2.0,
                           depth_tail=1.7, logprob_tail=2.2, exp_mismatches_tail=50.2, mant_err_mean_tail=9.0,
                           mant_err_median_tail=1.0)
@@ -79,7 +109,8 @@ def test_a_pair_is_never_tighter_than_the_exact_one_and_widens_with_its_figures(
     pair = calibrated_pair("vllm", "torch", noisy)
     assert (pair.worker, pair.validator) == ("vllm", "torch")
     assert pair.margin_noise == pytest.approx(0.06) and 0.45 <= pair.sampling_slack <= MAX_SLACK
-    assert pair.logprob_atol == pytest.approx(1.5) and pair.toploc_max_exp_mismatches == 80
+    # the flip test's curve at that noise carries the logprob tail past the wire's 10
+    assert pair.logprob_atol == 10.0 and pair.toploc_max_exp_mismatches == 80
     assert (pair.toploc_max_mant_err_mean, pair.toploc_max_mant_err_median) == (pytest.approx(6.0), 4.0)
 
 

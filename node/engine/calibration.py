@@ -11,16 +11,24 @@ the other's prefill with replays, and derives (specs/sampling.md section 4):
   flip test's expectation equals the flips seen
   (``noise_of_flips``: the honest flip rate, matched on the positions' own gaps), times
   ``NOISE_SAFETY``;
-- ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, at least ``SLACK_SIGMAS``
-  noise levels, and at least the depth an honest token exceeds with chance ``UNIT_FALSE_REJECT``
-  by the tail fit below (capped at the wire's bound): beyond it a token is refused alone;
+- ``sampling_slack``: ``SLACK_SAFETY`` times the deepest honest flip, and at least the depth an
+  honest token exceeds with chance ``UNIT_FALSE_REJECT``, by the flip test's own t2 curve at the
+  pair's ``margin_noise`` (``honest_depth``) and by the tail fit below, capped at the wire's bound;
 - ``logprob_atol`` and the TOPLOC thresholds: their largest honest figures times
   ``LOGPROB_SAFETY`` / ``TOPLOC_SAFETY``, at least their tail fits' values, never below the
-  torch/torch pair's.
+  torch/torch pair's; ``logprob_atol`` also at least ``honest_depth`` (capped at the wire's 10): a
+  claimed token's logprob error is a difference of the same logits' errors as a flip's depth, and
+  the flip test's curve bounds its measured tail too (bench/HISTORY.md, issue 50).
 
 Why tail fits: the errors between precisions are heavy-tailed (bench/HISTORY.md, "Cross-engine
 tolerances": a slack from the deepest flip of 512 groups missed flips among the next 1,000), so the
-maximum of a calibration set does not bound a run's worth of honest tokens. ``tail_quantile``
+maximum of a calibration set does not bound a run's worth of honest tokens. For flip depths the law
+is known: the flip test's t2 curve, fitted to the flips' count, predicts the depth tail too (a
+power law, ``depth ** -2``), and an exponential fit to the deepest flips of 512 groups undershot it:
+slack 0.689 where 16,000 groups held flips at -2.17 and -6.37 (bench/HISTORY.md, issue 50). A pair
+whose honest depths reach past the wire's bound gets the bound (``MAX_SLACK``), and its judge
+proves a sampling cheat by the count of tokens past the proof bound, not by one of them
+(specs/sampling.md section 4, "The bounds"). ``tail_quantile``
 extrapolates peaks over a threshold with an exponential tail (the mean excess of the largest
 ``TAIL_POINTS`` figures), which rests on several points instead of the one largest. Few points,
 because the extreme tail is the heavy part: fitted to the 50 largest of 18,600 bf16/fp32 positions
@@ -46,7 +54,6 @@ from intellect_node.protocol.sampling import MAX_SLACK, flip_chance
 
 NOISE_SAFETY = 1.5
 SLACK_SAFETY = 2.0
-SLACK_SIGMAS = 8.0
 LOGPROB_SAFETY = 3.0
 TOPLOC_SAFETY = 2.0
 TAIL_POINTS = 10  # the largest figures a tail fit rests on: few, so the fit follows the heaviest part
@@ -112,6 +119,16 @@ def noise_of_flips(gaps: np.ndarray, flips: int) -> float:
     return high
 
 
+def honest_depth(margin_noise: float, exceed: float = UNIT_FALSE_REJECT) -> float:
+    """The flip depth (score units) one honest token exceeds with chance ``exceed`` under the flip
+    test's curve (``flip_chance``: ``P(T > depth / margin_noise)``, T Student's t with 2 degrees of
+    freedom), inverted in closed form: ``flip_chance`` is ``1 / (r (r + x))`` with ``r**2 = x**2 + 2``,
+    which equals ``exceed`` where ``r**2 = 1 / (2 exceed (1 - exceed))``. 0 for no noise."""
+    if margin_noise <= 0:
+        return 0.0
+    return margin_noise * math.sqrt(max(0.0, 1.0 / (2.0 * exceed * (1.0 - exceed)) - 2.0))
+
+
 def tail_quantile(samples: np.ndarray, exceed: float = UNIT_FALSE_REJECT, points: int = TAIL_POINTS) -> float:
     """The value one sample exceeds with chance ``exceed``: within the data, its empirical quantile;
     beyond it, peaks over the threshold of the ``points`` largest with an exponential tail
@@ -166,11 +183,11 @@ def calibrated_pair(worker: str, validator: str, figures: PairFigures, base: Eng
     """The ``EnginePair`` for these figures; never tighter than ``base`` (the exact pair's)."""
     noise = max(base.margin_noise, NOISE_SAFETY * figures.noise)
     slack = min(MAX_SLACK, max(base.sampling_slack, SLACK_SAFETY * -figures.worst_margin, figures.depth_tail,
-                               SLACK_SIGMAS * noise))
+                               honest_depth(NOISE_SAFETY * figures.noise)))
     return dataclasses.replace(
         base, worker=worker, validator=validator, margin_noise=noise, sampling_slack=slack,
         logprob_atol=min(10.0, max(base.logprob_atol, LOGPROB_SAFETY * figures.max_logprob_error,
-                                   figures.logprob_tail)),
+                                   figures.logprob_tail, honest_depth(NOISE_SAFETY * figures.noise))),
         toploc_max_exp_mismatches=min(4096, max(base.toploc_max_exp_mismatches,
                                                 math.ceil(TOPLOC_SAFETY * figures.max_exp_mismatches),
                                                 math.ceil(figures.exp_mismatches_tail))),

@@ -43,9 +43,12 @@ from intellect_node.protocol.run_spec import EnginePair, RunSpec, task_set_diges
 from intellect_node.protocol.sampling import (
     FLIP_ALPHA,
     FLIP_SUSPECT,
+    MAX_SLACK,
+    FlipTest,
     Replay,
     TokenReplay,
     first_failure,
+    flip_chance,
     flip_test,
     poisson_at_least,
 )
@@ -286,11 +289,14 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     pair's tolerance it proves a cheat and the group is refused under that check's reason; past
     the tolerance only, in any completion, and the group is ``inconclusive`` unless another
     completion proves a cheat (every completion is checked, so a proof is never hidden behind an
-    inconclusive figure)."""
+    inconclusive figure). Under a pair at the wire's slack bound a finite sampling margin past the
+    proof bound proves nothing alone: ``deep_flip_test`` counts the states holding one."""
     counter = item.group.counter
     eos = set(engine.eos_token_ids)
     tolerance, proof = _thresholds(pair), _thresholds(pair, PROOF_FACTOR)
     logprob_proof, slack_proof = PROOF_FACTOR * pair.logprob_atol, PROOF_FACTOR * pair.sampling_slack
+    # the pair's honest depths reach past what the wire can state: depth proves by count (deep_flip_test)
+    counted_depth = pair.sampling_slack >= MAX_SLACK
     logprobs, margin, worst, beyond_tolerance = [], float("inf"), 0.0, []
     for j, (record, tokens, again) in enumerate(zip(item.group.completions, item.completions, recomputed, strict=True)):
         if again.hidden_states.shape[0] != len(tokens):  # the engine's contract: one state per token
@@ -317,20 +323,33 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
         if problem:
             return GroupResult(counter, "termination", detail=f"completion {j}: {problem}")
         assert again.sampling_margins is not None  # asked for by _prefill
-        position = first_failure(again.sampling_margins, slack_proof)
+        margins = again.sampling_margins
+        # a token outside the top-p set (margin -inf) is never honest precision: proven under any pair
+        position = first_failure(np.where(np.isfinite(margins), 0.0, margins) if counted_depth else margins,
+                                 slack_proof)
         if position is not None:
             return GroupResult(counter, "sampling", detail=(
                 f"completion {j}: token {position} (id {tokens[position]}) is not the sampler's choice: "
                 f"margin {again.sampling_margins[position]:.3g} < -{slack_proof:.3g}"))
-        position = first_failure(again.sampling_margins, pair.sampling_slack)
+        counted = counted_depth and bool(np.any(margins < -slack_proof))  # named first: what deep_flip_test counts
+        position = first_failure(margins, slack_proof if counted else pair.sampling_slack)
         if position is not None:
-            beyond_tolerance.append(f"completion {j}: token {position} margin "
-                                    f"{again.sampling_margins[position]:.3g} < -{pair.sampling_slack:.3g}")
+            beyond_tolerance.append(f"completion {j}: token {position} margin {margins[position]:.3g} < -"
+                                    + (f"{slack_proof:.3g} (past the proof bound: counted)" if counted
+                                       else f"{pair.sampling_slack:.3g}"))
         logprobs.append(tuple(float(x) for x in ours))
         margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
+    if counted_depth:
+        deep = deep_flip_test(item.completions, [TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed],
+                              pair)
+        if deep.p_value < FLIP_ALPHA:
+            return GroupResult(counter, "sampling", detail=(
+                f"{deep.flips} of the group's states hold a token past the proof bound (margin < -{slack_proof:.3g}) "
+                f"where the engine pair's noise explains {deep.expected:.3g} "
+                f"(p = {deep.p_value:.2g} < {FLIP_ALPHA:g})"))
     if beyond_tolerance:
         return GroupResult(counter, INCONCLUSIVE, detail=(
-            f"past the engine pair's tolerance, within the proof bound: {'; '.join(beyond_tolerance[:3])}"))
+            f"past the engine pair's tolerance, not proven: {'; '.join(beyond_tolerance[:3])}"))
     flips = flip_test([TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed], pair.margin_noise)
     proven = flips.p_value < FLIP_ALPHA
     if not proven:  # a proof first; then the answer span (specs/sampling.md section 4, "The answer span")
@@ -350,6 +369,28 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     return GroupResult(counter, None, tuple(rewards), logprobs=tuple(logprobs),
                        min_sampling_margin=margin, max_logprob_error=worst, flips=flips.flips,
                        expected_flips=flips.expected)
+
+
+def deep_flip_test(completions: Sequence[Sequence[int]], replays: Sequence[TokenReplay], pair: EnginePair) -> FlipTest:
+    """specs/sampling.md section 4, "The bounds", for a pair at the wire's slack bound: how many
+    tokens past the proof bound (``PROOF_FACTOR`` times the slack) a group holds, each counted once
+    per prefix (the group shares its prompt) and not at all after such a token of its own prefix,
+    against how many honest noise explains (``expected``: the sum over every token of
+    ``flip_chance`` at the larger of the proof bound and the position's gap, since a competitor must
+    overtake the claimed token by both), and the Poisson chance of at least that many.
+
+    Why by prefix: honest precision errors are a property of the state a token is sampled in (bf16
+    against fp32 on the tiny model, the last hidden state at an uncertain position a quarter off:
+    bench/HISTORY.md, issue 50), so completions that share a prefix and a token flip deep together,
+    and every later state reads the diverged one's keys and values."""
+    proof = PROOF_FACTOR * pair.sampling_slack
+    deep: set[tuple[int, ...]] = set()  # prefixes ending in a token past the proof bound
+    expected = 0.0
+    for tokens, replay in zip(completions, replays, strict=True):
+        expected += float(flip_chance(np.maximum(replay.gaps, proof), pair.margin_noise).sum())
+        deep.update(tuple(tokens[:k + 1]) for k in np.nonzero(replay.margins < -proof)[0])
+    first = sum(not any(prefix[:n] in deep for n in range(1, len(prefix))) for prefix in deep)
+    return FlipTest(first, expected, poisson_at_least(first, expected))
 
 
 def termination_problem(tokens: Sequence[int], finish_reason: str, eos: set[int], max_tokens: int) -> str:

@@ -1,0 +1,123 @@
+"""Depth proves by count under a pair at the wire's slack bound (specs/sampling.md section 4, "The
+bounds"): honest bf16/fp32 numerics flip a token past any proof bound the wire can state now and then
+(bench/HISTORY.md, issue 50: margins -2.17 and -6.37 among 16,000 groups), so under such a pair a
+finite margin past the proof bound sets its group aside, and the group is a proven cheat when more of
+its completions hold one than the flip test's curve explains (``deep_flip_test``). Under a pair below
+the bound, one such token is a proof, as before (tests/test_two_bounds.py, tests/test_cheats.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from intellect_node.node.engine.base import derive_seed
+from intellect_node.node.roles.validator.ledger import JudgeState
+from intellect_node.node.roles.validator.validation import RunContext, deep_flip_test
+from intellect_node.protocol.assignment import sampling_seed
+from intellect_node.protocol.rollouts import RolloutBatch, unpack_tokens
+from intellect_node.protocol.run_spec import TORCH_TORCH
+from intellect_node.protocol.sampling import FLIP_ALPHA, MAX_SLACK, Replay, TokenReplay, flip_chance
+from intellect_node.protocol.verdicts import INCONCLUSIVE, PROOF_FACTOR
+from tests.support.judging_world import CHEATER, RUN, SETTINGS, STEP, World, reasons
+
+# the loosest calibrated pair's slack and noise (vLLM bf16 judged by torch), on the exact fp32 engines
+CAPPED = dataclasses.replace(TORCH_TORCH, sampling_slack=MAX_SLACK, margin_noise=0.036, logprob_atol=6.55)
+PROOF = PROOF_FACTOR * MAX_SLACK
+
+
+def replay(margins: list[float], gap: float = 5.0) -> TokenReplay:
+    return TokenReplay(np.array(margins, dtype=np.float64), np.full(len(margins), gap))
+
+
+def chance(gap: float) -> float:
+    return float(flip_chance(np.array([gap]), CAPPED.margin_noise)[0])
+
+
+def test_a_deep_token_counts_once_per_prefix_and_only_past_the_proof_bound() -> None:
+    """Completions 0 and 1 share the prefix [5, 6] and take the same deep token in it (honest
+    precision is a property of the state: both saw the same logits): one; completion 1's next
+    token reads it: not counted again; completion 2's token at the bound is not past it."""
+    completions = [[5, 6, 7], [5, 6, 7, 9], [5, 7, 9]]
+    replays = [replay([0.5, 0.3, -PROOF - 1e-6]), replay([0.5, 0.3, -9.0, -7.0]), replay([0.5, 0.2, -PROOF])]
+    test = deep_flip_test(completions, replays, CAPPED)
+    assert test.flips == 1
+    # ten tokens, every gap (5) past the proof bound (4): the gap rules
+    assert test.expected == pytest.approx(10 * chance(5.0)) and chance(5.0) < chance(PROOF)
+    assert test.p_value == pytest.approx(test.expected, rel=1e-3)
+    assert deep_flip_test([[5]], [replay([0.1])], CAPPED).flips == 0
+
+
+def test_distinct_prefixes_count_each() -> None:
+    """Deep tokens 2 and 3 after the same prefix [1], and 4 in the prompt's state: three."""
+    test = deep_flip_test([[1, 2], [1, 3], [4, 2]], [replay([0.1, -5.0]), replay([0.1, -6.0]), replay([-4.5, 0.1])],
+                          CAPPED)
+    assert test.flips == 3
+
+
+def test_the_expectation_takes_the_proof_bound_at_near_ties() -> None:
+    assert deep_flip_test([[1, 2, 3]], [replay([0.01] * 3, gap=0.01)], CAPPED).expected == pytest.approx(
+        3 * chance(PROOF))
+
+
+def test_one_deep_token_is_honest_chance_and_many_are_a_proof() -> None:
+    """A group of 8 completions of 36 tokens: one deep token has the chance the curve gives it
+    (about 1e-3), one in each completion (distinct first tokens) far less than FLIP_ALPHA."""
+    completions = [[100 * j + k for k in range(36)] for j in range(8)]
+    honest = [replay([0.2] * 36)] * 7
+    one = deep_flip_test(completions, [replay([0.2] * 35 + [-6.37])] + honest, CAPPED)
+    assert one.flips == 1 and FLIP_ALPHA < one.p_value < 1e-2
+    every = deep_flip_test(completions, [replay([-5.0] + [0.2] * 35)] * 8, CAPPED)
+    assert every.flips == 8 and every.p_value < FLIP_ALPHA
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World()
+
+
+def deep_forgery(world: World, batch: RolloutBatch, group: int, completions: int) -> RolloutBatch:
+    """``batch`` with one token in each of the first ``completions`` completions of ``group`` (the
+    last before any end-of-sequence token) replaced by one the sampler ranks more than the proof
+    bound below its choice, each after a prefix of its own (completions that share a prefix and a
+    deep token count once); logprobs and proofs remade, so only the replay sees the forgery."""
+    record = batch.groups[group]
+    prompt = unpack_tokens(record.prompt_ids).tolist()
+    tokens = [unpack_tokens(c.token_ids).tolist() for c in record.completions]
+    eos = set(world.validator.eos_token_ids)
+    prefixes = set()
+    for j, completion in enumerate(record.completions[:completions]):
+        position = len(tokens[j]) - (2 if completion.finish_reason == "stop" else 1)
+        edits = [[*tokens[j][:position], candidate, *tokens[j][position + 1:]]
+                 for candidate in range(4, world.validator.vocab_size)
+                 if position >= 0 and candidate != tokens[j][position] and candidate not in eos]
+        seed = derive_seed(sampling_seed(RUN, CHEATER.peer_id, STEP, record.counter), j)
+        replays = [Replay(seed, SETTINGS.temperature, SETTINGS.top_p, MAX_SLACK)] * len(edits)
+        results = world.validator.prefill([prompt] * len(edits), edits, replays)
+        chosen = next((edit for edit, result in zip(edits, results, strict=True)
+                       if -40 < result.sampling_margins[position] < -PROOF - 0.5
+                       and tuple(edit[:position + 1]) not in prefixes), None)
+        if chosen is None:
+            pytest.skip("a completion without a deep edit after a prefix of its own (the tiny model's outputs changed)")
+        tokens[j] = chosen
+        prefixes.add(tuple(chosen[:position + 1]))
+    return world.remake(batch, group, tokens=tokens)
+
+
+def test_under_the_capped_pair_one_deep_token_sets_its_group_aside_and_deep_tokens_everywhere_prove(
+        world: World) -> None:
+    run = RunContext(world.spec(SETTINGS, CAPPED), world.tasks)
+    batch = world.build()
+    for completions, expected in ((1, INCONCLUSIVE), (SETTINGS.group_size, "sampling")):
+        forged = deep_forgery(world, batch, 1, completions)
+        world.seen = JudgeState()
+        world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
+        verdict = world.verify(forged, run=run)
+        assert reasons(verdict)[1] == expected, verdict.groups[1].detail
+        assert "past the proof bound" in verdict.groups[1].detail or "margin" in verdict.groups[1].detail
+    # the same single deep token under a pair below the bound is a proof on its own
+    world.seen = JudgeState()
+    world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
+    below = RunContext(world.spec(SETTINGS, dataclasses.replace(CAPPED, sampling_slack=1.9)), world.tasks)
+    assert reasons(world.verify(deep_forgery(world, batch, 1, 1), run=below))[1] == "sampling"
