@@ -14,8 +14,9 @@ machine and judges fresh honest groups under them:
 
 Workers and validators are ``engine[:precision][@device]`` as ``--engine`` takes them
 (``torch:bfloat16@cuda``, ``vllm:bfloat16``); the default is torch fp32 and bf16 on this machine's
-CPU, both ways. The headline compares the worst combination's share of honest groups refused (a
-refusal proves a cheat and bans the worker): ours should be 0 (target: 0 of >= 2,000 groups per
+CPU, both ways. The judged workers' keys follow from ``--seed`` (``worker_identity``), so a run is
+reproduced group for group. The headline compares the worst combination's share of honest groups
+refused (a refusal proves a cheat and bans the worker): ours should be 0 (target: 0 of >= 2,000 groups per
 combination, the issue's bar), where the fixed pair refuses bf16 workers. Groups set aside as
 ``inconclusive`` (a figure past the pair's tolerance but within the proof bound: not credited, not
 charged; specs/validation.md, "Two bounds") are counted and printed on their own line before the headline.
@@ -27,7 +28,7 @@ up to K noise levels of the calibrated pair through would still set aside, for e
 ``DEPTH_LEVELS`` (K = 0: the validator's rule, any flip); bench/steering.py measures what forgers
 reach at the same depths.
 
-    .venv/bin/python bench/cross_engine.py [--quick] [--groups 2000] [--model DIR] [--threads 2]
+    .venv/bin/python bench/cross_engine.py [--quick] [--groups 2000] [--model DIR] [--threads 2] [--seed 0]
     python bench/cross_engine.py --workers vllm:bfloat16 --validators torch:float32@cuda,torch:float32@cpu  # a GPU
 
 The last line is ``cross_engine: ours=<refused share> peer=<refused share> ratio=<x> target=0 ok|short``.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import sys
 import tempfile
 import time
@@ -119,9 +121,15 @@ def span_flip_depths(batch: RolloutBatch, validator: Engine, tokenizer: object, 
     return [max(depths[a:b]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
+def worker_identity(worker: str, seed: int) -> Identity:
+    """The judged worker's key, a function of its engine and ``--seed``: a worker's tasks and
+    sampling seeds follow from its peer ID, so a refused counter is reproduced by rerunning."""
+    return Identity.from_seed(hashlib.sha256(f"bench/cross_engine/{seed}/{worker}".encode()).digest())
+
+
 def refused(engines: dict[str, Engine], workers: list[str], validators: list[str], tokenizer: object, tasks: list,
             settings: RolloutShape, groups: int, pairs: dict[str, list[EnginePair]],
-            depths: dict[str, list[float]]) -> dict[str, dict[str, Counter]]:
+            depths: dict[str, list[float]], seed: int) -> dict[str, dict[str, Counter]]:
     """Per spec name and combination, the refusal reasons of fresh honest groups; ``depths`` gets
     each combination's groups' deepest answer-span flips under the calibrated pair."""
     runs = {name: RunContext(build_run_spec(run_id=RUN, authority="spec", tasks=tasks, settings=settings,
@@ -129,7 +137,7 @@ def refused(engines: dict[str, Engine], workers: list[str], validators: list[str
             for name, spec_pairs in pairs.items()}
     tallies: dict[str, dict[str, Counter]] = {name: {} for name in pairs}
     for w in workers:
-        worker = Identity.generate()
+        worker = worker_identity(w, seed)
         states = {(name, v): JudgeState() for name in pairs for v in validators}
         for first in range(0, groups, settings.groups_per_batch):
             built, cpu_s = build(engines[w], tokenizer, tasks, worker=worker, settings=settings, first_counter=first)
@@ -143,8 +151,11 @@ def refused(engines: dict[str, Engine], workers: list[str], validators: list[str
                     tally["groups"] += len(verdict.groups)
                     for group in verdict.rejected:
                         tally[group.reason] += 1
-                        if name == "calibrated" and group.reason != INCONCLUSIVE:  # what refused an honest group
-                            print(f"refused under the calibrated pair, {w}->{v}, counter {group.counter}: "
+                        # what refused an honest group, and what a token past the proof bound set aside
+                        if name == "calibrated" and (group.reason != INCONCLUSIVE
+                                                     or "past the proof bound" in group.detail):
+                            print(f"{'set aside' if group.reason == INCONCLUSIVE else 'refused'} under the "
+                                  f"calibrated pair, {w}->{v}, worker {worker.peer_id}, counter {group.counter}: "
                                   f"{group.reason}: {group.detail}", flush=True)
     return tallies
 
@@ -162,6 +173,7 @@ def main() -> None:
     parser.add_argument("--calibration-groups", type=int, default=512)
     parser.add_argument("--model", type=Path, help="an HF-layout model [default: the demo's tiny model]")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="the judged workers' keys (worker_identity)")
     parser.add_argument("--workers", default=CPU_ENGINES, help="engine[:precision][@device], comma-separated")
     parser.add_argument("--validators", default=CPU_ENGINES, help="engine[:precision][@device], comma-separated")
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="a vLLM engine's gpu_memory_utilization")
@@ -187,7 +199,7 @@ def main() -> None:
     fixed = [dataclasses.replace(TORCH_TORCH, worker=p.worker, validator=p.validator) for p in pairs]
     depths: dict[str, list[float]] = {}
     tallies = refused(engines, workers, validators, tokenizer, tasks, settings, groups,
-                      {"calibrated": pairs, "fixed": fixed}, depths)
+                      {"calibrated": pairs, "fixed": fixed}, depths, args.seed)
     for name, by_combination in tallies.items():
         for combination, tally in by_combination.items():
             reasons = {k: v for k, v in tally.items() if k != "groups"}
