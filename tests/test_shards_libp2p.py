@@ -22,6 +22,7 @@ from libp2p.host.exceptions import StreamFailure
 from libp2p.peer.peerinfo import PeerInfo
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.shards import fetcher as fetcher_module
 from intellect_node.node.shards.checkpoint import build_manifest
 from intellect_node.node.shards.client import ShardClient
 from intellect_node.node.shards.config import ShardConfig
@@ -275,3 +276,50 @@ def test_the_transport_follows_measured_throughput_and_circuits_come_last() -> N
     # a circuit only for what fits within a relay's byte cap; nothing without a connection
     assert book.transport("relayed", 1 << 20) == "relay" and book.transport("relayed", 64 << 20) is None
     assert book.transport("gone") is None and not book.servable("gone")
+
+
+def origin_node(tmp_path: Path, host: IHost, scores: PeerScores, source: Path,
+                signed: codec.Signed[CheckpointManifest], envelope: bytes) -> ShardStreamServer:
+    """The trainer's server for the step it published: seed mode, a hold long enough that no
+    fetcher gets a second copy from it within the test."""
+    store = ShardStore(tmp_path / "origin", RUN)
+    staged = store.staging_path(1)
+    shutil.copyfile(source, staged)
+    store.add_published(staged, signed, envelope).origin = True
+    config = ShardConfig(data_dir=tmp_path / "origin", shard_size=SHARD, stall_s=120.0)
+    server = ShardStreamServer(ShardServer(store, config, host.get_id().to_base58(), scores), scores)
+    host.set_stream_handler(PROTOCOL, server.handle)
+    return server
+
+
+async def test_a_fetcher_that_watches_no_holder_is_told_the_holders_by_the_origin(tmp_path, monkeypatch) -> None:
+    """In a swarm larger than a fetcher's watch slots it may watch nobody who holds the step yet;
+    the origin's 409 names whom it sent the shards to, and the fetcher takes them from those
+    (it waited out the origin's seed hold before: one copy every 10 s)."""
+    monkeypatch.setattr(fetcher_module, "MAX_WATCHED", 1)  # its one slot: the origin
+    source, digest, signed, envelope = published(tmp_path)
+    scores = [PeerScores() for _ in range(3)]
+    origin_host, holder_host, late_host = [guarded_host(s) for s in scores]
+    async with origin_host.run(LISTEN), holder_host.run(LISTEN), late_host.run(LISTEN):
+        origin = origin_node(tmp_path, origin_host, scores[0], source, signed, envelope)
+        origin_id, holder_id = origin_host.get_id().to_base58(), holder_host.get_id().to_base58()
+        for a, b in ((holder_host, origin_host), (late_host, origin_host), (late_host, holder_host)):
+            await connect(a, b)
+        first, _, _ = await fetch(tmp_path / "holder", holder_host, scores[1], signed, envelope,
+                                  origin=origin_id, sources=[origin_id])
+        assert first.complete and origin.server.stats.shards == signed.message.shard_count
+        holder_dir = tmp_path / "holder" / "fetcher"
+        holder_store = ShardStore(holder_dir, RUN)
+        holder_store.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
+        holder_config = ShardConfig(data_dir=holder_dir, shard_size=SHARD)
+        holder_server = ShardStreamServer(ShardServer(holder_store, holder_config, holder_id, scores[1]), scores[1])
+        holder_host.set_stream_handler(PROTOCOL, holder_server.handle)
+
+        late, _, events = await fetch(tmp_path / "late", late_host, scores[2], signed, envelope,
+                                      origin=origin_id, sources=[origin_id, holder_id])
+        assert late.complete
+        assert hashlib.sha256(late.data_path.read_bytes()).hexdigest() == digest
+        assert set(events.verified_from) == {holder_id}  # the origin sent its one copy, to the holder
+        assert origin.server.stats.shards == signed.message.shard_count
+        assert origin.counts["refused_409"] >= 1
+        assert not any(s.rejections for s in scores), [dict(s.rejections) for s in scores]

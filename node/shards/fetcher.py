@@ -17,7 +17,6 @@ holder has a shard) and only for ranges a circuit's byte cap can carry.
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import random
@@ -51,6 +50,7 @@ PER_PEER_DOWNLOADS = 2
 # libp2p: the stream guard lets a peer hold 2 inbound streams of a protocol, one is the have stream
 PER_PEER_STREAM_DOWNLOADS = 1
 RELAY_MAX_RANGE = 4 << 20  # a circuit carries 16 MiB by default (relay_circuit_bytes): a few shards
+MAX_HINTS = 8  # holders taken from one 409 (the server names at most 8)
 PROVIDER_LOOKUP_S = 10.0  # DHT lookups cost CPU on every node they touch; have streams are the fast path
 _HTTP_ADDR = re.compile(r"/(?:ip4|dns4)/([A-Za-z0-9.-]{1,253})/tcp/([0-9]{1,5})/http")
 
@@ -172,6 +172,8 @@ class CheckpointFetch:
         self.suggested: set[int] = set()
         self.watched: set[str] = set()
         self.providers: set[str] = set()  # found through the DHT's provider records
+        self.hinted: set[str] = set()  # holders the origin named in a 409
+        self._hint = trio.Event()
         self._wake = trio.Event()
         self._persisting = trio.Lock()
 
@@ -207,11 +209,20 @@ class CheckpointFetch:
             candidates = [p for p in self.book.peers if p != self.own_peer_id and p not in self.watched
                           and self.book.servable(p)
                           and p not in self.blocked and not self.scores.is_banned(p)]
-            candidates.sort(key=lambda p: (p != self.origin, p not in self.providers, -self.book.peers[p].score()))
-            for peer_id in candidates[: max(0, MAX_WATCHED - len(self.watched))]:
+            candidates.sort(key=lambda p: (p != self.origin, p not in self.hinted, p not in self.providers,
+                                           -self.book.peers[p].score()))
+            # holders the origin named and DHT providers are watched even when every slot is taken
+            # by peers that hold nothing yet: in a swarm larger than the slots, a fetcher that
+            # watched no holder waited for the origin's seed hold to pass (a copy every 10 s)
+            preferred = [p for p in candidates if p in self.hinted or p in self.providers]
+            room = max(0, MAX_WATCHED - len(self.watched))
+            extra = max(0, 2 * MAX_WATCHED - len(self.watched) - room)
+            for peer_id in candidates[:room] + [p for p in preferred if p not in candidates[:room]][:extra]:
                 self.watched.add(peer_id)
                 nursery.start_soon(self._watch, peer_id)
-            await trio.sleep(1.0)
+            with trio.move_on_after(1.0):
+                await self._hint.wait()
+            self._hint = trio.Event()
 
     async def _watch(self, peer_id: str) -> None:
         """Follow ``peer_id``'s have stream, reconnecting while it has not shown every shard."""
@@ -377,10 +388,17 @@ class CheckpointFetch:
         if exc.status == 409:  # seed mode: the origin wants this shard taken from a peer
             self.refused[(peer_id, shard)] = now + REFUSED_S
             try:
-                suggest = json.loads(exc.body)["suggest"]
-                self.suggested = {i for i in suggest if type(i) is int}
-            except (ValueError, TypeError, KeyError):
-                self.suggested = set()
+                body = json_object(exc.body, "a 409's body", frozenset({"suggest"}), frozenset({"holders"}))
+            except Rejected:  # an older or odd origin: no hints, the 3 s hold still applies
+                body = {}
+            suggest, holders = body.get("suggest"), body.get("holders")
+            self.suggested = {i for i in suggest if type(i) is int} if isinstance(suggest, list) else set()
+            if isinstance(holders, list):
+                named = {p for p in holders[:MAX_HINTS] if type(p) is str and p in self.book.peers
+                         and p != self.own_peer_id}
+                if named - self.hinted:
+                    self.hinted |= named
+                    self._hint.set()
         elif exc.status in (429, 503):
             self.book.peers[peer_id].backoff_until = now + BUSY_BACKOFF_S
         elif exc.status == 404 and peer_id in self.have:

@@ -6,8 +6,8 @@ manifest, delta body, ``have`` stream of verified shards, and byte ranges of its
 Limits: ``max_uploads`` concurrent bodies in total (503), ``max_uploads_per_peer`` per peer and a
 per-peer token bucket on requests and on bytes (429). A checkpoint this node published is served
 in seed mode: a shard that is being uploaded, or was uploaded within the last few seconds, is
-refused with 409 and a list of shards to take instead, so the origin sends about one copy and the
-fetchers spread the rest among themselves.
+refused with 409, a list of shards to take instead and the peers it last sent shards to, so the
+origin sends about one copy and the fetchers spread the rest among themselves.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ MAX_HAVE_STREAMS = 256
 MAX_HAVE_STREAMS_PER_PEER = 4
 SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
+SEED_HOLDERS = 8  # recipients named in a 409: a fetcher watching none of them would wait out the hold
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
@@ -276,6 +277,8 @@ class ShardServer:
             await self._send_body(reply, fd, start, end + 1 - start, peer)
             sent_all = True
             self.stats.shards += len(shards)
+            if hands_out and checkpoint.origin:
+                _remember_recipient(checkpoint, peer)
         finally:
             os.close(fd)
             self.active -= 1
@@ -334,7 +337,8 @@ class ShardServer:
         if all(servable(i) for i in shards):
             return
         suggest = [i for i in range(checkpoint.manifest.shard_count) if servable(i)]
-        raise ServeError(409, json.dumps({"suggest": suggest[:64]}))
+        holders = checkpoint.recipients[::-1][:SEED_HOLDERS]
+        raise ServeError(409, json.dumps({"suggest": suggest[:64], "holders": holders}))
 
     async def _send_body(self, reply: Reply, fd: int, offset: int, count: int, peer: str) -> None:
         """The body from the file, paced per peer; cut when the reader stops taking data (slow
@@ -428,3 +432,11 @@ class HttpReply:
             if sent == 0:
                 raise trio.BrokenResourceError("peer closed the connection")
             return sent
+
+
+def _remember_recipient(checkpoint: Checkpoint, peer: str) -> None:
+    """The peers a 409 names: the newest ``SEED_HOLDERS`` that took a whole shard from here."""
+    if peer in checkpoint.recipients:
+        checkpoint.recipients.remove(peer)
+    checkpoint.recipients.append(peer)
+    del checkpoint.recipients[:-SEED_HOLDERS]

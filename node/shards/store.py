@@ -60,6 +60,7 @@ class Checkpoint:
     uploads: list[int] = field(default_factory=list)  # per shard: uploads started (seed mode)
     uploading: list[int] = field(default_factory=list)  # per shard: uploads in flight
     uploaded_at: list[float] = field(default_factory=list)  # per shard: when the last upload ended
+    recipients: list[str] = field(default_factory=list)  # peers that received a whole shard from here, newest last
     version: int = 0
     changed: trio.Event = field(default_factory=trio.Event)
     completed_at: float | None = None  # wall time it became complete here (None: before a restart)
