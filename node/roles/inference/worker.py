@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,14 +33,9 @@ from intellect_node.node.engine.base import Engine
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.roles.inference.builder import build_batch
 from intellect_node.node.roles.inference.commitments import CommitmentPlan
-from intellect_node.node.roles.inference.outbox import Outbox
+from intellect_node.node.roles.inference.dispatch import Dispatch
 from intellect_node.node.roles.policy import PolicyFollower, PolicySetupError
-from intellect_node.node.rollouts.exchange import (
-    RECEIVER_ROLES,
-    DeliveryFailed,
-    DeliveryRejected,
-    deliver,
-)
+from intellect_node.node.rollouts.exchange import RECEIVER_ROLES
 from intellect_node.node.tasks.schema import Task
 from intellect_node.node.tasks.verify import teaches_nothing
 from intellect_node.protocol import codec
@@ -59,7 +53,6 @@ BATCH_LIFETIME_S = 3600.0
 ANNOUNCEMENT_LIFETIME_S = 600.0
 IDLE_POLL_S = 0.5
 COMMITMENT_LIFETIME_S = 3600.0
-REDELIVER_POLL_S = 1.0  # how often the outbox is looked at for batches due again
 PACE_WAIT_S = 10.0  # a worker past its groups_per_step waits this long for a newer policy, then generates one batch
 
 
@@ -111,7 +104,7 @@ class InferenceWorker:
         self._steps: dict[int, StepTally] = {}  # the policy steps inside the async window
         self._paced_step: int | None = None  # the step whose pace wait ran out (one more batch on it)
         self.commitments = CommitmentPlan(self.settings.groups_per_batch, groups_per_step, async_window)
-        self.outbox = Outbox()  # batches a receiver could not take yet (one restarting, say)
+        self.dispatch: Dispatch | None = None  # made once the node runs
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -143,19 +136,22 @@ class InferenceWorker:
         write_durably(self._state_path, json.dumps(counters).encode())
 
     def status(self) -> dict[str, Any]:
-        return {**self.stats.status(), "commitments": dict(self.commitments.answers), "outbox": self.outbox.status()}
+        outbox = self.dispatch.status() if self.dispatch is not None else {}
+        return {**self.stats.status(), "commitments": dict(self.commitments.answers), "outbox": outbox}
 
     # ---- the loop ----------------------------------------------------------------------------
 
     async def run(self, node: NodeContext, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.node = node
+        self.dispatch = Dispatch(node, self._receivers,
+                                 lambda: self.policy.newest_known_step(node) - self.async_window, self.stats.delivered)
         self._load_counters()
         engine = await self._load_engine()
         log.info("inference worker ready: %s engine, %d tasks, model %s", engine.name, len(self.tasks),
                  self.policy.model_dir)
         task_status.started()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._redeliver_forever)
+            await nursery.start(self.dispatch.run)
             await self._generate_forever(engine)
 
     async def _generate_forever(self, engine: Engine) -> None:
@@ -191,7 +187,8 @@ class InferenceWorker:
                 commitment = WorkCommitment(run_id=self.node.config.run_id, worker=self.node.peer_id, step=target,
                                             groups=self.commitments.steps[target].groups)
                 envelope = codec.encode(commitment, self.node.identity, lifetime_s=COMMITMENT_LIFETIME_S)
-                for judge, answer in (await self._send_everywhere(envelope, judges)).items():
+                assert self.dispatch is not None
+                for judge, answer in (await self.dispatch.send(envelope, judges)).items():
                     self.commitments.answered(target, judge, answer)
                 log.info("commitment of %d groups for step %d: %s", commitment.groups, target,
                          self.commitments.steps[target].answers)
@@ -253,7 +250,8 @@ class InferenceWorker:
         self.stats.tokens += built.generated_tokens
         self.stats.generation_s += built.seconds
         envelope = codec.encode(built.batch, self.node.identity, lifetime_s=BATCH_LIFETIME_S)
-        await self._deliver_everywhere(envelope, step)
+        assert self.dispatch is not None
+        await self.dispatch.batch(envelope, step)
         await self._announce(built.batch, envelope)
         log.info("%s", self.stats.line(step))
 
@@ -270,45 +268,3 @@ class InferenceWorker:
     def _receivers(self) -> list[str]:
         return [m.advert.peer_id for m in self.node.view.members()
                 if m.advert.peer_id != self.node.peer_id and RECEIVER_ROLES & set(m.advert.roles)]
-
-    async def _deliver_everywhere(self, envelope: bytes, step: int) -> None:
-        """Deliver a batch of ``step`` to every receiver; the outbox keeps it for those not reached."""
-        answers = await self._send_everywhere(envelope)
-        for status in answers.values():
-            self.stats.delivered[status] += 1
-        self.outbox.keep(step, envelope, [r for r, a in answers.items() if a == "failed"], time.monotonic())
-
-    async def _redeliver_forever(self) -> None:
-        """Offer the outbox's batches again, as they fall due, while their step is still trainable."""
-        while True:
-            await trio.sleep(REDELIVER_POLL_S)
-            oldest_useful = self.policy.newest_known_step(self.node) - self.async_window
-            for entry, receivers in self.outbox.due(time.monotonic(), oldest_useful):
-                answers = await self._send_everywhere(entry.envelope, receivers)
-                self.outbox.settle(entry, answers, time.monotonic())
-                log.info("batch of step %d offered again: %s", entry.step, answers)
-
-    async def _send_everywhere(self, envelope: bytes, receivers: list[str] | None = None) -> dict[str, str]:
-        """Send a batch or commitment to ``receivers`` (default: every receiver known; with none
-        yet, wait for one: backpressure) at once; each one's answer, or "rejected" / "failed"."""
-        while not receivers:
-            receivers = self._receivers()
-            if not receivers:
-                await trio.sleep(IDLE_POLL_S)
-        answers = ["failed"] * len(receivers)
-
-        async def one(index: int, peer_id: str) -> None:
-            try:
-                answers[index] = await deliver(self.node, peer_id, envelope)
-            except DeliveryRejected as exc:
-                answers[index] = "rejected"
-                log.warning("%s", exc)
-            except DeliveryFailed as exc:
-                log.warning("not delivered to %s: %s", peer_id, exc)
-
-        started = time.monotonic()
-        async with trio.open_nursery() as nursery:
-            for index, peer_id in enumerate(receivers):
-                nursery.start_soon(one, index, peer_id)
-        log.debug("sent to %d receivers in %.2f s", len(receivers), time.monotonic() - started)
-        return dict(zip(receivers, answers, strict=True))
