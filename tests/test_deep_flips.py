@@ -121,3 +121,20 @@ def test_under_the_capped_pair_one_deep_token_sets_its_group_aside_and_deep_toke
     world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
     below = RunContext(world.spec(SETTINGS, dataclasses.replace(CAPPED, sampling_slack=1.9)), world.tasks)
     assert reasons(world.verify(deep_forgery(world, batch, 1, 1), run=below))[1] == "sampling"
+
+
+def test_a_worker_deep_in_one_prefix_a_group_is_set_aside_then_proven_by_its_history(world: World) -> None:
+    """Each group alone holds one deep token (set aside, not proven); summed over the worker's
+    groups, the deep tokens pass what the pair's noise explains within a few batches, and from then
+    on the worker's groups are refused as ``sampling``."""
+    run = RunContext(world.spec(SETTINGS, CAPPED), world.tasks)
+    world.seen = JudgeState()
+    verdicts = []
+    for _ in range(12):
+        forged = deep_forgery(world, world.build(), 0, 1)
+        verdicts.append(world.verify(forged, run=run).groups[0])
+        if verdicts[-1].reason == "sampling":
+            break
+    assert verdicts[0].reason == INCONCLUSIVE and "counted" in verdicts[0].detail
+    assert verdicts[-1].reason == "sampling" and "this worker's groups hold" in verdicts[-1].detail, verdicts[-1]
+    assert {v.reason for v in verdicts[:-1]} == {INCONCLUSIVE} and len(verdicts) >= 2

@@ -48,13 +48,16 @@ class JudgeState:
     next_counter: dict[tuple[str, int], int] = field(default_factory=dict)
     contents: dict[bytes, int] = field(default_factory=dict)  # group digest -> policy step
     flips: dict[str, tuple[int, float]] = field(default_factory=dict)  # worker -> (flips, expected)
+    deep_flips: dict[str, tuple[int, float]] = field(default_factory=dict)  # past the proof bound, likewise
     commitments: CommitmentBook | None = None  # None: counters are capped by the run spec alone
     settled: list[Undelivered] = field(default_factory=list)  # settled by forget_before, for the caller
 
-    def add_flips(self, worker: str, flips: int, expected: float) -> tuple[int, float]:
-        """The worker's flips and their honest expectation with one more group's added."""
-        seen, explained = self.flips.get(worker, (0, 0.0))
-        self.flips[worker] = total = (seen + flips, explained + expected)
+    def add_flips(self, worker: str, flips: int, expected: float, deep: bool = False) -> tuple[int, float]:
+        """The worker's flips (``deep``: its tokens past the proof bound, specs/sampling.md section 4)
+        and their honest expectation with one more group's added."""
+        history = self.deep_flips if deep else self.flips
+        seen, explained = history.get(worker, (0, 0.0))
+        history[worker] = total = (seen + flips, explained + expected)
         return total
 
     def expected(self, worker: str, step: int) -> int:

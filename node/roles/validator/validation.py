@@ -13,6 +13,7 @@ group's reason.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,6 +84,9 @@ class GroupResult:
     max_logprob_error: float | None = None
     flips: int = 0  # the group's flip test, when accepted (specs/sampling.md section 4)
     expected_flips: float = 0.0
+    # its deep_flip_test when judged under a pair at the wire's slack bound and not proven by it
+    deep_flips: int = 0
+    expected_deep_flips: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,17 @@ def verify_batch(
 
 def _steady_steering(result: GroupResult, state: JudgeState, worker: str) -> GroupResult:
     """An accepted group's flips added to the worker's; refused when, summed over its groups, they
-    are beyond what its engine pair's noise explains (the flip test over the worker's history)."""
+    are beyond what its engine pair's noise explains (the flip test over the worker's history).
+    Likewise, under a pair at the wire's slack bound, the tokens past the proof bound of every group
+    judged within the other proof bounds, set aside or not (``deep_flip_test`` over the history): a
+    forger deep in one prefix a group is set aside group by group, and proven after a few."""
+    if result.deep_flips or result.expected_deep_flips:
+        deep, explained = state.add_flips(worker, result.deep_flips, result.expected_deep_flips, deep=True)
+        p_value = poisson_at_least(deep, explained)
+        if p_value < FLIP_ALPHA:
+            return GroupResult(result.counter, "sampling", detail=(
+                f"this worker's groups hold {deep} tokens past the proof bound where the engine pair's noise "
+                f"explains {explained:.3g} (p = {p_value:.2g} < {FLIP_ALPHA:g})"))
     if result.reason is not None:
         return result
     flips, expected = state.add_flips(worker, result.flips, result.expected_flips)
@@ -290,7 +304,8 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
     the tolerance only, in any completion, and the group is ``inconclusive`` unless another
     completion proves a cheat (every completion is checked, so a proof is never hidden behind an
     inconclusive figure). Under a pair at the wire's slack bound a finite sampling margin past the
-    proof bound proves nothing alone: ``deep_flip_test`` counts the states holding one."""
+    proof bound proves nothing alone: ``deep_flip_test`` counts the prefixes ending in one, for the
+    group here and for the worker's history in ``_steady_steering``."""
     counter = item.group.counter
     eos = set(engine.eos_token_ids)
     tolerance, proof = _thresholds(pair), _thresholds(pair, PROOF_FACTOR)
@@ -339,14 +354,25 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
                                        else f"{pair.sampling_slack:.3g}"))
         logprobs.append(tuple(float(x) for x in ours))
         margin, worst = min(margin, float(np.min(again.sampling_margins))), max(worst, error)
-    if counted_depth:
-        deep = deep_flip_test(item.completions, [TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed],
-                              pair)
-        if deep.p_value < FLIP_ALPHA:
-            return GroupResult(counter, "sampling", detail=(
-                f"{deep.flips} of the group's states hold a token past the proof bound (margin < -{slack_proof:.3g}) "
-                f"where the engine pair's noise explains {deep.expected:.3g} "
-                f"(p = {deep.p_value:.2g} < {FLIP_ALPHA:g})"))
+    if not counted_depth:
+        return _within_bounds(item, recomputed, tokenizer, pair, beyond_tolerance, logprobs, margin, worst)
+    deep = deep_flip_test(item.completions, [TokenReplay(a.sampling_margins, a.sampling_gaps) for a in recomputed],
+                          pair)
+    if deep.p_value < FLIP_ALPHA:
+        return GroupResult(counter, "sampling", detail=(
+            f"{deep.flips} of the group's prefixes end in a token past the proof bound (margin < -{slack_proof:.3g}) "
+            f"where the engine pair's noise explains {deep.expected:.3g} (p = {deep.p_value:.2g} < {FLIP_ALPHA:g})"))
+    return dataclasses.replace(_within_bounds(item, recomputed, tokenizer, pair, beyond_tolerance, logprobs, margin,
+                                              worst), deep_flips=deep.flips, expected_deep_flips=deep.expected)
+
+
+def _within_bounds(item: _Pending, recomputed: list[PrefillResult], tokenizer: object, pair: EnginePair,
+                   beyond_tolerance: list[str], logprobs: list[tuple[float, ...]], margin: float,
+                   worst: float) -> GroupResult:
+    """The verdict of a group whose every completion stayed within the proof bounds: set aside for
+    a figure past a tolerance, else the flip test and the answer span, else accepted with its
+    recomputed rewards and logprobs (specs/sampling.md section 4)."""
+    counter = item.group.counter
     if beyond_tolerance:
         return GroupResult(counter, INCONCLUSIVE, detail=(
             f"past the engine pair's tolerance, not proven: {'; '.join(beyond_tolerance[:3])}"))
