@@ -27,6 +27,11 @@ single process. Its headline is on the held-out gain (end - start), as issue 34 
 ``learning_smollm2: ours=<swarm gain> peer=<single-process gain> ratio=<x> target=0.8 ok|short``
 (ok: the swarm gains >= 0.15 and >= 0.8x the single process).
 
+``--model-dir DIR`` runs every run on the model in DIR instead of the demo's cache, so that builds
+made under different CPU settings can be compared per step without rebuilding or replacing the cache
+(issue 52: the tiny model built under ``ATEN_CPU_CAPABILITY=avx2`` learns slower per step than this
+machine's native build, in one process as in the swarm).
+
 What staleness alone costs per step (bench/HISTORY.md, "Staleness per step"): the single run with
 ``--single-lag N`` generates with the weights of N steps before; ``--single-steps`` and
 ``--single-seed`` make it a per-step study, ``--lr`` and ``--lr-decay-steps`` change every run's recipe.
@@ -82,12 +87,18 @@ def accuracy_at(lines: Lines, seconds: float) -> float | None:
     return measured[-1] if measured else None
 
 
+def model_cache(model_dir: Path | None) -> dict[str, Path]:
+    """``DemoOptions`` fields for ``--model-dir``: the demo's own cache unless a directory is given."""
+    return {} if model_dir is None else {"model_cache": model_dir}
+
+
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
               groups_per_step: int | None, lr: float, lr_decay_steps: int,
-              model: str = "tiny") -> tuple[dict[str, Any], Lines]:
+              model: str = "tiny", model_dir: Path | None = None) -> tuple[dict[str, Any], Lines]:
     options = DemoOptions.for_model(model, steps=None, minutes=minutes, out=out, async_level=async_level,
                                     dashboard=False, trainer_verify_fraction=verify_fraction,
-                                    groups_per_step=groups_per_step, lr=lr, lr_decay_steps=lr_decay_steps)
+                                    groups_per_step=groups_per_step, lr=lr, lr_decay_steps=lr_decay_steps,
+                                    **model_cache(model_dir))
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -95,17 +106,19 @@ def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: floa
 
 def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, optim: OptimConfig | None = None,
                        batch_groups: int | None = None, lag: int = 0,
-                       steps: int | None = None, model: str = "tiny") -> tuple[dict[str, Any], Lines]:
+                       steps: int | None = None, model: str = "tiny",
+                       model_dir: Path | None = None) -> tuple[dict[str, Any], Lines]:
     """The reference: the demo's model, tasks and recipe in one process, nothing between generation
     and training. Generation uses the weights being trained (``lag`` 0), so the behaviour logprobs
     are the sampling policy's by construction; ``lag`` n generates with the weights of n steps
     before, what an asynchronous swarm's trainer receives, so that one process can tell what
     staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first.
-    ``model``: the demo's recipe for that model (tasks, sampling, lr, batch: ``DemoOptions.for_model``)."""
+    ``model``: the demo's recipe for that model (tasks, sampling, lr, batch: ``DemoOptions.for_model``);
+    ``model_dir``: its weights from there instead of the demo's cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    demo = DemoOptions.for_model(model)
+    demo = DemoOptions.for_model(model, **model_cache(model_dir))
     trainer = TrainerOptions(Path(), demo.tasks, Path(), eval_tasks=demo.eval_tasks)
     run = dict(demo.run_settings)  # what the demo writes into every node's [run]
     rollouts = RolloutShape(**{k: v for k, v in run.items() if k in RolloutShape.__dataclass_fields__})
@@ -198,6 +211,9 @@ def main() -> None:
                         help="single run: generate with the weights of this many steps before (staleness alone)")
     parser.add_argument("--single-seed", type=int, default=0, help="single run: seed of its tasks and learner")
     parser.add_argument("--single-steps", type=int, default=None, help="single run: stop at this step too")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="every run's model from this directory (a tiny build is checked as the demo checks "
+                             "its cache: same recipe, start in the band) [default: the demo's cache]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     recipe = DemoOptions.for_model(args.model)
@@ -214,10 +230,11 @@ def main() -> None:
         if name == "single":
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
                                                optim=OptimConfig(lr=lr, decay_steps=lr_decay_steps),
-                                               lag=args.single_lag, steps=args.single_steps, model=args.model)
+                                               lag=args.single_lag, steps=args.single_steps, model=args.model,
+                                               model_dir=args.model_dir)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, lr, lr_decay_steps, args.model)
+                                      args.groups_per_step, lr, lr_decay_steps, args.model, args.model_dir)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")
