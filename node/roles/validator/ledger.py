@@ -18,7 +18,9 @@ its step's checkpoint, and leaving the window settles the committed counters nev
 Flips. Each worker's flips (tokens inside the sampling slack that were not the replay's exact
 choice) and the number its engine pair's noise explains, summed over its accepted groups: the flip
 test of one group leaves a cheater a few steered near ties; summed, steady steering shows
-(specs/sampling.md section 4). Kept per worker for the node's life (two numbers each).
+(specs/sampling.md section 4). Under a pair at the wire's slack bound, its tokens past the proof
+bound likewise, over every group judged within the other proof bounds. Kept per worker for the
+node's life (two numbers each).
 """
 
 from __future__ import annotations
