@@ -346,7 +346,8 @@ def _judge_group(item: _Pending, recomputed: list[PrefillResult], engine: Engine
             return GroupResult(counter, "sampling", detail=(
                 f"completion {j}: token {position} (id {tokens[position]}) is not the sampler's choice: "
                 f"margin {again.sampling_margins[position]:.3g} < -{slack_proof:.3g}"))
-        counted = counted_depth and bool(np.any(margins < -slack_proof))  # named first: what deep_flip_test counts
+        # the detail names a counted token first (past the proof bound), else the first past the slack
+        counted = counted_depth and bool(np.any(margins < -slack_proof))
         position = first_failure(margins, slack_proof if counted else pair.sampling_slack)
         if position is not None:
             beyond_tolerance.append(f"completion {j}: token {position} margin {margins[position]:.3g} < -"
