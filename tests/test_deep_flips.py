@@ -79,48 +79,67 @@ def world() -> World:
 
 def deep_forgery(world: World, batch: RolloutBatch, group: int, completions: int) -> RolloutBatch:
     """``batch`` with one token in each of the first ``completions`` completions of ``group`` (the
-    last before any end-of-sequence token) replaced by one the sampler ranks more than the proof
-    bound below its choice, each after a prefix of its own (completions that share a prefix and a
-    deep token count once); logprobs and proofs remade, so only the replay sees the forgery."""
+    last one, not an end-of-sequence token, that has such a replacement) replaced by one the sampler
+    ranks more than the proof bound below its choice, each after a prefix of its own (completions
+    that share a prefix and a deep token count once); logprobs and proofs remade, so only the replay
+    sees the forgery."""
     record = batch.groups[group]
     prompt = unpack_tokens(record.prompt_ids).tolist()
     tokens = [unpack_tokens(c.token_ids).tolist() for c in record.completions]
     eos = set(world.validator.eos_token_ids)
-    prefixes = set()
+    prefixes: set[tuple[int, ...]] = set()
     for j, completion in enumerate(record.completions[:completions]):
-        position = len(tokens[j]) - (2 if completion.finish_reason == "stop" else 1)
-        edits = [[*tokens[j][:position], candidate, *tokens[j][position + 1:]]
-                 for candidate in range(4, world.validator.vocab_size)
-                 if position >= 0 and candidate != tokens[j][position] and candidate not in eos]
         seed = derive_seed(sampling_seed(RUN, CHEATER.peer_id, STEP, record.counter), j)
-        replays = [Replay(seed, SETTINGS.temperature, SETTINGS.top_p, MAX_SLACK)] * len(edits)
-        results = world.validator.prefill([prompt] * len(edits), edits, replays)
-        chosen = next((edit for edit, result in zip(edits, results, strict=True)
-                       if -40 < result.sampling_margins[position] < -PROOF - 0.5
-                       and tuple(edit[:position + 1]) not in prefixes), None)
+        last = len(tokens[j]) - (2 if completion.finish_reason == "stop" else 1)
+        chosen = None
+        for position in range(last, -1, -1):
+            edits = [[*tokens[j][:position], candidate, *tokens[j][position + 1:]]
+                     for candidate in range(4, world.validator.vocab_size)
+                     if candidate != tokens[j][position] and candidate not in eos]
+            replays = [Replay(seed, SETTINGS.temperature, SETTINGS.top_p, MAX_SLACK)] * len(edits)
+            results = world.validator.prefill([prompt] * len(edits), edits, replays)
+            chosen = next((edit for edit, result in zip(edits, results, strict=True)
+                           if result.sampling_margins[position] < -PROOF - 0.5
+                           and tuple(edit[:position + 1]) not in prefixes), None)
+            if chosen is not None:
+                prefixes.add(tuple(chosen[:position + 1]))
+                break
         if chosen is None:
             pytest.skip("a completion without a deep edit after a prefix of its own (the tiny model's outputs changed)")
         tokens[j] = chosen
-        prefixes.add(tuple(chosen[:position + 1]))
     return world.remake(batch, group, tokens=tokens)
+
+
+def editable(world: World, completions: int) -> tuple[RolloutBatch, int]:
+    """A fresh batch and the index of a group whose first ``completions`` completions each hold a
+    token before any end-of-sequence token (a completion may be that token alone)."""
+    for _ in range(8):
+        batch = world.build(first_counter=world.seen.expected(CHEATER.peer_id, STEP))
+        for g, group in enumerate(batch.groups):
+            if all(len(unpack_tokens(c.token_ids)) > (1 if c.finish_reason == "stop" else 0)
+                   for c in group.completions[:completions]):
+                return batch, g
+        world.verify(batch)  # its counters judged: the next batch follows them
+    pytest.skip("no group with enough completions to edit (the tiny model's outputs changed)")
 
 
 def test_under_the_capped_pair_one_deep_token_sets_its_group_aside_and_deep_tokens_everywhere_prove(
         world: World) -> None:
     run = RunContext(world.spec(SETTINGS, CAPPED), world.tasks)
-    batch = world.build()
-    for completions, expected in ((1, INCONCLUSIVE), (SETTINGS.group_size, "sampling")):
-        forged = deep_forgery(world, batch, 1, completions)
-        world.seen = JudgeState()
-        world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
-        verdict = world.verify(forged, run=run)
-        assert reasons(verdict)[1] == expected, verdict.groups[1].detail
-        assert "past the proof bound" in verdict.groups[1].detail or "margin" in verdict.groups[1].detail
-    # the same single deep token under a pair below the bound is a proof on its own
     world.seen = JudgeState()
-    world.seen.credit(CHEATER.peer_id, STEP, range(batch.groups[0].counter))
+    batch, g = editable(world, SETTINGS.group_size)
+    judged = world.seen.expected(CHEATER.peer_id, STEP)
     below = RunContext(world.spec(SETTINGS, dataclasses.replace(CAPPED, sampling_slack=1.9)), world.tasks)
-    assert reasons(world.verify(deep_forgery(world, batch, 1, 1), run=below))[1] == "sampling"
+    # one deep token: set aside under the capped pair, a proof on its own under a pair below the bound;
+    # one in every completion (each after a prefix of its own): proven under the capped pair too
+    for completions, spec, expected in ((1, run, INCONCLUSIVE), (1, below, "sampling"),
+                                        (SETTINGS.group_size, run, "sampling")):
+        forged = deep_forgery(world, batch, g, completions)
+        world.seen = JudgeState()
+        world.seen.credit(CHEATER.peer_id, STEP, range(judged))
+        verdict = world.verify(forged, run=spec)
+        assert reasons(verdict)[g] == expected, verdict.groups[g].detail
+    assert "past the proof bound" in verdict.groups[g].detail
 
 
 def test_a_worker_deep_in_one_prefix_a_group_is_set_aside_then_proven_by_its_history(world: World) -> None:
@@ -131,8 +150,8 @@ def test_a_worker_deep_in_one_prefix_a_group_is_set_aside_then_proven_by_its_his
     world.seen = JudgeState()
     verdicts = []
     for _ in range(12):
-        forged = deep_forgery(world, world.build(), 0, 1)
-        verdicts.append(world.verify(forged, run=run).groups[0])
+        batch, g = editable(world, 1)
+        verdicts.append(world.verify(deep_forgery(world, batch, g, 1), run=run).groups[g])
         if verdicts[-1].reason == "sampling":
             break
     assert verdicts[0].reason == INCONCLUSIVE and "counted" in verdicts[0].detail
