@@ -91,6 +91,7 @@ class LocalSwarm:
         "INTELLECT_NODE_HEARTBEAT_S": "2", "INTELLECT_NODE_DISCOVERY_S": "3",
     })
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    startup_timeout_s: float = STARTUP_TIMEOUT_S  # a node's address must be printed within this
 
     def start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None, *,
               prefix: Sequence[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0") -> NodeProcess:
@@ -107,7 +108,7 @@ class LocalSwarm:
                                    cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
         node = NodeProcess(name, home, process, log_file=log_file)
         self.nodes[name] = node
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + self.startup_timeout_s
         assert process.stdout is not None
         line = process.stdout.readline().strip()  # the first listen address, printed when ready
         if not line or time.monotonic() > deadline:
