@@ -515,13 +515,10 @@ def gossip_rates(names: list[str], before: list[dict[str, Any]], after: list[dic
         sent_old, sent_new = (s.get("gossip_rpcs", {}).get("sent") for s in (old, new))
         if not name.startswith("s") or sent_old is None or sent_new is None:
             continue
-
-        def delta(*kinds: str) -> float:
-            return sum(sent_new.get(k, 0) - sent_old.get(k, 0) for k in kinds) / elapsed_s  # noqa: B023
-
-        rates["rpcs"].append(delta("rpcs"))
-        rates["graft_prune"].append(delta("graft", "prune"))
-        rates["ihave"].append(delta("ihave"))
+        per_s = {k: (sent_new.get(k, 0) - sent_old.get(k, 0)) / elapsed_s for k in ("rpcs", "graft", "prune", "ihave")}
+        rates["rpcs"].append(per_s["rpcs"])
+        rates["graft_prune"].append(per_s["graft"] + per_s["prune"])
+        rates["ihave"].append(per_s["ihave"])
     return {f"{kind}_per_s_median": round(statistics.median(v), 2) if v else None for kind, v in rates.items()}
 
 

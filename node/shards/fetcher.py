@@ -214,10 +214,11 @@ class CheckpointFetch:
             # holders the origin named and DHT providers are watched even when every slot is taken
             # by peers that hold nothing yet: in a swarm larger than the slots, a fetcher that
             # watched no holder waited for the origin's seed hold to pass (a copy every 10 s)
-            preferred = [p for p in candidates if p in self.hinted or p in self.providers]
             room = max(0, MAX_WATCHED - len(self.watched))
+            chosen = candidates[:room]
             extra = max(0, 2 * MAX_WATCHED - len(self.watched) - room)
-            for peer_id in candidates[:room] + [p for p in preferred if p not in candidates[:room]][:extra]:
+            chosen += [p for p in candidates[room:] if p in self.hinted or p in self.providers][:extra]
+            for peer_id in chosen:
                 self.watched.add(peer_id)
                 nursery.start_soon(self._watch, peer_id)
             with trio.move_on_after(1.0):
