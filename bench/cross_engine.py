@@ -180,7 +180,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, calibration_groups = (24, 64) if args.quick else (args.groups, args.calibration_groups)
-    # the demo's tiny model, built once per machine (about a minute) and reused by later runs
+    # the demo's tiny model (the shipped weights), installed once per machine and reused by later runs
     model = args.model or ensure_tiny_model(Path(tempfile.gettempdir()) / "ina-bench-tiny")
     tokenizer = AutoTokenizer.from_pretrained(model)
     workers, validators = args.workers.split(","), args.validators.split(",")

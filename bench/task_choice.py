@@ -75,8 +75,8 @@ two standard errors of that draw (hypergeometric, summed over the gated steps).
 
     .venv/bin/python bench/task_choice.py [--quick] [--groups N] [--model DIR] [--threads 2] [--steps S]
 
-Default model: the demo's tiny model (``intellect-node demo``'s cache; built once, about two and a
-half minutes) and the demo's tasks (``DEMO_TASKS``, 4000 reversals). ``--quick``: a small model of
+Default model: the demo's tiny model (``intellect-node demo``'s cache; the shipped weights, installed
+once) and the demo's tasks (``DEMO_TASKS``, 4000 reversals). ``--quick``: a small model of
 the same recipe trained for a few seconds (greedy reversal about 0.2-0.35) and the first 500
 tasks. The last line is
 ``task_choice: ours=<worst cheat's reward per committed group> peer=<honest's> ratio=<x> target=1.0 ok|short``.

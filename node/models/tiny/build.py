@@ -1,10 +1,12 @@
 """Build, train and save the project's tiny model: a Qwen2-shaped decoder for the toy tasks.
 
-Why build on first use rather than commit weights: the swarm never relies on two machines
-building identical bytes (the trainer publishes checkpoint 0 through the shard overlay, named by
-its manifest hash); what must be reproducible is the recipe, which is recorded next to the
-weights in ``tinymodel.json`` and checked on reuse. Building takes about two and a half minutes
-on 2 cores (one torch thread, quiet) and keeps megabytes of binary out of git history.
+Why the default recipe's model is not built on first use (version 4): builds on different CPUs
+start alike but learn differently, so the default recipe's weights ship with the package
+(``shipped.py``) and ``ensure_tiny_model`` installs them; this module builds every other recipe
+(tests' and benches' quick shapes), and the default one on request (``rebuild=True``). What the
+swarm relies on is unchanged: the trainer publishes checkpoint 0 through the shard overlay, named
+by its manifest hash, so no two machines need to build identical bytes; the recipe is recorded
+next to the weights in ``tinymodel.json`` and checked on reuse.
 
 Why the warm-up stops by measurement, not at a step count (version 3): the model sits on the steep
 part of its warm-up curve, where float rounding decides where a fixed step count lands. Version 2's
@@ -60,6 +62,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from intellect_node.node.engine.base import SamplingParams, encode_prompt
 from intellect_node.node.engine.torch_engine import TorchEngine
+from intellect_node.node.models.tiny.shipped import install_shipped
 from intellect_node.node.tasks.schema import Task, with_length_target
 from intellect_node.node.tasks.toy import generate_toy_tasks, verify_toy
 
@@ -98,7 +101,9 @@ logger = logging.getLogger(__name__)
 class TinyRecipe:
     """Everything that determines the tiny model; stored beside the weights."""
 
-    version: int = 3  # names the cache directory (``tiny_model_dir``): a new recipe, a new version
+    # names the cache directory (``tiny_model_dir``): a new recipe, a new version. 4: version 3's
+    # recipe, its weights shipped (``shipped.py``) rather than built on each machine
+    version: int = 4
     seed: int = 0
     vocab_size: int = 320
     hidden_size: int = 192
@@ -387,16 +392,19 @@ def stale_start(record: dict[str, Any], recipe: TinyRecipe) -> str | None:
 
 
 def ensure_tiny_model(
-    path: str | Path, recipe: TinyRecipe | None = None, log: Callable[[str], None] | None = None
+    path: str | Path, recipe: TinyRecipe | None = None, log: Callable[[str], None] | None = None,
+    *, rebuild: bool = False,
 ) -> Path:
-    """The tiny model at ``path``, built there first if absent (``DEFAULT_RECIPE`` by default).
+    """The tiny model at ``path``, put there first if absent (``DEFAULT_RECIPE`` by default): the
+    default recipe's shipped weights (``shipped.py``), or a build of any other recipe, or of the
+    default one with ``rebuild``.
 
-    Concurrent callers (several nodes of a demo) are safe: each builds in a private temporary
+    Concurrent callers (several nodes of a demo) are safe: each works in a private temporary
     directory and renames it into place; the first rename wins and the others reuse it. An
     existing model built from a different recipe is an error, never silently replaced. One of
-    this recipe whose recorded start is missing or outside the band (``stale_start``) is rebuilt
-    and replaced, and ``log`` (default: this module's logger) says why: reusing it would hand the
-    demo a start README does not describe.
+    this recipe whose recorded start is missing or outside the band (``stale_start``) is replaced,
+    and ``log`` (default: this module's logger) says why: reusing it would hand the demo a start
+    README does not describe.
     """
     recipe = recipe or DEFAULT_RECIPE
     target = Path(path)
@@ -407,18 +415,21 @@ def ensure_tiny_model(
         why = stale_start(record, recipe)
         if why is None:
             return target
-        (log or logger.warning)(f"rebuilding the tiny model at {target}: {why}")
-    _build_into(target, recipe)
+        (log or logger.warning)(f"replacing the tiny model at {target}: {why}")
+    if recipe == DEFAULT_RECIPE and not rebuild:
+        _put_into(target, recipe, install_shipped)
+    else:
+        _put_into(target, recipe, lambda scratch: build_tiny_model(scratch, recipe))
     return target
 
 
-def _build_into(target: Path, recipe: TinyRecipe) -> None:
-    """Build in a scratch directory beside ``target`` and rename it into place; a stale model
-    already there is moved aside first (a reader between the two renames finds no model)."""
+def _put_into(target: Path, recipe: TinyRecipe, make: Callable[[Path], Path]) -> None:
+    """Make the model in a scratch directory beside ``target`` and rename it into place; a stale
+    model already there is moved aside first (a reader between the two renames finds no model)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=target.parent))
     try:
-        built = build_tiny_model(scratch / "model", recipe)
+        built = make(scratch / "model")
         if (target / RECIPE_FILE).exists() and stale_start(json.loads((target / RECIPE_FILE).read_text()), recipe):
             os.rename(target, scratch / "stale")
         try:
