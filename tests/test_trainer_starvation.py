@@ -17,6 +17,7 @@ from intellect_node.node.roles.trainer.service import (
     BRIDGE_OWED_FACTOR,
     STARVED_S,
     SURPLUS_AFTER_S,
+    ArrivalClock,
     batch_candidates,
     bridge_due,
     groups_to_take,
@@ -49,6 +50,20 @@ def test_the_surplus_over_a_workers_cap_fills_a_batch_only_once_admitted_groups_
     assert batch_candidates(admitted, surplus, SURPLUS_AFTER_S - 0.1) == admitted
     assert batch_candidates(admitted, surplus, SURPLUS_AFTER_S) == admitted + surplus  # admitted first
     assert SURPLUS_AFTER_S < 10.0 < STARVED_S  # shorter than a worker's pacing wait
+
+
+def test_the_starvation_clock_runs_from_the_last_group_the_step_could_take() -> None:
+    """Groups the step cannot take (a worker without standing paces a batch every 10 s) arrive in the
+    pool but leave the usable count as it was: they do not hold the step back (they held the demo's
+    trainer 70 s at 14 of 16 groups when every pool change reset the clock)."""
+    clock = ArrivalClock(since=100.0)
+    assert clock.idle_s(14, 100.0) == 0.0
+    for now in (110.0, 120.0, 129.9):  # pool changes every 10 s, nothing usable among them
+        assert clock.idle_s(14, now) == now - 100.0
+    assert groups_to_take(14, 16, clock.idle_s(14, 130.0), STARVED_S) == 14
+    assert clock.idle_s(15, 131.0) == 0.0  # a usable arrival restarts it
+    assert clock.idle_s(9, 140.0) == 9.0  # groups leaving (staler than the window) are no arrival
+    assert clock.idle_s(10, 141.0) == 0.0  # but one after them is
 
 
 def test_a_bridge_comes_only_after_the_wait_and_only_for_waiting_workers() -> None:

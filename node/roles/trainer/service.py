@@ -8,7 +8,7 @@
   differ) enter the durable pool; the rest are counted.
 - A step takes the newest ``batch_groups`` pooled groups whose policy step is inside the async
   window (``policy_step >= step - async_level``), waiting while there are too few (but taking
-  what is there once nothing new arrived for ``STARVED_S``); staler groups are dropped. The
+  what is there once nothing it can take arrived for ``STARVED_S``); staler groups are dropped. The
   learner trains on them in a worker thread.
 - A step after step 0 with nothing to train on while workers wait for it is a *bridge*: once no
   usable group arrived for ``bridge_after_s`` (``BRIDGE_OWED_FACTOR`` times that while a committed
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
-# a step takes the groups it has once none arrived for this long: workers generate a step only on
+# a step takes the groups it has once none it can take arrived for this long: workers generate a step only on
 # the counters they committed before its checkpoint existed, and when most of those teach nothing
 # the commitments run out before the trainer has its batch; the workers then wait for the next
 # step and the trainer for groups (seen in the demo: stuck at step 84 with 14 of 16 groups)
@@ -290,8 +290,8 @@ class TrainerService:
 
     async def _gather(self) -> list[TrainingGroup] | None:
         """The next step's groups, or None when it is due to be a bridge step."""
-        changed_at = time.monotonic()
-        admitted_seen, admitted_at = -1, changed_at
+        clock = ArrivalClock(time.monotonic())
+        admitted_seen, admitted_at = -1, clock.since
         while True:
             self._pool_changed = trio.Event()
             admitted, surplus = await self._usable()
@@ -299,19 +299,18 @@ class TrainerService:
             if len(admitted) != admitted_seen:
                 admitted_seen, admitted_at = len(admitted), now
             usable = batch_candidates(admitted, surplus, now - admitted_at)
-            idle_s = now - changed_at
+            idle_s = clock.idle_s(len(usable), now)
             take = groups_to_take(len(usable), self.options.batch_groups, idle_s, STARVED_S)
             if take:
                 if take < self.options.batch_groups:
-                    log.info("step %d takes %d of %d groups: none arrived for %.0f s (the workers' commitments for "
-                             "this step may be used up)", self.step + 1, take, self.options.batch_groups, STARVED_S)
+                    log.info("step %d takes %d of %d groups: no usable group arrived for %.0f s (the workers' "
+                             "commitments for this step may be used up)",
+                             self.step + 1, take, self.options.batch_groups, STARVED_S)
                 return usable[:take]
             if not usable and bridge_due(self.step, idle_s, *self._commitments_around(), self.options.bridge_after_s):
                 return None
             with trio.move_on_after(1.0):
                 await self._pool_changed.wait()
-            if self._pool_changed.is_set():
-                changed_at = time.monotonic()
 
     def _commitments_around(self) -> tuple[bool, int]:
         """From this trainer's own commitment book: whether some worker committed for the next step,
@@ -429,6 +428,23 @@ def bridge_due(step: int, idle_s: float, next_step_committed: bool, owed_in_wind
     if step == WARM_UP_STEP or not next_step_committed:
         return False
     return idle_s >= bridge_after_s * (BRIDGE_OWED_FACTOR if owed_in_window else 1)
+
+
+@dataclass
+class ArrivalClock:
+    """How long since a group the next step could take last arrived (``STARVED_S`` and the bridge
+    wait run on it). Only those count: arrivals the step cannot take (a worker without standing
+    pacing a batch every 10 s) once reset the clock on every pool change and held the demo's
+    trainer 70 s at 14 of 16 groups."""
+
+    since: float
+    seen: int = -1  # usable groups at the last look
+
+    def idle_s(self, usable: int, now: float) -> float:
+        if usable > self.seen:
+            self.since = now
+        self.seen = usable
+        return now - self.since
 
 
 def batch_candidates(admitted: list[TrainingGroup], surplus: list[TrainingGroup],
