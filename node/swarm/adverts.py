@@ -2,17 +2,27 @@
 
 The advert is how the run knows a node exists (specs/dht.md): peers expire it after
 ``advert_lifetime_s``, so it must be repeated, and it carries what changes while the node runs (the
-policy step, the addresses reachability allows, data-plane endpoints), so a change must go out at
-once, not at the next refresh. Gossip carries every repetition; the DHT copy is only for lookups,
+policy step, the addresses reachability allows, data-plane endpoints), so a change must go out
+soon, not at the next refresh. Gossip carries every repetition; the DHT copy is only for lookups,
 and is stored far more rarely because each store costs a lookup plus writes at about k peers.
+
+Soon, not at once: every new signing floods the members topic (each node receives it from each of
+its mesh peers and forwards it to the rest), and a joining node's advert changes several times in
+its first seconds (its data-plane address, its first reachability verdict), each gossiped at once,
+with two more repeats once its mesh formed: while 100 nodes formed on 2 cores each sent 17.7 gossip
+RPCs a second, 16 of them forwards, on top of the heartbeat budget (bench/HISTORY.md "Scale"). So
+the first gossip waits until the join has settled (``ADVERT_SETTLE_S``, and a members mesh), after
+that the changes of any burst go out together, at most one publish per ``ADVERT_SETTLE_S``, and a
+change that leaves the advert as it was is not signed at all (specs/dht.md "Advert changes").
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
+import math
 import random
-import time
+from collections import Counter
 from collections.abc import Callable
 
 import trio
@@ -32,6 +42,10 @@ log = logging.getLogger(__name__)
 SOFTWARE_VERSION = importlib.metadata.version("intellect-node")
 MAX_ADVERTISED_ADDRS = 16
 MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before gossiping anyway
+# Changes within this long of the last publish go out together, in one publish, once it has passed
+# (the first gossip after joining waits this long too): a joining light member's data-plane address
+# and first reachability verdict come within about 1.5 s of joining on an idle machine.
+ADVERT_SETTLE_S = 2.0
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
 # messages per second in total: every node receives each one from each of its mesh peers, so this,
@@ -56,7 +70,10 @@ class Advertiser:
         self.policy_step: int | None = None
         self.extra_addrs: list[str] = []  # data-plane endpoints (e.g. /ip4/.../tcp/.../http)
         self.envelope: bytes | None = None  # the advert as last signed; None before the first signing
+        self.signed: NodeAdvert | None = None  # what ``envelope`` says
         self._changed = trio.Event()
+        # ``changes`` signalled, adverts ``signed``, envelopes ``published`` (``status``'s ``adverts``)
+        self.counts: Counter[str] = Counter()
 
     def own_advert(self) -> NodeAdvert:
         return NodeAdvert(
@@ -74,7 +91,8 @@ class Advertiser:
         return tuple(dict.fromkeys(self.addresses(self.extra_addrs)))[:MAX_ADVERTISED_ADDRS]
 
     def update(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
-        """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
+        """Change what this node advertises; the new advert goes out within ``ADVERT_SETTLE_S``, not
+        at the next refresh."""
         if policy_step is not None:
             self.policy_step = policy_step
         if extra_addr is not None and extra_addr not in self.extra_addrs:
@@ -82,14 +100,17 @@ class Advertiser:
         self.changed()
 
     def changed(self) -> None:
-        """Something the advert carries changed: re-sign and gossip it now."""
+        """Something the advert carries may have changed: re-sign and gossip it once settled."""
+        self.counts["changes"] += 1
         self._changed.set()
 
     def sign(self, lifetime_s: float | None = None) -> bytes:
         """Sign the advert as it stands and put it in our own view (we are a member too)."""
         lifetime_s = self.settings.advert_lifetime_s if lifetime_s is None else lifetime_s
-        self.envelope = codec.encode(self.own_advert(), self.identity, lifetime_s=lifetime_s)
+        self.signed = self.own_advert()
+        self.envelope = codec.encode(self.signed, self.identity, lifetime_s=lifetime_s)
         self.view.accept(self.envelope)
+        self.counts["signed"] += 1
         return self.envelope
 
     def cadence(self) -> tuple[float, float, float]:
@@ -114,25 +135,31 @@ class Advertiser:
 
         One loop, one message per interval: the heartbeat repeats the current envelope, which is
         re-signed every refresh (``cadence``) so it never nears expiry. The interval grows with the
-        run (``MEMBERS_TOPIC_BUDGET_PER_S``). The DHT store runs beside the loop: it can take seconds
-        under load, and the cadence must not wait for it or peers would expire a live node.
+        run (``MEMBERS_TOPIC_BUDGET_PER_S``). A change is re-signed and gossiped at once if the last
+        publish is ``ADVERT_SETTLE_S`` old, else when it is (or at the heartbeat, if that comes
+        first), so the changes of a burst go out as one publish; one that leaves the advert as it
+        was signed goes nowhere. The DHT store runs beside the loop: it can take seconds under
+        load, and the cadence must not wait for it or peers would expire a live node.
         """
-        signed_at = stored_at = provided_at = -float("inf")
+        await self._settle_after_join()
+        signed_at = stored_at = provided_at = heartbeat_at = published_at = -math.inf
         stored_lifetime = 0.0
         stored_addrs: tuple[str, ...] | None = None
         async with trio.open_nursery() as stores:
             while True:
                 interval, lifetime, refresh = self.cadence()
-                if time.monotonic() - signed_at >= refresh or self._changed.is_set():
-                    self._changed = trio.Event()
-                    signed_at = time.monotonic()
+                now = trio.current_time()
+                self._changed = trio.Event()
+                resign = self.own_advert() != self.signed or now - signed_at >= refresh
+                if resign:
+                    signed_at = now
                     envelope = self.sign(lifetime)
                     # The DHT copy only has to outlive its own half-life and carry the addresses a
                     # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
                     # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
                     # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
                     # (bench/HISTORY.md, "Cutting the swarm's CPU per step"). A new policy step reaches
-                    # members by gossip at once; the DHT copy catches up at its refresh.
+                    # members by gossip; the DHT copy catches up at its refresh.
                     addrs = self.advertised_addrs()
                     if addrs != stored_addrs or signed_at - stored_at >= stored_lifetime / 2:
                         stored_addrs, stored_lifetime = addrs, lifetime
@@ -140,11 +167,28 @@ class Advertiser:
                         stored_at = signed_at
                         provided_at = signed_at if provide else provided_at
                         stores.start_soon(self._store, envelope, provide)
-                await self.publish()
-                next_signing = signed_at + refresh - time.monotonic()
-                with trio.move_on_after(max(0.0, min(interval * random.uniform(1 - JITTER, 1 + JITTER),
-                                                     next_signing))):
+                if resign or now >= heartbeat_at:
+                    await self.publish()
+                    published_at = now
+                    heartbeat_at = now + interval * random.uniform(1 - JITTER, 1 + JITTER)
+                with trio.move_on_at(min(heartbeat_at, signed_at + refresh)):
                     await self._changed.wait()
+                    await trio.sleep_until(published_at + ADVERT_SETTLE_S)
+
+    async def _settle_after_join(self) -> None:
+        """Hold the first gossip until the join has settled (``ADVERT_SETTLE_S``) and this node has a
+        members mesh, at most ``MESH_WAIT_S``. The peers this node joined through already hold its
+        advert (the members exchange carries it), and gossip before any mesh exists reaches nobody
+        (gossipsub sends only to mesh peers); meanwhile the join's own changes (its data-plane
+        address, its first reachability verdict) come in, and one signing carries them all."""
+        topic = members_topic(self.settings.run_id)
+        started = trio.current_time()
+        with trio.move_on_at(started + MESH_WAIT_S):
+            await trio.sleep_until(started + ADVERT_SETTLE_S)
+            # a poll, bounded: py-libp2p's router wakes a waiter per (peer, topic) only (wait_for_mesh),
+            # and which peers will form the mesh is unknown while joining (pubsub has met none yet)
+            while not self.pubsub.router.mesh.get(topic):  # noqa: ASYNC110
+                await trio.sleep(0.1)
 
     async def _store(self, envelope: bytes, provide: bool) -> None:
         """Put the advert (and, rarely, the run provider record); bounded so puts never pile up."""
@@ -161,22 +205,8 @@ class Advertiser:
         """Gossip the current envelope (nothing before the first signing)."""
         if self.envelope is None:
             return
+        self.counts["published"] += 1
         try:
             await self.pubsub.publish(members_topic(self.settings.run_id), self.envelope)
         except Exception as exc:
             log.debug("advert publish failed: %s", exc)
-
-    async def gossip_once_meshed(self) -> None:
-        """Gossip the advert again as soon as this node has a members mesh, and once more a gossip
-        heartbeat later. The advert gossiped while joining went out before any mesh existed
-        (gossipsub sends only to mesh peers), so only the peers this node dialed knew it, and the
-        next heartbeat is ``heartbeat_s`` away: in a 20-node start that gap set convergence."""
-        topic = members_topic(self.settings.run_id)
-        with trio.move_on_after(MESH_WAIT_S):
-            # a poll, bounded: py-libp2p's router wakes a waiter per (peer, topic) only (wait_for_mesh),
-            # and which peers will form the mesh is unknown while joining (pubsub has met none yet)
-            while not self.pubsub.router.mesh.get(topic):  # noqa: ASYNC110
-                await trio.sleep(0.1)
-        await self.publish()
-        await trio.sleep(1.0)  # node.gossip's heartbeat: by then the mesh has grown to its degree
-        await self.publish()

@@ -17,7 +17,6 @@ import trio
 from libp2p.abc import IHost
 from libp2p.kad_dht.kad_dht import KadDHT
 
-from intellect_node.node.swarm.adverts import Advertiser
 from intellect_node.node.swarm.bootstrap import Attempt, dial
 from intellect_node.node.swarm.connections import ConnectionManager
 from intellect_node.node.swarm.dht_get import DHT_TIMEOUT_S, bounded_get
@@ -35,7 +34,7 @@ EARLY_PULLS_AT_S = (1.0, 2.0, 4.0, 8.0)  # seconds after joining: pull the adver
 
 class Discovery:
     def __init__(self, host: IHost, dht: KadDHT, settings: SwarmSettings, view: MemberView, scores: PeerScores,
-                 connections: ConnectionManager, members: MemberExchange, adverts: Advertiser,
+                 connections: ConnectionManager, members: MemberExchange,
                  dial_relayed: Callable[[str, str], Awaitable[Attempt]]) -> None:
         """``dial_relayed(addr, source)``: how a ``/p2p-circuit`` address is dialed (``NatTraversal``)."""
         self.host = host
@@ -45,7 +44,6 @@ class Discovery:
         self.scores = scores
         self.connections = connections
         self.members = members
-        self.adverts = adverts
         self.dial_relayed = dial_relayed
         self.peer_id = host.get_id().to_base58()
 
@@ -97,18 +95,18 @@ class Discovery:
 
     async def catch_up(self) -> None:
         """Spread our advert and learn the members who join right after us, without waiting for
-        the first heartbeat (``heartbeat_s``) or discovery round (``discovery_s``).
+        the first discovery round (``discovery_s``).
 
         A new swarm is a star around its bootstrap, whose gossip mesh keeps only 6-12 peers: a
         member outside it reaches nobody until the first discovery round. So: dial the members
-        the join exchange named at once, and again once later joiners have arrived; gossip the
-        advert once a mesh exists; and pull the adverts a random peer holds a few times in the
-        first seconds. In a 20-node start on 2 cores, gossip took several gossip heartbeats per
-        hop while every node was busy joining, and the last joiners' adverts reached some nodes
-        only through their first discovery round (bench/HISTORY.md).
+        the join exchange named at once, and again once later joiners have arrived, and pull the
+        adverts a random peer holds a few times in the first seconds (each pull carries ours
+        too); the advertiser gossips the advert once the join settled and a mesh exists
+        (``Advertiser.run``). In a 20-node start on 2 cores, gossip took several gossip
+        heartbeats per hop while every node was busy joining, and the last joiners' adverts
+        reached some nodes only through their first discovery round (bench/HISTORY.md).
         """
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.adverts.gossip_once_meshed)
             nursery.start_soon(self._pull_early)
             await self.connect_to_members()
             await trio.sleep(1.0)

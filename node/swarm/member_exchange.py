@@ -5,12 +5,20 @@ to catch up from it. The members protocol is the pull side: one small stream on 
 sends its own advert and the callee answers with every advert it holds (specs/wire.md). Adverts
 from it, from gossip and from the DHT all pass through ``accept``, which checks them, charges the
 peer that delivered a bad one, and keeps a new member's addresses for the next start.
+
+A gossiped advert this node already holds, byte for byte, is not forwarded: every node that holds
+it would drop it too, so forwarding it only costs the mesh (each node receives a message once from
+each mesh peer). Heartbeats repeat an envelope between re-signings, and before this rule each repeat
+flooded the whole run; now it reaches the origin's mesh peers, and goes further only through peers
+that lacked it. A node that lacks an advert still gets it from the next re-signing (a third of its
+lifetime with the default timings) or from a pull (specs/dht.md "Advert changes").
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Callable
 
 import trio
@@ -46,6 +54,9 @@ class MemberExchange:
         self.scores = scores
         self.peer_cache = peer_cache
         self.own_envelope = own_envelope
+        self.peer_id = host.get_id().to_base58()
+        # gossiped adverts ``heard`` new (kept, forwarded) and ``repeats`` (held already: dropped)
+        self.gossip_counts: Counter[str] = Counter()
 
     def install(self) -> None:
         """Serve the members protocol (once the host runs)."""
@@ -110,11 +121,21 @@ class MemberExchange:
         return True
 
     def on_gossip(self, signed: codec.Signed[NodeAdvert], raw: bytes) -> bool:
-        """The members topic's handler: ``Rejected`` propagates to the gossip validator, which charges."""
-        self._remember(self.view.accept(raw))
+        """The members topic's handler: ``Rejected`` propagates to the gossip validator, which charges.
+
+        False (dropped quietly, free for the forwarder, not forwarded) for a copy of an advert held
+        already; our own adverts pass (libp2p validates what we publish too)."""
+        member = self.view.accept(raw)
+        if signed.signer_peer_id == self.peer_id:
+            return True
+        if member is None:
+            self.gossip_counts["repeats"] += 1
+            return False
+        self.gossip_counts["heard"] += 1
+        self._remember(member)
         return True
 
     def _remember(self, member: Member | None) -> None:
         """Keep a newly accepted peer's addresses for the next start (not our own)."""
-        if member is not None and member.advert.peer_id != self.host.get_id().to_base58():
+        if member is not None and member.advert.peer_id != self.peer_id:
             self.peer_cache.remember(member.advert.peer_id, list(member.advert.addrs))

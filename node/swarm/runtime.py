@@ -106,7 +106,7 @@ class Node:
         self.members = MemberExchange(self.host, self.view, self.scores, self.peer_cache,
                                       own_envelope=lambda: self.adverts.envelope)
         self.discovery = Discovery(self.host, self.dht, config, self.view, self.scores, self.connections,
-                                   self.members, self.adverts, self.nat.dial_relayed)
+                                   self.members, self.nat.dial_relayed)
         self.announcements = Announcements(config.run_id, identity, self.pubsub, self.scores)
         # Every node relays the rollout announcements of its run (they tell every node which batches
         # exist: specs/rollouts.md), so it accepts them without a service asking; receivers count them.
@@ -224,7 +224,8 @@ class Node:
         await self.announcements.publish(envelope)
 
     def update_advert(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
-        """Change what this node advertises; the new advert goes out at once, not at the next refresh."""
+        """Change what this node advertises; the new advert goes out within ``ADVERT_SETTLE_S``
+        (node/swarm/adverts.py), not at the next refresh."""
         self.adverts.update(policy_step=policy_step, extra_addr=extra_addr)
 
     async def provide(self, key: str) -> bool:
@@ -263,6 +264,7 @@ class Node:
             "gossip_peers": len(self.pubsub.peers),
             "gossip_mesh": {topic: len(peers) for topic, peers in self.router.mesh.items()},
             "gossip_rpcs": self.router.rpc_counts(),
+            "adverts": {**self.adverts.counts, **self.members.gossip_counts},
             "members": members,
             "rejections": dict(self.scores.rejections),
             "banned": sorted(self.scores.banned),

@@ -75,7 +75,7 @@ class NatTraversal:
 
     async def reachability_loop(self) -> None:
         """Ask connected peers to dial this node back: soon after joining, again while nobody has
-        answered, then every REACHABILITY_RECHECK_S. A changed verdict re-signs the advert at once."""
+        answered, then every REACHABILITY_RECHECK_S. A changed verdict re-signs the advert (settled)."""
         delays = iter(REACHABILITY_RETRY_S)
         while True:
             decided = self.reachability.state != "unknown"
@@ -96,7 +96,7 @@ class NatTraversal:
 
     async def relay_loop(self) -> None:
         """While private: hold reservations on up to RELAY_SLOTS public peers, bootstrap peers first
-        (node/swarm/nat/relay_client.py); a change of the relayed addresses re-signs the advert at once."""
+        (node/swarm/nat/relay_client.py); a change of the relayed addresses re-signs the advert (settled)."""
         while True:
             await trio.sleep(RELAY_KEEP_S)
             if self.reachability.state != "private":
