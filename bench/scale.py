@@ -339,6 +339,7 @@ def run_size(n: int, net: Loopback | SwarmNet, windows: dict[str, float], keep: 
         out["converged"] = conv["t_conv"] is not None
         out["convergence_s"] = round(conv["t_conv"] - started["t_all"], 1) if out["converged"] else None
         out["view_sizes"] = [min(conv["final_view_sizes"]), max(conv["final_view_sizes"])]
+        out["forming"] = forming_rates(list(swarm.nodes), statuses(list(swarm.nodes.values())))
         time.sleep(windows["settle"])
         names = list(swarm.nodes)
         gossip_before, since = statuses(list(swarm.nodes.values())), time.monotonic()
@@ -522,6 +523,24 @@ def gossip_rates(names: list[str], before: list[dict[str, Any]], after: list[dic
     return {f"{kind}_per_s_median": round(statistics.median(v), 2) if v else None for kind, v in rates.items()}
 
 
+def forming_rates(names: list[str], status: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The light members' gossip from their start until the view converged, medians: RPCs and
+    messages sent per second of their uptime, and their own advert's signings and publishes
+    (``status``'s ``gossip_rpcs`` and ``adverts``; a node without ``adverts`` predates the count)."""
+    rates: dict[str, list[float]] = {"rpcs_per_s": [], "messages_per_s": [], "advert_published": [],
+                                     "advert_signed": []}
+    for name, one in zip(names, status, strict=True):
+        sent, uptime = one.get("gossip_rpcs", {}).get("sent"), one.get("uptime_s")
+        if not name.startswith("s") or sent is None or not uptime:
+            continue
+        rates["rpcs_per_s"].append(sent.get("rpcs", 0) / uptime)
+        rates["messages_per_s"].append(sent.get("messages", 0) / uptime)
+        for kind in ("published", "signed"):
+            if kind in one.get("adverts", {}):
+                rates[f"advert_{kind}"].append(one["adverts"][kind])
+    return {f"{kind}_median": round(statistics.median(v), 2) if v else None for kind, v in rates.items()}
+
+
 FIGURES = (  # (label, path into a size's result)
     ("start (s)", ("start_s",)),
     ("converged view after last start (s)", ("convergence_s",)),
@@ -531,6 +550,9 @@ FIGURES = (  # (label, path into a size's result)
     ("bootstrap idle CPU (% core)", ("idle", "bootstrap_cores")),
     ("trainer idle CPU (% core)", ("idle", "trainer_cores")),
     ("whole swarm idle (cores)", ("idle", "swarm_cores")),
+    ("light member gossip RPCs sent/s forming", ("forming", "rpcs_per_s_median")),
+    ("light member gossip messages sent/s forming", ("forming", "messages_per_s_median")),
+    ("light member advert publishes forming", ("forming", "advert_published_median")),
     ("light member gossip RPCs sent/s idle", ("idle", "gossip", "rpcs_per_s_median")),
     ("light member GRAFT+PRUNE sent/s idle", ("idle", "gossip", "graft_prune_per_s_median")),
     ("light member IHAVE sent/s idle", ("idle", "gossip", "ihave_per_s_median")),
