@@ -6,14 +6,16 @@ policy step, the addresses reachability allows, data-plane endpoints), so a chan
 soon, not at the next refresh. Gossip carries every repetition; the DHT copy is only for lookups,
 and is stored far more rarely because each store costs a lookup plus writes at about k peers.
 
-Soon, not at once: every new signing floods the members topic (each node receives it from each of
-its mesh peers and forwards it to the rest), and a joining node's advert changes several times in
-its first seconds (its data-plane address, its first reachability verdict), each gossiped at once,
-with two more repeats once its mesh formed: while 100 nodes formed on 2 cores each sent 17.7 gossip
-RPCs a second, 16 of them forwards, on top of the heartbeat budget (bench/HISTORY.md "Scale"). So
-the first gossip waits until the join has settled (``ADVERT_SETTLE_S``, and a members mesh), after
-that the changes of any burst go out together, at most one publish per ``ADVERT_SETTLE_S``, and a
-change that leaves the advert as it was is not signed at all (specs/dht.md "Advert changes").
+Soon, not at once: every new signing gossiped floods the members topic (each node receives it from
+each of its mesh peers and forwards it to the rest), and a joining node's advert changes several
+times in its first seconds (its data-plane address, its first reachability verdict), each gossiped
+at once, with two more repeats once its mesh formed: while 100 nodes formed on 2 cores each sent
+17.7 gossip RPCs a second, 16 of them forwards, on top of the heartbeat budget (bench/HISTORY.md
+"Scale"). So a change is signed at once (our own view, and every members exchange from then on,
+carry it), but gossiped settled: the first gossip waits until the join has settled
+(``ADVERT_SETTLE_S``, and a members mesh), after that the changes of any burst go out together, at
+most one publish per ``ADVERT_SETTLE_S``, and a change that leaves the advert as it was is not
+signed at all (specs/dht.md "Advert changes").
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Advertiser:
         self.extra_addrs: list[str] = []  # data-plane endpoints (e.g. /ip4/.../tcp/.../http)
         self.envelope: bytes | None = None  # the advert as last signed; None before the first signing
         self.signed: NodeAdvert | None = None  # what ``envelope`` says
+        self.signed_at = -math.inf  # trio time of the last signing
         self._changed = trio.Event()
         # ``changes`` signalled, adverts ``signed``, envelopes ``published`` (``status``'s ``adverts``)
         self.counts: Counter[str] = Counter()
@@ -91,8 +94,8 @@ class Advertiser:
         return tuple(dict.fromkeys(self.addresses(self.extra_addrs)))[:MAX_ADVERTISED_ADDRS]
 
     def update(self, *, policy_step: int | None = None, extra_addr: str | None = None) -> None:
-        """Change what this node advertises; the new advert goes out within ``ADVERT_SETTLE_S``, not
-        at the next refresh."""
+        """Change what this node advertises: signed at once, gossiped within ``ADVERT_SETTLE_S``,
+        not at the next refresh."""
         if policy_step is not None:
             self.policy_step = policy_step
         if extra_addr is not None and extra_addr not in self.extra_addrs:
@@ -100,15 +103,19 @@ class Advertiser:
         self.changed()
 
     def changed(self) -> None:
-        """Something the advert carries may have changed: re-sign and gossip it once settled."""
+        """Something the advert carries may have changed: if it did, re-sign it now (our view and
+        the members exchange carry it at once) and have ``run`` gossip it once settled."""
         self.counts["changes"] += 1
-        self._changed.set()
+        if self.own_advert() != self.signed:
+            self.sign(self.cadence()[1])
+            self._changed.set()
 
     def sign(self, lifetime_s: float | None = None) -> bytes:
         """Sign the advert as it stands and put it in our own view (we are a member too)."""
         lifetime_s = self.settings.advert_lifetime_s if lifetime_s is None else lifetime_s
         self.signed = self.own_advert()
         self.envelope = codec.encode(self.signed, self.identity, lifetime_s=lifetime_s)
+        self.signed_at = trio.current_time()
         self.view.accept(self.envelope)
         self.counts["signed"] += 1
         return self.envelope
@@ -131,47 +138,48 @@ class Advertiser:
         return interval, lifetime, settings.advert_refresh_s * lifetime / settings.advert_lifetime_s
 
     async def run(self) -> None:
-        """Gossip the advert every heartbeat; re-sign (and re-store in the DHT) when due or changed.
+        """Gossip the advert every heartbeat; re-sign when due, gossip (and re-store in the DHT)
+        each new signing once settled.
 
         One loop, one message per interval: the heartbeat repeats the current envelope, which is
         re-signed every refresh (``cadence``) so it never nears expiry. The interval grows with the
-        run (``MEMBERS_TOPIC_BUDGET_PER_S``). A change is re-signed and gossiped at once if the last
-        publish is ``ADVERT_SETTLE_S`` old, else when it is (or at the heartbeat, if that comes
-        first), so the changes of a burst go out as one publish; one that leaves the advert as it
-        was signed goes nowhere. The DHT store runs beside the loop: it can take seconds under
-        load, and the cadence must not wait for it or peers would expire a live node.
+        run (``MEMBERS_TOPIC_BUDGET_PER_S``). A change (signed by ``changed``) is gossiped at once
+        if the last publish is ``ADVERT_SETTLE_S`` old, else when it is (or at the heartbeat, if
+        that comes first), so the changes of a burst go out as one publish. The DHT store runs
+        beside the loop: it can take seconds under load, and the cadence must not wait for it or
+        peers would expire a live node.
         """
         await self._settle_after_join()
-        signed_at = stored_at = provided_at = heartbeat_at = published_at = -math.inf
+        stored_at = provided_at = heartbeat_at = published_at = -math.inf
         stored_lifetime = 0.0
         stored_addrs: tuple[str, ...] | None = None
+        gossiped: bytes | None = None  # the envelope last published
         async with trio.open_nursery() as stores:
             while True:
                 interval, lifetime, refresh = self.cadence()
-                now = trio.current_time()
                 self._changed = trio.Event()
-                resign = self.own_advert() != self.signed or now - signed_at >= refresh
-                if resign:
-                    signed_at = now
-                    envelope = self.sign(lifetime)
-                    # The DHT copy only has to outlive its own half-life and carry the addresses a
-                    # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
-                    # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
-                    # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
-                    # (bench/HISTORY.md, "Cutting the swarm's CPU per step"). A new policy step reaches
-                    # members by gossip; the DHT copy catches up at its refresh.
-                    addrs = self.advertised_addrs()
-                    if addrs != stored_addrs or signed_at - stored_at >= stored_lifetime / 2:
-                        stored_addrs, stored_lifetime = addrs, lifetime
-                        provide = signed_at - provided_at >= PROVIDER_REFRESH_S
-                        stored_at = signed_at
-                        provided_at = signed_at if provide else provided_at
-                        stores.start_soon(self._store, envelope, provide)
-                if resign or now >= heartbeat_at:
+                now = trio.current_time()
+                if self.signed is None or now - self.signed_at >= refresh:
+                    self.sign(lifetime)
+                envelope, addrs = self.envelope, self.signed.addrs
+                fresh = envelope != gossiped
+                # The DHT copy only has to outlive its own half-life and carry the addresses a
+                # lookup dials; each put is a lookup plus stores at ~k peers, which at gossip
+                # cadence swamped a 20-node swarm's CPU, and at every policy step (a new checkpoint
+                # every second or two in the demo) helped DHT traffic to a seventh of a worker's CPU
+                # (bench/HISTORY.md, "Cutting the swarm's CPU per step"). A new policy step reaches
+                # members by gossip; the DHT copy catches up at its refresh.
+                if fresh and (addrs != stored_addrs or now - stored_at >= stored_lifetime / 2):
+                    stored_addrs, stored_lifetime = addrs, lifetime
+                    provide = now - provided_at >= PROVIDER_REFRESH_S
+                    stored_at = now
+                    provided_at = now if provide else provided_at
+                    stores.start_soon(self._store, envelope, provide)
+                if fresh or now >= heartbeat_at:
                     await self.publish()
-                    published_at = now
+                    gossiped, published_at = envelope, now
                     heartbeat_at = now + interval * random.uniform(1 - JITTER, 1 + JITTER)
-                with trio.move_on_at(min(heartbeat_at, signed_at + refresh)):
+                with trio.move_on_at(min(heartbeat_at, self.signed_at + refresh)):
                     await self._changed.wait()
                     await trio.sleep_until(published_at + ADVERT_SETTLE_S)
 
@@ -180,7 +188,7 @@ class Advertiser:
         members mesh, at most ``MESH_WAIT_S``. The peers this node joined through already hold its
         advert (the members exchange carries it), and gossip before any mesh exists reaches nobody
         (gossipsub sends only to mesh peers); meanwhile the join's own changes (its data-plane
-        address, its first reachability verdict) come in, and one signing carries them all."""
+        address, its first reachability verdict) come in, and one publish carries them all."""
         topic = members_topic(self.settings.run_id)
         started = trio.current_time()
         with trio.move_on_at(started + MESH_WAIT_S):
