@@ -66,14 +66,28 @@ def everyone_holds(nodes: list[Node], of: Node, check: Callable[[NodeAdvert], bo
 async def test_a_joining_node_whose_advert_changes_gossips_it_once(tmp_path, nursery):
     nodes = await swarm(nursery, tmp_path, 3, **QUIET)
     newcomer = nodes[-1]
+    settling = newcomer.snapshot()["adverts"].get("published", 0) == 0
     newcomer.update_advert(extra_addr="/ip4/127.0.0.1/tcp/9/http")  # a service's endpoint, right after joining
     newcomer.update_advert(policy_step=1)
     waited = await wait_for(lambda: everyone_holds(nodes, newcomer, lambda a: a.policy_step == 1),
                             MESH_WAIT_S + DELIVERY_S)
     await trio.sleep(ADVERT_SETTLE_S + 1.0)  # anything more it would publish has had its chance
     counts = newcomer.snapshot()["adverts"]
-    assert counts["published"] == 1, (counts, waited)
+    # changes while the join settles: one publish. A loaded machine may start the node so slowly
+    # that its join settled (and published) before the changes came: then they are an ordinary
+    # burst, the first at once and the second one settle later
+    assert counts["published"] == (1 if settling else 3), (counts, waited, settling)
     assert counts["changes"] >= 2
+
+
+async def test_changes_within_one_millisecond_are_each_signed_newer(tmp_path, nursery):
+    """changed() signs at once: two changes in the same millisecond must not make the second a
+    replay of the first (our own view refused it, and the caller, a service, failed)."""
+    nodes = await swarm(nursery, tmp_path, 1, **QUIET)
+    node = nodes[0]
+    for step in range(1, 6):  # back to back, no await between: the same millisecond, most often
+        node.update_advert(policy_step=step)
+    assert node.view.get(node.peer_id).advert.policy_step == 5
 
 
 async def test_a_burst_of_changes_goes_out_once_and_peers_hold_the_last(tmp_path, nursery):
@@ -129,8 +143,10 @@ async def test_receivers_do_not_forward_an_advert_they_hold(tmp_path, nursery):
 
 async def test_a_departure_is_seen_within_a_lifetime_and_the_rest_stay_listed(tmp_path, nursery):
     # a heartbeat a second and a re-signing every third: two heartbeats in three are repeats,
-    # which receivers drop, so only re-signings travel beyond the origin's mesh
-    timing = dict(advert_lifetime_s=6.0, advert_refresh_s=3.0, heartbeat_s=1.0, discovery_s=30.0)
+    # which receivers drop, so only re-signings travel beyond the origin's mesh. A re-signing may
+    # wait out the 2 s settle (ADVERT_SETTLE_S) and a loaded machine's delivery: a lifetime of three
+    # re-signings leaves room for both (a 6 s lifetime dropped a stayer at load 20)
+    timing = dict(advert_lifetime_s=9.0, advert_refresh_s=3.0, heartbeat_s=1.0, discovery_s=30.0)
     nodes = [make_node(tmp_path, "n0", RUN, **timing)]
     _, addrs = await start(nursery, nodes[0])
     scopes = []
@@ -143,7 +159,7 @@ async def test_a_departure_is_seen_within_a_lifetime_and_the_rest_stay_listed(tm
     gone_after = await wait_for(lambda: all(node.view.get(leaver.peer_id) is None for node in stayers),
                                 timing["advert_lifetime_s"] + 2.0)
     staying = {node.peer_id for node in stayers}
-    end = trio.current_time() + 3 * timing["advert_lifetime_s"]  # only re-signings keep them listed
+    end = trio.current_time() + 2 * timing["advert_lifetime_s"]  # only re-signings keep them listed
     while trio.current_time() < end:
         for node in stayers:
             assert {m.advert.peer_id for m in node.view.members()} == staying, gone_after

@@ -31,6 +31,7 @@ import trio
 from libp2p.kad_dht.kad_dht import KadDHT
 from libp2p.pubsub.pubsub import Pubsub
 
+from intellect_node.crypto.envelope import now_ms
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.dht_get import DHT_TIMEOUT_S
 from intellect_node.node.swarm.membership import MemberView
@@ -74,6 +75,7 @@ class Advertiser:
         self.envelope: bytes | None = None  # the advert as last signed; None before the first signing
         self.signed: NodeAdvert | None = None  # what ``envelope`` says
         self.signed_at = -math.inf  # trio time of the last signing
+        self._timestamp_ms = 0  # the last signing's envelope timestamp
         self._changed = trio.Event()
         # ``changes`` signalled, adverts ``signed``, envelopes ``published`` (``status``'s ``adverts``)
         self.counts: Counter[str] = Counter()
@@ -114,7 +116,11 @@ class Advertiser:
         """Sign the advert as it stands and put it in our own view (we are a member too)."""
         lifetime_s = self.settings.advert_lifetime_s if lifetime_s is None else lifetime_s
         self.signed = self.own_advert()
-        self.envelope = codec.encode(self.signed, self.identity, lifetime_s=lifetime_s)
+        # strictly newer than the last signing: two changes in one millisecond (changed() signs at
+        # once) would otherwise make the second a replay of the first, refused by our own view
+        self._timestamp_ms = max(now_ms(), self._timestamp_ms + 1)
+        self.envelope = codec.encode(self.signed, self.identity, lifetime_s=lifetime_s,
+                                     timestamp_ms=self._timestamp_ms)
         self.signed_at = trio.current_time()
         self.view.accept(self.envelope)
         self.counts["signed"] += 1
