@@ -75,8 +75,11 @@ async def test_a_joining_node_whose_advert_changes_gossips_it_once(tmp_path, nur
     counts = newcomer.snapshot()["adverts"]
     # changes while the join settles: one publish. A loaded machine may start the node so slowly
     # that its join settled (and published) before the changes came: then they are an ordinary
-    # burst, the first at once and the second one settle later
-    assert counts["published"] == (1 if settling else 3), (counts, waited, settling)
+    # burst after that publish, at most two more (the first at once, the second one settle later)
+    if settling:
+        assert counts["published"] == 1, (counts, waited)
+    else:
+        assert 2 <= counts["published"] <= 3, (counts, waited)
     assert counts["changes"] >= 2
 
 
