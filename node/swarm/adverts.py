@@ -51,10 +51,20 @@ MESH_WAIT_S = 5.0  # after joining, how long to wait for a members mesh before g
 ADVERT_SETTLE_S = 2.0
 PROVIDER_REFRESH_S = 3600.0  # libp2p provider records last 48 h; once an hour is plenty
 # Heartbeats grow sparser as the run grows, so the members topic stays under about this many
-# messages per second in total: every node receives each one from each of its mesh peers, so this,
-# not the run's size, sets what membership costs a node at rest (bench/scale.py, specs/dht.md).
+# messages per second in total (bench/scale.py, specs/dht.md).
 MEMBERS_TOPIC_BUDGET_PER_S = 1.0
-HEARTBEATS_PER_LIFETIME = 3  # an advert's lifetime spans at least this many heartbeats
+# A heartbeat between re-signings repeats bytes its receivers hold: they drop it, so it stops at the
+# origin's mesh. A new signing reaches every node once from each of its mesh peers and is forwarded
+# by each, about 11 RPCs a node: past ~30 members, where every heartbeat had become a new signing,
+# that was most of a light member's 1.5-1.7% of a core at rest. So re-signing has a budget of its
+# own: up to this many members the configured ``advert_refresh_s`` holds; past it each member
+# re-signs proportionally less often, so the run signs what this many members sign at the
+# configured cadence (0.25 a second with the defaults), whatever its size.
+MEMBERS_AT_CONFIGURED_REFRESH = 10
+# A stretched advert lives this many re-signings: a re-signing may wait out a heartbeat's jitter, a
+# loaded machine and a lost delivery (anti-entropy repairs that within a discovery round), and the
+# longer it lives, the longer a vanished node stays listed.
+LIFETIME_PER_REFRESH = 1.5
 JITTER = 0.1  # each interval is drawn within +-10%: nodes started together must not publish in step
 
 
@@ -75,6 +85,8 @@ class Advertiser:
         self.envelope: bytes | None = None  # the advert as last signed; None before the first signing
         self.signed: NodeAdvert | None = None  # what ``envelope`` says
         self.signed_at = -math.inf  # trio time of the last signing
+        self.signed_lifetime_s = 0.0  # the last signing's lifetime
+        self._resign_share = 1.0  # of the re-signing interval, drawn at each signing (JITTER)
         self._timestamp_ms = 0  # the last signing's envelope timestamp
         self._changed = trio.Event()
         # ``changes`` signalled, adverts ``signed``, envelopes ``published`` (``status``'s ``adverts``)
@@ -122,6 +134,8 @@ class Advertiser:
         self.envelope = codec.encode(self.signed, self.identity, lifetime_s=lifetime_s,
                                      timestamp_ms=self._timestamp_ms)
         self.signed_at = trio.current_time()
+        self.signed_lifetime_s = lifetime_s
+        self._resign_share = random.uniform(1 - JITTER, 1)
         self.view.accept(self.envelope)
         self.counts["signed"] += 1
         return self.envelope
@@ -129,19 +143,28 @@ class Advertiser:
     def cadence(self) -> tuple[float, float, float]:
         """(heartbeat interval, advert lifetime, re-signing interval) for the run's present size.
 
-        The interval is ``members / MEMBERS_TOPIC_BUDGET_PER_S`` (at least ``heartbeat_s``), so the
-        topic's total rate, and what each node receives, stays flat as the run grows. The lifetime
-        grows with it to span ``HEARTBEATS_PER_LIFETIME`` intervals (never below
-        ``advert_lifetime_s``; at most the advert's ``MAX_LIFETIME_S``, past which the interval is
-        held at a third of it and the budget gives: specs/dht.md), and re-signing keeps its share of
-        the lifetime (``advert_refresh_s / advert_lifetime_s``). The cost: a node that vanishes
-        stays listed for up to one lifetime (300 s at 100 members with the defaults).
+        Re-signing: every ``advert_refresh_s`` up to ``MEMBERS_AT_CONFIGURED_REFRESH`` members,
+        then stretched in proportion, so the run's new signings a second, what each node receives
+        and forwards, stay flat as it grows; the lifetime spans ``LIFETIME_PER_REFRESH`` of them
+        (never below ``advert_lifetime_s``, at most the advert's ``MAX_LIFETIME_S``, past which the
+        re-signing is held at the lifetime's share and the budget gives: specs/dht.md). Heartbeats
+        come every ``members / MEMBERS_TOPIC_BUDGET_PER_S`` (at least ``heartbeat_s``, at most a
+        re-signing interval); those between re-signings are repeats that stop at the origin's
+        mesh. The cost: a node that vanishes stays listed for up to one lifetime (600 s at 100
+        members with the defaults).
         """
         settings = self.settings
-        interval = max(settings.heartbeat_s, len(self.view.members()) / MEMBERS_TOPIC_BUDGET_PER_S)
-        lifetime = min(max(settings.advert_lifetime_s, HEARTBEATS_PER_LIFETIME * interval), NodeAdvert.MAX_LIFETIME_S)
-        interval = min(interval, lifetime / HEARTBEATS_PER_LIFETIME)
-        return interval, lifetime, settings.advert_refresh_s * lifetime / settings.advert_lifetime_s
+        members = len(self.view.members())
+        refresh = settings.advert_refresh_s * max(1.0, members / MEMBERS_AT_CONFIGURED_REFRESH)
+        lifetime = min(max(settings.advert_lifetime_s, LIFETIME_PER_REFRESH * refresh), NodeAdvert.MAX_LIFETIME_S)
+        refresh = min(refresh, lifetime / LIFETIME_PER_REFRESH)
+        interval = min(max(settings.heartbeat_s, members / MEMBERS_TOPIC_BUDGET_PER_S), refresh)
+        return interval, lifetime, refresh
+
+    def resign_due(self, refresh: float) -> float:
+        """When the current signing must be replaced: a jittered share of ``refresh``, and never
+        later than its own lifetime allows (the run may have grown since it was signed)."""
+        return self.signed_at + self._resign_share * min(refresh, self.signed_lifetime_s / LIFETIME_PER_REFRESH)
 
     async def run(self) -> None:
         """Gossip the advert every heartbeat; re-sign when due, gossip (and re-store in the DHT)
@@ -165,7 +188,7 @@ class Advertiser:
                 interval, lifetime, refresh = self.cadence()
                 self._changed = trio.Event()
                 now = trio.current_time()
-                if self.signed is None or now - self.signed_at >= refresh:
+                if self.signed is None or now >= self.resign_due(refresh):
                     self.sign(lifetime)
                 envelope, addrs = self.envelope, self.signed.addrs
                 fresh = envelope != gossiped
@@ -185,7 +208,7 @@ class Advertiser:
                     await self.publish()
                     gossiped, published_at = envelope, now
                     heartbeat_at = now + interval * random.uniform(1 - JITTER, 1 + JITTER)
-                with trio.move_on_at(min(heartbeat_at, self.signed_at + refresh)):
+                with trio.move_on_at(min(heartbeat_at, self.resign_due(refresh))):
                     await self._changed.wait()
                     await trio.sleep_until(published_at + ADVERT_SETTLE_S)
 
