@@ -106,17 +106,47 @@ def decode_adapter(body: bytes | memoryview, tensors: Sequence[TensorEntry]) -> 
     return Adapter(rank, scaling, modules)
 
 
+_BLOCK = 1 << 14  # elements merged at a time: their float64 scratch stays in a core's cache
+
+
 def merged_weight(base: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float, dtype: str) -> np.ndarray:
     """``base`` (the weight's elements as stored: float32, or uint16 bit patterns of bf16/f16)
     plus ``scaling * b @ a``, computed as the module docstring defines; returns the new elements
     in the storage form of ``base``. ``InvalidValue`` if a merged value is not finite."""
-    acc = np.zeros(base.shape, dtype=np.float64)
+    merged = np.array(base, order="C")
+    merge_into(merged.reshape(-1), a, b, scaling, dtype)
+    return merged
+
+
+def merge_into(elements: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float, dtype: str,
+               first: int = 0) -> None:
+    """Replace ``elements`` (a weight's stored elements from flat position ``first`` on: the whole
+    weight, or the part of it in one window of the file) by their merge with the adapter, in place.
+
+    Every element is computed on its own, so a part gives the bytes the whole would. The positions
+    go through the module docstring's steps in pieces of at most ``_BLOCK`` (whole rows, or a run
+    of one row), each with the same float64 operations in the same order, in scratch that stays in
+    cache: one pass over the weight instead of ``rank`` passes over a float64 copy of it in memory.
+    ``InvalidValue`` if a merged value is not finite (``elements`` is then partly merged: the
+    caller discards it)."""
+    cols = a.shape[1]
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    for k in range(a.shape[0]):
-        acc += np.multiply.outer(b64[:, k], a64[k, :])
-    merged = _to_float64(base, dtype) + np.float64(scaling) * acc
-    with np.errstate(over="ignore"):  # an overflow is refused below, by value
-        return _narrowed(merged, dtype)
+    done = 0
+    while done < len(elements):
+        row, col = divmod(first + done, cols)
+        left = len(elements) - done
+        if col or cols > _BLOCK or left < cols:  # a run within one row
+            rows, width = 1, min(cols - col, _BLOCK, left)
+        else:  # whole rows
+            rows, width = min(left // cols, _BLOCK // cols), cols
+        acc = np.zeros((rows, width), dtype=np.float64)
+        for k in range(a.shape[0]):
+            acc += np.multiply.outer(b64[row:row + rows, k], a64[k, col:col + width])
+        piece = elements[done:done + rows * width]
+        merged = _to_float64(piece, dtype) + np.float64(scaling) * acc.reshape(-1)
+        with np.errstate(over="ignore"):  # an overflow is refused below, by value
+            piece[...] = _narrowed(merged, dtype)
+        done += rows * width
 
 
 def _narrowed(merged: np.ndarray, dtype: str) -> np.ndarray:
