@@ -7,7 +7,7 @@ receiver then checks against the signed manifest's shard hashes. Nothing here tr
 is decoded under the bounds of specs/deltas.md section 3 (size before inflating, indices ordered
 and in range, sums without overflow) and refused whole on the first violation.
 
-Pure: numpy over buffers, no files, no sockets; ``node/shards/delta_apply.py`` does the I/O.
+Pure: numpy over buffers, no files, no sockets; ``node/shards/deltas.py`` does the I/O.
 """
 
 from __future__ import annotations
@@ -59,11 +59,19 @@ def _gap_width(largest: int) -> int:
 
 
 def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, result: bytes | memoryview,
-                 *, level: int = 6, max_raw: int | None = None) -> bytes | None:
+                 *, level: int = 6, max_raw: int | None = None, max_body: int | None = None) -> bytes | None:
     """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout), or None
     once the payload passes ``max_raw`` bytes (at most the file's size, which is what a receiver
     accepts): a dense change (an fp32 policy, a high learning rate) is then published in full
     without paying for compressing hundreds of megabytes first.
+
+    With ``max_body``, also None as soon as the body can no longer be at most that long: the
+    payload is then deflated record by record as it is made, and both its raw and its deflated
+    length only grow. A publisher holding a smaller adapter for the step stops there instead of
+    comparing and deflating the rest (a LoRA step's merged policy differs in most elements of every
+    adapted weight: 27 MB of payload against a 1.8 MB adapter in bench/delta_broadcast.py). The
+    stream is the one ``zlib.compress`` gives for the whole payload: deflate's output does not
+    depend on how its input is split.
 
     Only tensor data is compared: the caller guarantees the header and any padding are identical
     (same tensor index, same total size), and the receiver's hash check catches it if they are not.
@@ -73,7 +81,9 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
         raise ValueError("a delta needs two files of the same size")
     max_raw = len(result_view) if max_raw is None else min(max_raw, len(result_view))
     parts: list[bytes] = []
-    raw_len = 0
+    packer = zlib.compressobj(level)
+    packed: list[bytes] = []
+    raw_len = packed_len = fed = 0
     for index, entry in enumerate(tensors):
         if not entry.nbytes:
             continue
@@ -89,11 +99,19 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
         raw_len += sum(len(part) for part in parts[-3:])
         if raw_len > max_raw:
             return None
-    raw = b"".join(parts)
-    packed = zlib.compress(raw, level)
-    if len(packed) < len(raw):
-        return _HEAD.pack(MAGIC, VERSION, DEFLATE, len(raw)) + packed
-    return _HEAD.pack(MAGIC, VERSION, RAW, len(raw)) + raw
+        if max_body is not None:
+            chunks = [packer.compress(part) for part in parts[fed:]]
+            packed, packed_len, fed = packed + chunks, packed_len + sum(map(len, chunks)), len(parts)
+            if HEAD_SIZE + min(raw_len, packed_len) > max_body:
+                return None
+    packed.extend(packer.compress(part) for part in parts[fed:])
+    packed.append(packer.flush())
+    raw, deflated = b"".join(parts), b"".join(packed)
+    if len(deflated) < len(raw):
+        body = _HEAD.pack(MAGIC, VERSION, DEFLATE, len(raw)) + deflated
+    else:
+        body = _HEAD.pack(MAGIC, VERSION, RAW, len(raw)) + raw
+    return body if max_body is None or len(body) <= max_body else None
 
 
 def _payload(body: bytes | memoryview, total_size: int) -> memoryview:
@@ -169,15 +187,36 @@ def _positions(gaps: np.ndarray, numel: int, name: str) -> np.ndarray:
     return positions
 
 
-def apply_delta(records: Sequence[DeltaRecord], target: memoryview) -> int:
-    """Write every record's values into ``target`` (a writable buffer of the base's bytes); returns
-    the number of elements written. Records come from ``decode_delta``: already checked."""
+def elements_inside(entry: TensorEntry, at: int, length: int) -> tuple[int, int]:
+    """The flat positions ``[first, last)`` of ``entry``'s elements that lie wholly inside the
+    ``length`` bytes of the file from offset ``at`` (``first >= last``: none)."""
+    itemsize = DTYPE_SIZES[entry.dtype]
+    first = max(0, -(-(at - entry.offset) // itemsize))
+    last = min(entry.nbytes // itemsize, (at + length - entry.offset) // itemsize)
+    return first, last
+
+
+def apply_delta(records: Sequence[DeltaRecord], target: memoryview, at: int = 0) -> int:
+    """Write the records' values into ``target``, a writable buffer of the base's bytes from file
+    offset ``at`` on (the whole file, or a window of it that a follower fills shard by shard):
+    every changed element lying wholly inside it. Returns the number of elements written.
+    Records come from ``decode_delta``: already checked."""
     view = memoryview(target).cast("B")
     changed = 0
     for record in records:
-        elements = _elements(view, record.entry)
-        elements[record.positions] = record.values
-        changed += len(record.positions)
+        entry = record.entry
+        first, last = elements_inside(entry, at, len(view))
+        if first >= last:
+            continue
+        bounds = np.array([first, last]).astype(record.positions.dtype)
+        lo, hi = np.searchsorted(record.positions, bounds)
+        if lo == hi:
+            continue
+        itemsize = DTYPE_SIZES[entry.dtype]
+        elements = np.frombuffer(view, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"), count=last - first,
+                                 offset=entry.offset + first * itemsize - at)
+        elements[record.positions[lo:hi] - bounds[0]] = record.values[lo:hi]
+        changed += int(hi - lo)
     return changed
 
 

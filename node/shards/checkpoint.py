@@ -86,6 +86,11 @@ def read_tensor_index(path: Path) -> tuple[TensorEntry, ...]:
     return tuple(sorted(entries, key=lambda e: e.offset))
 
 
+def hash_bytes(data: bytes | memoryview) -> bytes:
+    """blake3 of a shard's bytes (every core on it: a shard is megabytes)."""
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest()
+
+
 def hash_range(fd: int, start: int, end: int) -> bytes:
     """blake3 of bytes [start, end) of an open file, read through mmap (no copy into Python)."""
     if end <= start:
@@ -95,7 +100,7 @@ def hash_range(fd: int, start: int, end: int) -> bytes:
     with mmap.mmap(fd, end - base, access=mmap.ACCESS_READ, offset=base) as mapped:
         view = memoryview(mapped)
         try:
-            return blake3.blake3(view[start - base:], max_threads=blake3.blake3.AUTO).digest()
+            return hash_bytes(view[start - base:])
         finally:
             view.release()
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from intellect_node.node.shards.checkpoint import hash_range
+from intellect_node.node.shards.checkpoint import hash_bytes
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.protocol.codec import Signed
 from intellect_node.protocol.deltas import (
@@ -26,11 +25,12 @@ from intellect_node.protocol.deltas import (
     apply_delta,
     decode_delta,
     delta_hash,
+    elements_inside,
     encode_delta,
     same_layout,
 )
 from intellect_node.protocol.errors import InvalidValue, Rejected
-from intellect_node.protocol.lora import LORA_FORMAT, Adapter, decode_adapter, merged_weight
+from intellect_node.protocol.lora import LORA_FORMAT, Adapter, decode_adapter, merge_into
 from intellect_node.protocol.manifest import DTYPE_SIZES, MIN_DELTA_SIZE, CheckpointManifest, DeltaRef, TensorEntry
 
 log = logging.getLogger(__name__)
@@ -44,18 +44,20 @@ class DeltaFailed(Exception):
         self.reason = reason
 
 
-def make_delta(base: Checkpoint, result_path: Path, manifest: CheckpointManifest,
-               max_fraction: float) -> tuple[DeltaRef, bytes] | None:
+def make_delta(base: Checkpoint, result_path: Path, manifest: CheckpointManifest, max_fraction: float,
+               smaller_than: int | None = None) -> tuple[DeltaRef, bytes] | None:
     """The delta from ``base`` (complete, held) to the file at ``result_path`` described by
     ``manifest``; None where the layouts differ or the body would be over ``max_fraction`` of the
-    checkpoint (the step then travels in full)."""
+    checkpoint (the step then travels in full), or not below ``smaller_than`` bytes (the adapter
+    the publisher already holds for the step: encoding stops as soon as it cannot beat it)."""
     if base.manifest.total_size != manifest.total_size or not same_layout(base.manifest.tensors, manifest.tensors):
         return None
     limit = int(max_fraction * manifest.total_size)
     with open(base.data_path, "rb") as old, open(result_path, "rb") as new:
         with mmap.mmap(old.fileno(), 0, access=mmap.ACCESS_READ) as old_map, \
                 mmap.mmap(new.fileno(), 0, access=mmap.ACCESS_READ) as new_map:
-            body = encode_delta(manifest.tensors, old_map, new_map, max_raw=limit)
+            body = encode_delta(manifest.tensors, old_map, new_map, max_raw=limit,
+                                max_body=None if smaller_than is None else smaller_than - 1)
     if body is None or not MIN_DELTA_SIZE <= len(body) <= limit:
         return None
     ref = DeltaRef(format=DELTA_FORMAT, base_step=base.step, base_hash=base.manifest.checkpoint_hash,
@@ -94,20 +96,8 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     manifest = signed.message
     checkpoint = store.begin(signed, envelope)
     try:
-        try:
-            if manifest.delta is not None and manifest.delta.format == LORA_FORMAT:
-                change: Callable[[memoryview], int] = partial(merge_adapter, decode_adapter(body, manifest.tensors),
-                                                              manifest.tensors)
-            else:
-                change = partial(apply_delta, decode_delta(body, manifest.tensors, manifest.total_size))
-        except Rejected as exc:
-            raise DeltaFailed("delta_refused", f"the trainer's delta for step {manifest.step} is refused: "
-                                               f"{exc.reason}: {exc}") from None
-        try:
-            shutil.copyfile(base.data_path, checkpoint.data_path)
-        except OSError as exc:  # the base was pruned meanwhile: fetch in full
-            raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
-        changed = _apply_and_check(checkpoint, change)
+        change, changed = _decoded(manifest, body)
+        _write_checked(base, checkpoint, change)
         store.write_delta(checkpoint, body)
         for index in range(manifest.shard_count):
             checkpoint.verified[index] = 1
@@ -120,42 +110,93 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     return checkpoint
 
 
-def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview) -> int:
-    """Each targeted weight of the base (in ``target``) replaced by its exact merge with the adapter."""
+Change = Callable[[memoryview, int], object]  # writes the result's elements into a window of the base's bytes
+
+
+def _decoded(manifest: CheckpointManifest, body: bytes) -> tuple[Change, int]:
+    """The body as a change to apply window by window, and the elements it changes."""
+    try:
+        if manifest.delta is not None and manifest.delta.format == LORA_FORMAT:
+            adapter = decode_adapter(body, manifest.tensors)
+            changed = sum(manifest.tensors[index].nbytes // DTYPE_SIZES[manifest.tensors[index].dtype]
+                          for index in adapter.modules)
+            return partial(merge_adapter, adapter, manifest.tensors), changed
+        records = decode_delta(body, manifest.tensors, manifest.total_size)
+        return partial(apply_delta, records), sum(len(record.positions) for record in records)
+    except Rejected as exc:
+        raise DeltaFailed("delta_refused", f"the trainer's delta for step {manifest.step} is refused: "
+                                           f"{exc.reason}: {exc}") from None
+
+
+def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview, at: int = 0) -> int:
+    """Each targeted weight of the base replaced by its exact merge with the adapter, in
+    ``target``: the base's bytes from file offset ``at`` on (the whole file, or a window of it),
+    every element of a targeted weight that lies wholly inside it. Returns the elements merged."""
     changed = 0
     for index, (a, b) in adapter.modules.items():
         entry = tensors[index]
+        first, last = elements_inside(entry, at, len(target))
+        if first >= last:
+            continue
         itemsize = DTYPE_SIZES[entry.dtype]
-        stored = np.frombuffer(target, dtype=np.float32 if entry.dtype == "F32" else np.uint16,
-                               count=entry.nbytes // itemsize, offset=entry.offset).reshape(entry.shape)
+        stored = np.frombuffer(target, dtype=np.float32 if entry.dtype == "F32" else np.uint16, count=last - first,
+                               offset=entry.offset + first * itemsize - at)
         try:
-            merged = merged_weight(stored, a, b, adapter.scaling, entry.dtype)
+            merge_into(stored, a, b, adapter.scaling, entry.dtype, first)
         except InvalidValue as exc:
             raise DeltaFailed("delta_refused", f"the trainer's adapter is refused: {exc}") from None
-        stored[...] = merged
-        changed += stored.size
+        changed += last - first
     return changed
 
 
-def _apply_and_check(checkpoint: Checkpoint, change: Callable[[memoryview], int]) -> int:
+# Each shard is built in a window of the file this many bytes wider on either side, so that every
+# element that overlaps the shard (at most 8 bytes) lies wholly inside it, however the tensors sit.
+_WINDOW_PAD = 7
+
+
+def _write_checked(base: Checkpoint, checkpoint: Checkpoint, change: Change) -> None:
+    """Write the result into the partial checkpoint's file in one pass, shard by shard: read the
+    base's bytes around the shard, apply the change, check the shard's hash against the signed
+    manifest, write it. Each byte is read once and written once (no copy of the base first, no
+    mapping to fault in, flush and read again to hash); ``store.finalize`` then fsyncs the file."""
     manifest = checkpoint.manifest
-    fd = os.open(checkpoint.data_path, os.O_RDWR)
     try:
-        if os.fstat(fd).st_size != manifest.total_size:
+        source = os.open(base.data_path, os.O_RDONLY)
+    except OSError as exc:  # the base was pruned meanwhile: fetch in full
+        raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
+    try:
+        if os.fstat(source).st_size != manifest.total_size:
             raise DeltaFailed("delta_mismatch", f"base file is not {manifest.total_size} bytes")
-        failure: DeltaFailed | None = None
-        with mmap.mmap(fd, manifest.total_size, access=mmap.ACCESS_WRITE) as mapped:
-            try:
-                changed = change(memoryview(mapped))
-                mapped.flush()
-            except DeltaFailed as exc:  # raised from here, its traceback's views would keep the mapping open
-                failure = DeltaFailed(exc.reason, str(exc))
-        if failure is not None:
-            raise failure
-        for index in range(manifest.shard_count):
-            if hash_range(fd, *manifest.shard_range(index)) != manifest.shard_hashes[index]:
-                raise DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta does not "
-                                                    "match the signed manifest (a trainer fault)")
+        window = bytearray(min(manifest.shard_size, manifest.total_size) + 2 * _WINDOW_PAD)
+        target = os.open(checkpoint.data_path, os.O_WRONLY)
+        try:
+            for index in range(manifest.shard_count):
+                start, end = manifest.shard_range(index)
+                at = max(0, start - _WINDOW_PAD)
+                view = memoryview(window)[:min(manifest.total_size, end + _WINDOW_PAD) - at]
+                _read_exactly(source, view, at)
+                change(view, at)
+                shard = view[start - at:end - at]
+                if hash_bytes(shard) != manifest.shard_hashes[index]:
+                    raise DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta "
+                                                        "does not match the signed manifest (a trainer fault)")
+                _write_exactly(target, shard, start)
+        finally:
+            os.close(target)
     finally:
-        os.close(fd)
-    return changed
+        os.close(source)
+
+
+def _read_exactly(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        count = os.preadv(fd, [view[done:]], offset + done)
+        if count == 0:
+            raise DeltaFailed("delta_mismatch", f"base file ends at byte {offset + done}")
+        done += count
+
+
+def _write_exactly(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)

@@ -121,7 +121,9 @@ class CheckpointPublisher:
         """The smaller of the trainer's adapter (if it wrote one beside the checkpoint) and the
         sparse delta from the parent step, where either pays (specs/deltas.md). At LoRA's small
         learning rates the merged policy's own sparse delta is often smaller than the adapter
-        (bench/deltas.py: about 0.2 MB against 1.8 MB a step on SmolLM2-135M)."""
+        (bench/deltas.py: about 0.2 MB against 1.8 MB a step on SmolLM2-135M); where it is not,
+        its encoding stops as soon as it cannot win (it took 2-3 s of the origin's time before the
+        step went out in bench/delta_broadcast.py, deflating 27 MB to learn it was 20 MB)."""
         options: list[tuple[DeltaRef, bytes]] = []
         adapter = await trio.to_thread.run_sync(self._take_adapter, manifest.step)
         if adapter is not None:
@@ -135,7 +137,9 @@ class CheckpointPublisher:
                 log.warning("step %d: its adapter's base step %d is not held complete here", manifest.step, base_step)
         parent = self.store.checkpoints.get(manifest.parent_step) if manifest.parent_step is not None else None
         if parent is not None and parent.complete and self.config.max_delta_fraction > 0:
-            delta = await trio.to_thread.run_sync(make_delta, parent, staged, manifest, self.config.max_delta_fraction)
+            smaller_than = options[0][0].size if options else None  # the adapter wins a tie
+            delta = await trio.to_thread.run_sync(make_delta, parent, staged, manifest, self.config.max_delta_fraction,
+                                                  smaller_than)
             if delta is not None:
                 options.append(delta)
         if not options:
