@@ -21,6 +21,7 @@ What those parts stand on:
 
 - ``bootstrap``: which addresses to try at start, in which order, and why a dial failed.
 - ``host``: the libp2p host (Noise only, yamux), its dialable addresses, peer multiaddr parsing.
+- ``yamux_window``: yamux receive credit returned once half the window is read (go-yamux), not per read.
 - ``connections``: inbound admission and the connection manager (specs/connections.md).
 - ``guard``: ``StreamGuard``, every stream handler under a first-byte deadline and an error count.
 - ``stream_table``: one table of inbound streams per protocol: caps, request deadlines, eviction of

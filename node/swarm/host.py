@@ -10,6 +10,9 @@ bench/HISTORY.md "Scale"), and past 160 it would fight the connection manager's 
 (``connections.py``) forever. The node chooses its connections itself: ``Discovery`` keeps
 ``TARGET_CONNECTIONS`` members connected, and DHT lookups, pulls, deliveries and fetches dial whom
 they need.
+
+Yamux returns receive credit the go-yamux way (``yamux_window``): one WINDOW_UPDATE once half the
+window is read, not one per read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.swarm import yamux_window
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 def build_host(identity: Identity, connection_config: ConnectionConfig | None = None) -> IHost:
     """A plain py-libp2p host; ``connections.ConnectionManager`` takes over its inbound path. Its
     addresses, wherever libp2p sends them, are the dialable ones (``advertised_multiaddrs``)."""
+    yamux_window.install()
     private = Ed25519PrivateKey.new(identity.seed)
     key_pair = KeyPair(private, private.get_public_key())
     noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
