@@ -1,6 +1,8 @@
 """``Upkeep``: what a node must keep doing so that its state stays true: members whose adverts
-expired are dropped, the peer cache reaches disk soon after it changes (a crash skips the save at
-shutdown), and a banned peer's gossip and connection go as soon as the ban is decided.
+expired are dropped, the peer cache reaches disk within ``PEER_CACHE_SAVE_S`` after it changes (a
+crash skips the save at shutdown; a cache a few changes behind costs a restart nothing), written
+in a worker thread (two fsyncs must not stall the node's event loop), and a banned peer's gossip
+and connection go as soon as the ban is decided.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from libp2p.abc import IHost
 from libp2p.peer.id import ID
 from libp2p.pubsub.pubsub import Pubsub
 
+from intellect_node.node.home.durable import write_durably
 from intellect_node.node.swarm.membership import MemberView
 from intellect_node.node.swarm.peer_cache import PeerCache
 
 log = logging.getLogger(__name__)
 UPKEEP_S = 1.0
+PEER_CACHE_SAVE_S = 30.0
 
 
 class Upkeep:
@@ -46,12 +50,14 @@ class Upkeep:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._disconnect_banned, nursery)
+            saved_at = -math.inf
             while True:
                 await trio.sleep(UPKEEP_S)
                 for peer_id in self.view.prune():
                     log.info("member %s left (advert expired)", peer_id)
-                if self.peer_cache.dirty:
-                    self.peer_cache.save()
+                if self.peer_cache.dirty and trio.current_time() - saved_at >= PEER_CACHE_SAVE_S:
+                    saved_at = trio.current_time()
+                    await trio.to_thread.run_sync(write_durably, self.peer_cache.path, self.peer_cache.encoded())
 
     async def _disconnect_banned(self, nursery: trio.Nursery) -> None:
         async for peer in self._banned:
