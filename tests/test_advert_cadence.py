@@ -12,7 +12,7 @@ import trio
 
 from intellect_node.crypto.envelope import now_ms
 from intellect_node.crypto.identity import Identity
-from intellect_node.node.swarm.adverts import Advertiser
+from intellect_node.node.swarm.adverts import PROMPT_STEP_GOSSIPS, Advertiser
 from intellect_node.node.swarm.membership import MemberView
 from intellect_node.node.swarm.settings import SwarmSettings
 from intellect_node.protocol import codec
@@ -77,3 +77,28 @@ async def test_a_signing_is_replaced_before_its_own_lifetime_ends_when_the_run_g
     assert due <= signed_at + lifetime / 1.5  # due by the old envelope's lifetime, not the new refresh
     advertiser.sign(advertiser.cadence()[1])
     assert advertiser.resign_due(grown_refresh) >= trio.current_time() + 0.9 * grown_refresh
+
+
+def gossiped_soon(advertiser: Advertiser, **change) -> bool:
+    advertiser._changed = trio.Event()
+    advertiser.update(**change)
+    return advertiser._changed.is_set()
+
+
+async def test_a_new_policy_step_is_gossiped_at_once_by_a_few_members_whatever_the_runs_size():
+    """Every member's step changes with each checkpoint: gossiped by all, each step cost every node
+    about 6 messages sent per member; now about PROMPT_STEP_GOSSIPS members gossip it at once."""
+    for members in (10, 100):
+        advertiser = advertiser_among(members)
+        soon = sum(gossiped_soon(advertiser, policy_step=step) for step in range(1, 1001))
+        expected = 1000 * min(1.0, PROMPT_STEP_GOSSIPS / members)
+        assert abs(soon - expected) <= 4 * max(1.0, (expected * (1 - expected / 1000)) ** 0.5), (members, soon)
+        assert advertiser.signed.policy_step == 1000  # every step signed at once: view and exchanges carry it
+        assert advertiser.counts["deferred"] == 1000 - soon
+
+
+async def test_a_new_address_and_a_trainers_step_are_gossiped_at_once():
+    advertiser = advertiser_among(100)
+    assert all(gossiped_soon(advertiser, policy_step=1, extra_addr=f"/ip4/10.0.0.{i}/tcp/1/http") for i in range(10))
+    trainer = advertiser_among(100, roles=("trainer",))
+    assert all(gossiped_soon(trainer, policy_step=step) for step in range(1, 50))
