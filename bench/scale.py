@@ -19,7 +19,7 @@ For each N it measures:
   over an idle window after a settle;
 - connections per node (``status``'s ``connected_peers``);
 - checkpoint to all: a ``CHECKPOINT_MIB`` checkpoint dropped in the trainer's publish directory
-  until every node's overlay holds it complete, with the CPU and bytes of that window;
+  until every node's overlay holds it complete, with the CPU, bytes and gossip messages of that window;
 - a newcomer's DHT get latency (p90): bench/membership.py's in-process client, which knows only the
   bootstrap node, fetching a sample of the members' signed adverts with the node's bounded get
   (with --netns from a namespace of its own).
@@ -475,6 +475,7 @@ def broadcast(swarm: LocalSwarm, net: Loopback | SwarmNet, publish_dir: Path, ti
     publish = stage(publish_dir, 1)
     followers = [node for name, node in swarm.nodes.items() if name not in ("bootstrap", "trainer")]
     window = Window(swarm.nodes, net)
+    gossip_before = statuses(followers)
     began = time.monotonic()
     publish()
     done: dict[str, float] = {}
@@ -484,7 +485,11 @@ def broadcast(swarm: LocalSwarm, net: Loopback | SwarmNet, publish_dir: Path, ti
                 done[node.name] = time.monotonic() - began
         time.sleep(0.2)
     figures = summarize(window.take())
+    sent = [gossip_sent(old, new) for old, new in zip(gossip_before, statuses(followers), strict=True)]
+    sent = [n for n in sent if n is not None]
     return {"to_all_s": round(max(done.values()), 1) if len(done) == len(followers) else None,
+            # each member's own gossip (adverts of its new step, forwards) while the step spread
+            "gossip_messages_per_member": statistics.median(sent) if sent else None,
             "held_by": len(done), "followers": len(followers),
             "median_s": round(statistics.median(done.values()), 1) if done else None,
             "cores_per_node": figures["member_cores_median"],
@@ -530,6 +535,12 @@ def gossip_rates(names: list[str], before: list[dict[str, Any]], after: list[dic
     return {f"{kind}_per_s_median": round(statistics.median(v), 2) if v else None for kind, v in rates.items()}
 
 
+def gossip_sent(before: dict[str, Any], after: dict[str, Any]) -> int | None:
+    """Gossip messages a node sent between two ``status`` readings (None: a reading is missing)."""
+    old, new = (s.get("gossip_rpcs", {}).get("sent") for s in (before, after))
+    return None if old is None or new is None else new.get("messages", 0) - old.get("messages", 0)
+
+
 def forming_rates(names: list[str], status: list[dict[str, Any]]) -> dict[str, float | None]:
     """The light members' gossip from their start until the view converged, medians: RPCs and
     messages sent per second of their uptime, and their own advert's signings and publishes
@@ -568,6 +579,7 @@ FIGURES = (  # (label, path into a size's result)
     ("checkpoint to all (s)", ("broadcast", "to_all_s")),
     ("light member CPU in broadcast (% core)", ("broadcast", "cores_per_node")),
     ("light member bytes/s in broadcast", ("broadcast", "bytes_per_s_per_node")),
+    ("gossip messages sent per member in broadcast", ("broadcast", "gossip_messages_per_member")),
     ("newcomer DHT get p90 (ms)", ("dht_get", "p90_ms")),
     ("RSS per node, median (MB)", ("rss_mb_median",)),
 )
