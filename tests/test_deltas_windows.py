@@ -1,8 +1,9 @@
-"""A follower builds a delta step shard by shard (node/shards/deltas.py): each shard's window of the
-base is read, changed, checked and written once. Elements that straddle a shard boundary (a file
-whose tensor data starts at an odd offset), shards the delta leaves alone, changes at a shard's
-first and last bytes and an adapted weight split over several shards all give the signed bytes.
-And the publisher's encoding bounded by an adapter's size ships the same bytes or stops early."""
+"""Deltas and adapters applied to any window of the file (protocol/deltas.py ``apply_delta``,
+node/shards/deltas.py ``merge_adapter``): elements that straddle a shard boundary (a file whose
+tensor data starts at an odd offset), shards the delta leaves alone, changes at a shard's first and
+last bytes and an adapted weight split over several shards all give the signed bytes when a
+follower builds the step. And the publisher's encoding bounded by an adapter's size ships the
+same bytes or stops early."""
 
 import dataclasses
 import json

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -149,54 +150,36 @@ def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memo
     return changed
 
 
-# Each shard is built in a window of the file this many bytes wider on either side, so that every
-# element that overlaps the shard (at most 8 bytes) lies wholly inside it, however the tensors sit.
-_WINDOW_PAD = 7
-
-
 def _write_checked(base: Checkpoint, checkpoint: Checkpoint, change: Change) -> None:
-    """Write the result into the partial checkpoint's file in one pass, shard by shard: read the
-    base's bytes around the shard, apply the change, check the shard's hash against the signed
-    manifest, write it. Each byte is read once and written once (no copy of the base first, no
-    mapping to fault in, flush and read again to hash); ``store.finalize`` then fsyncs the file."""
+    """The result in the partial checkpoint's file: the base copied in (in the kernel), the change
+    written through one mapping, and every shard hashed from that same mapping, its pages already
+    in place, against the signed manifest. No msync: ``store.finalize`` fsyncs the file before the
+    step is complete. (Reading each shard's window of the base and writing it back with pread and
+    pwrite cost 1.5-2.5x the system time with 4 followers at once on 2 cores.)"""
     manifest = checkpoint.manifest
     try:
-        source = os.open(base.data_path, os.O_RDONLY)
+        shutil.copyfile(base.data_path, checkpoint.data_path)
     except OSError as exc:  # the base was pruned meanwhile: fetch in full
         raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
+    fd = os.open(checkpoint.data_path, os.O_RDWR)
     try:
-        if os.fstat(source).st_size != manifest.total_size:
+        if os.fstat(fd).st_size != manifest.total_size:
             raise DeltaFailed("delta_mismatch", f"base file is not {manifest.total_size} bytes")
-        window = bytearray(min(manifest.shard_size, manifest.total_size) + 2 * _WINDOW_PAD)
-        target = os.open(checkpoint.data_path, os.O_WRONLY)
-        try:
-            for index in range(manifest.shard_count):
-                start, end = manifest.shard_range(index)
-                at = max(0, start - _WINDOW_PAD)
-                view = memoryview(window)[:min(manifest.total_size, end + _WINDOW_PAD) - at]
-                _read_exactly(source, view, at)
-                change(view, at)
-                shard = view[start - at:end - at]
-                if hash_bytes(shard) != manifest.shard_hashes[index]:
-                    raise DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta "
-                                                        "does not match the signed manifest (a trainer fault)")
-                _write_exactly(target, shard, start)
-        finally:
-            os.close(target)
+        failure: DeltaFailed | None = None
+        with mmap.mmap(fd, manifest.total_size, access=mmap.ACCESS_WRITE) as mapped:
+            view = memoryview(mapped)
+            try:
+                change(view, 0)
+                for index in range(manifest.shard_count):
+                    if hash_bytes(view[slice(*manifest.shard_range(index))]) != manifest.shard_hashes[index]:
+                        failure = DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta "
+                                                                "does not match the signed manifest (a trainer fault)")
+                        break
+            except DeltaFailed as exc:  # raised from here, its traceback's views would keep the mapping open
+                failure = DeltaFailed(exc.reason, str(exc))
+            finally:
+                view.release()
+        if failure is not None:
+            raise failure
     finally:
-        os.close(source)
-
-
-def _read_exactly(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        count = os.preadv(fd, [view[done:]], offset + done)
-        if count == 0:
-            raise DeltaFailed("delta_mismatch", f"base file ends at byte {offset + done}")
-        done += count
-
-
-def _write_exactly(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
+        os.close(fd)
