@@ -111,11 +111,11 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     return checkpoint
 
 
-Change = Callable[[memoryview, int], object]  # writes the result's elements into a window of the base's bytes
+Change = Callable[[memoryview, int], object]  # writes the result's elements into the base's bytes (from an offset)
 
 
 def _decoded(manifest: CheckpointManifest, body: bytes) -> tuple[Change, int]:
-    """The body as a change to apply window by window, and the elements it changes."""
+    """The body as a change to the base's bytes, and the number of elements it changes."""
     try:
         if manifest.delta is not None and manifest.delta.format == LORA_FORMAT:
             adapter = decode_adapter(body, manifest.tensors)
