@@ -187,36 +187,19 @@ def _positions(gaps: np.ndarray, numel: int, name: str) -> np.ndarray:
     return positions
 
 
-def elements_inside(entry: TensorEntry, at: int, length: int) -> tuple[int, int]:
-    """The flat positions ``[first, last)`` of ``entry``'s elements that lie wholly inside the
-    ``length`` bytes of the file from offset ``at`` (``first >= last``: none)."""
-    itemsize = DTYPE_SIZES[entry.dtype]
-    first = max(0, -(-(at - entry.offset) // itemsize))
-    last = min(entry.nbytes // itemsize, (at + length - entry.offset) // itemsize)
-    return first, last
-
-
-def apply_delta(records: Sequence[DeltaRecord], target: memoryview, at: int = 0) -> int:
-    """Write the records' values into ``target``, a writable buffer of the base's bytes from file
-    offset ``at`` on (the whole file, or a window of it that a follower fills shard by shard):
-    every changed element lying wholly inside it. Returns the number of elements written.
-    Records come from ``decode_delta``: already checked."""
+def apply_delta(records: Sequence[DeltaRecord], target: memoryview) -> int:
+    """Write the records' values into ``target``, a writable buffer holding the base's whole file.
+    Returns the number of elements written. Records come from ``decode_delta``: already checked
+    against the file's size."""
     view = memoryview(target).cast("B")
     changed = 0
     for record in records:
         entry = record.entry
-        first, last = elements_inside(entry, at, len(view))
-        if first >= last:
-            continue
-        bounds = np.array([first, last]).astype(record.positions.dtype)
-        lo, hi = np.searchsorted(record.positions, bounds)
-        if lo == hi:
-            continue
         itemsize = DTYPE_SIZES[entry.dtype]
-        elements = np.frombuffer(view, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"), count=last - first,
-                                 offset=entry.offset + first * itemsize - at)
-        elements[record.positions[lo:hi] - bounds[0]] = record.values[lo:hi]
-        changed += int(hi - lo)
+        elements = np.frombuffer(view, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"),
+                                 count=entry.nbytes // itemsize, offset=entry.offset)
+        elements[record.positions] = record.values
+        changed += len(record.positions)
     return changed
 
 

@@ -118,12 +118,10 @@ def merged_weight(base: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float
     return merged
 
 
-def merge_into(elements: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float, dtype: str,
-               first: int = 0) -> None:
-    """Replace ``elements`` (a weight's stored elements from flat position ``first`` on: the whole
-    weight, or the part of it in one window of the file) by their merge with the adapter, in place.
+def merge_into(elements: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: float, dtype: str) -> None:
+    """Replace ``elements`` (a weight's stored elements, flat) by their merge with the adapter, in place.
 
-    Every element is computed on its own, so a part gives the bytes the whole would. The positions
+    Every element is computed on its own, from its own row and column. The positions
     go through the module docstring's steps in pieces of at most ``_BLOCK`` (whole rows, or a run
     of one row), each with the same float64 operations in the same order, in scratch that stays in
     cache: one pass over the weight instead of ``rank`` passes over a float64 copy of it in memory.
@@ -133,7 +131,7 @@ def merge_into(elements: np.ndarray, a: np.ndarray, b: np.ndarray, scaling: floa
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     done = 0
     while done < len(elements):
-        row, col = divmod(first + done, cols)
+        row, col = divmod(done, cols)
         left = len(elements) - done
         if col or cols > _BLOCK or left < cols:  # a run within one row
             rows, width = 1, min(cols - col, _BLOCK, left)

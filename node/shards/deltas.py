@@ -26,7 +26,6 @@ from intellect_node.protocol.deltas import (
     apply_delta,
     decode_delta,
     delta_hash,
-    elements_inside,
     encode_delta,
     same_layout,
 )
@@ -111,7 +110,7 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     return checkpoint
 
 
-Change = Callable[[memoryview, int], object]  # writes the result's elements into the base's bytes (from an offset)
+Change = Callable[[memoryview], object]  # writes the result's elements into the base's whole file
 
 
 def _decoded(manifest: CheckpointManifest, body: bytes) -> tuple[Change, int]:
@@ -129,24 +128,20 @@ def _decoded(manifest: CheckpointManifest, body: bytes) -> tuple[Change, int]:
                                            f"{exc.reason}: {exc}") from None
 
 
-def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview, at: int = 0) -> int:
+def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memoryview) -> int:
     """Each targeted weight of the base replaced by its exact merge with the adapter, in
-    ``target``: the base's bytes from file offset ``at`` on (the whole file, or a window of it),
-    every element of a targeted weight that lies wholly inside it. Returns the elements merged."""
+    ``target``: a writable buffer holding the base's whole file. Returns the elements merged."""
     changed = 0
     for index, (a, b) in adapter.modules.items():
         entry = tensors[index]
-        first, last = elements_inside(entry, at, len(target))
-        if first >= last:
-            continue
-        itemsize = DTYPE_SIZES[entry.dtype]
-        stored = np.frombuffer(target, dtype=np.float32 if entry.dtype == "F32" else np.uint16, count=last - first,
-                               offset=entry.offset + first * itemsize - at)
+        count = entry.nbytes // DTYPE_SIZES[entry.dtype]
+        stored = np.frombuffer(target, dtype=np.float32 if entry.dtype == "F32" else np.uint16, count=count,
+                               offset=entry.offset)
         try:
-            merge_into(stored, a, b, adapter.scaling, entry.dtype, first)
+            merge_into(stored, a, b, adapter.scaling, entry.dtype)
         except InvalidValue as exc:
             raise DeltaFailed("delta_refused", f"the trainer's adapter is refused: {exc}") from None
-        changed += last - first
+        changed += count
     return changed
 
 
@@ -169,7 +164,7 @@ def _write_checked(base: Checkpoint, checkpoint: Checkpoint, change: Change) -> 
         with mmap.mmap(fd, manifest.total_size, access=mmap.ACCESS_WRITE) as mapped:
             view = memoryview(mapped)
             try:
-                change(view, 0)
+                change(view)
                 for index in range(manifest.shard_count):
                     if hash_bytes(view[slice(*manifest.shard_range(index))]) != manifest.shard_hashes[index]:
                         failure = DeltaFailed("delta_mismatch", f"step {manifest.step}: shard {index} after the delta "
