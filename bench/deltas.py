@@ -15,7 +15,8 @@ weights and on the same batches:
   ``protocol.deltas.encode_delta`` between the previous step's file and this one (over the
   tensor index of ``build_manifest``), or the whole file where the delta is above
   ``max_delta_fraction`` (0.5) of it, as the trainer would publish it.
-- ``lora``: rank 8, alpha 16 on ``q_proj`` and ``v_proj`` (node/roles/trainer/lora.py), the
+- ``lora``: the demo's adapters (rank 1, alpha 16, on every linear layer: the trainer's default
+  targets, node/roles/trainer/lora.py) at the demo's LoRA lr (``LORA_LR``), the
   same learner training only the adapters (fp32) over the bf16 policy upcast (the base: the run's
   first checkpoint, which every node holds). Shipped per step: the ``lora/v1`` body of the
   adapters (specs/deltas.md section 3a: A and B in float32), from ``protocol.lora.encode_adapter``;
@@ -76,7 +77,7 @@ from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from intellect_node.node.demo.swarm import DemoOptions, prepare_model  # noqa: E402
+from intellect_node.node.demo.swarm import FULL_LR, LORA_LR, DemoOptions, prepare_model  # noqa: E402
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
 from intellect_node.node.roles.trainer.config import LoraConfig, OptimConfig  # noqa: E402
@@ -339,11 +340,13 @@ def main() -> None:
                   group_size=args.group_size, max_tokens=args.max_tokens or quick.max_tokens)
     if shape.steps < 2:
         raise SystemExit("--steps must be at least 2: the first step is not counted")
-    demo = DemoOptions.for_model("tiny" if args.quick else "smollm2")
+    model = "tiny" if args.quick else "smollm2"
+    demo = DemoOptions.for_model(model)
     model_dir = args.model if args.model is not None else prepare_model(demo, print)
-    lora = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
-    configs = [Config(f"full@{demo.lr:g}", demo.lr), Config(f"full@{LOW_LR:g}", LOW_LR),
-               Config("lora", args.lora_lr or demo.lr, lora)]
+    lora = LoraConfig(rank=DemoOptions.for_model("smollm2").lora_rank)  # what demo --model smollm2 ships
+    full_lr = FULL_LR[model]
+    configs = [Config(f"full@{full_lr:g}", full_lr), Config(f"full@{LOW_LR:g}", LOW_LR),
+               Config("lora", args.lora_lr or LORA_LR[model], lora)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pad_id = int(tokenizer.pad_token_id)
     started = time.perf_counter()

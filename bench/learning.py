@@ -27,6 +27,13 @@ single process. Its headline is on the held-out gain (end - start), as issue 34 
 ``learning_smollm2: ours=<swarm gain> peer=<single-process gain> ratio=<x> target=0.8 ok|short``
 (ok: the swarm gains >= 0.15 and >= 0.8x the single process).
 
+``lora``: the async swarm training and shipping only LoRA adapters (``--lora-rank``, default 1, on
+every linear layer; ``--lora-lr``, default the demo's ``LORA_LR``). With ``--runs lora,async`` the
+headline is issue 48's: the wall time each swarm takes to a held-out gain of ``LORA_GAIN`` over
+step 0, ``lora_<model>: ours=<lora s> peer=<full s> ratio=<x> target=0.5 ok|short``; use
+``--eval-every 1`` so that both are measured at every step. ``--single-lora`` makes the single run
+LoRA too (then ``--runs lora,single`` gives the swarm-vs-one-process headline for LoRA).
+
 ``--model-dir DIR`` runs every run on the model in DIR instead of the demo's cache, so that builds
 made under different CPU settings can be compared per step without rebuilding or replacing the cache
 (issue 52: the tiny model built under ``ATEN_CPU_CAPABILITY=avx2`` learns slower per step than this
@@ -57,13 +64,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from intellect_node.node.demo.swarm import DEMO_MODELS, DemoOptions, prepare_model, run_demo, summarize  # noqa: E402
+from intellect_node.node.demo.swarm import (  # noqa: E402
+    DEMO_MODELS,
+    FULL_LR,
+    LORA_LR,
+    DemoOptions,
+    prepare_model,
+    run_demo,
+    summarize,
+)
 from intellect_node.node.engine.base import SamplingParams, encode_prompt  # noqa: E402
 from intellect_node.node.engine.torch_engine import TorchEngine  # noqa: E402
-from intellect_node.node.roles.trainer.config import OptimConfig, TrainerOptions  # noqa: E402
+from intellect_node.node.roles.trainer.config import LoraConfig, OptimConfig, TrainerOptions  # noqa: E402
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks  # noqa: E402
 from intellect_node.node.roles.trainer.groups import TrainingGroup  # noqa: E402
 from intellect_node.node.roles.trainer.learner import GRPOLearner  # noqa: E402
+from intellect_node.node.roles.trainer.lora import apply_lora  # noqa: E402
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402
 from intellect_node.node.tasks.verify import (
@@ -76,7 +92,8 @@ TARGET_ACCURACY = 0.8
 TARGET_RATIO = 0.9
 REAL_MODEL_GAIN, REAL_MODEL_RATIO = 0.15, 0.8  # issue 34: held-out gain of the swarm, and its share of one process's
 MARKS_MIN = (1, 2, 5, 10, 20, 30)
-RUNS = ("async", "sync", "single")
+RUNS = ("async", "sync", "single", "lora")
+LORA_GAIN, LORA_TIME_RATIO = 0.5, 0.5  # issue 48: the held-out gain LoRA must reach in <= 0.5x full's time
 
 Lines = list[dict[str, Any]]
 
@@ -94,11 +111,12 @@ def model_cache(model_dir: Path | None) -> dict[str, Path]:
 
 def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: float,
               groups_per_step: int | None, lr: float, lr_decay_steps: int,
-              model: str = "tiny", model_dir: Path | None = None) -> tuple[dict[str, Any], Lines]:
+              model: str = "tiny", model_dir: Path | None = None, **demo: Any) -> tuple[dict[str, Any], Lines]:
+    """One demo swarm run; ``demo``: further ``DemoOptions`` fields (``lora_rank``, ``eval_every``)."""
     options = DemoOptions.for_model(model, steps=None, minutes=minutes, out=out, async_level=async_level,
                                     dashboard=False, trainer_verify_fraction=verify_fraction,
                                     groups_per_step=groups_per_step, lr=lr, lr_decay_steps=lr_decay_steps,
-                                    **model_cache(model_dir))
+                                    **model_cache(model_dir), **demo)
     summary = run_demo(options, log=lambda line: print(f"  {line}", flush=True))
     lines = [json.loads(raw) for raw in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, lines
@@ -107,14 +125,15 @@ def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: floa
 def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, optim: OptimConfig | None = None,
                        batch_groups: int | None = None, lag: int = 0,
                        steps: int | None = None, model: str = "tiny",
-                       model_dir: Path | None = None) -> tuple[dict[str, Any], Lines]:
+                       model_dir: Path | None = None, lora_rank: int = 0) -> tuple[dict[str, Any], Lines]:
     """The reference: the demo's model, tasks and recipe in one process, nothing between generation
     and training. Generation uses the weights being trained (``lag`` 0), so the behaviour logprobs
     are the sampling policy's by construction; ``lag`` n generates with the weights of n steps
     before, what an asynchronous swarm's trainer receives, so that one process can tell what
     staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first.
     ``model``: the demo's recipe for that model (tasks, sampling, lr, batch: ``DemoOptions.for_model``);
-    ``model_dir``: its weights from there instead of the demo's cache."""
+    ``model_dir``: its weights from there instead of the demo's cache; ``lora_rank``: train only
+    adapters of that rank (the trainer's default targets), as a LoRA swarm's trainer does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
@@ -124,6 +143,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     rollouts = RolloutShape(**{k: v for k, v in run.items() if k in RolloutShape.__dataclass_fields__})
     model_dir = prepare_model(demo, print)
     module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if lora_rank:
+        apply_lora(module, LoraConfig(rank=lora_rank), seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tasks = load_task_spec(demo.tasks)
     kinds = sorted({t.verification_info["kind"] for t in tasks})
@@ -189,6 +210,25 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     return summary, lines
 
 
+def seconds_to_gain(lines: Lines, gain: float) -> float | None:
+    """Wall seconds to the first held-out evaluation at least ``gain`` above step 0's (None: never)."""
+    start = lines[0]["eval_accuracy"]
+    return next((line["wall_s"] for line in lines[1:] if line.get("eval_measured")
+                 and line["eval_accuracy"] >= start + gain), None)
+
+
+def lora_headline(lora: Lines, full: Lines, model: str) -> None:
+    """Issue 48: the LoRA swarm reaches the held-out gain in <= ``LORA_TIME_RATIO`` of the full
+    fine-tuning swarm's wall time (both from the same weights; a run that never reaches it: short)."""
+    ours, peer = seconds_to_gain(lora, LORA_GAIN), seconds_to_gain(full, LORA_GAIN)
+    print(f"seconds to a held-out gain of +{LORA_GAIN}: lora {ours}, full {peer}")
+    ratio = ours / peer if ours is not None and peer else None
+    verdict = "ok" if ratio is not None and ratio <= LORA_TIME_RATIO else "short"
+    shown = ["-" if value is None else f"{value:.0f}s" for value in (ours, peer)]
+    print(f"lora_{model}: ours={shown[0]} peer={shown[1]} "
+          f"ratio={'-' if ratio is None else f'{ratio:.2f}x'} target={LORA_TIME_RATIO} {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 s per run (about a minute with start-up)")
@@ -214,11 +254,21 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="every run's model from this directory (a tiny build is checked as the demo checks "
                              "its cache: same recipe, start in the band) [default: the demo's cache]")
+    parser.add_argument("--lora-rank", type=int, default=1,
+                        help="the lora run's adapter rank (on every linear layer: the trainer's default targets)")
+    parser.add_argument("--lora-lr", type=float, default=None,
+                        help="the lora run's learning rate [default: the demo's LoRA lr for the model]")
+    parser.add_argument("--single-lora", action="store_true",
+                        help="the single run trains LoRA adapters as the lora run does (--lora-rank, --lora-lr)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="swarm runs: trainer steps between held-out evaluations [default: the demo's]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     recipe = DemoOptions.for_model(args.model)
-    lr = recipe.lr if args.lr is None else args.lr
+    lr = FULL_LR[args.model] if args.lr is None else args.lr  # async, sync and single train every weight
     lr_decay_steps = recipe.lr_decay_steps if args.lr_decay_steps is None else args.lr_decay_steps
+    lora_lr = LORA_LR[args.model] if args.lora_lr is None else args.lora_lr
+    evaluation = {} if args.eval_every is None else {"eval_every": args.eval_every}
     minutes = 0.33 if args.quick else args.minutes
     runs = [name.strip() for name in args.runs.split(",") if name.strip()]
     if not runs or any(name not in RUNS for name in runs):
@@ -228,13 +278,19 @@ def main() -> None:
     for name in runs:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
-            results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed,
-                                               optim=OptimConfig(lr=lr, decay_steps=lr_decay_steps),
+            lora = args.single_lora
+            optim = OptimConfig(lr=lora_lr if lora else lr, decay_steps=lr_decay_steps)
+            results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed, optim=optim,
                                                lag=args.single_lag, steps=args.single_steps, model=args.model,
-                                               model_dir=args.model_dir)
+                                               model_dir=args.model_dir, lora_rank=args.lora_rank if lora else 0)
+        elif name == "lora":
+            results[name] = swarm_run(2, minutes, root / name, args.trainer_verify_fraction, args.groups_per_step,
+                                      lora_lr, lr_decay_steps, args.model, args.model_dir,
+                                      lora_rank=args.lora_rank, **evaluation)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, lr, lr_decay_steps, args.model, args.model_dir)
+                                      args.groups_per_step, lr, lr_decay_steps, args.model, args.model_dir,
+                                      lora_rank=0, **evaluation)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")
@@ -253,12 +309,16 @@ def main() -> None:
     print(f"(accuracy: the newest held-out greedy accuracy measured by that time; busy: the swarm trainer's share "
           f"of time not waiting for rollouts; CPU s/step: every process's CPU time over the steps taken, which "
           f"the machine's load does not change; runs kept in {root})")
-    if "async" not in results or "single" not in results:
-        print("learning: needs the async and single runs for the headline")
+    if "lora" in results and "async" in results:
+        lora_headline(results["lora"][1], results["async"][1], args.model)
+        return
+    swarm = "lora" if "lora" in results and args.single_lora else "async"
+    if swarm not in results or "single" not in results:
+        print("learning: needs the async (or lora with --single-lora) and single runs for the headline")
         return
     if args.model != "tiny":
         gains = [summary["eval_accuracy_end"] - summary["eval_accuracy_start"]
-                 for summary in (results["async"][0], results["single"][0])]
+                 for summary in (results[swarm][0], results["single"][0])]
         ratio = gains[0] / gains[1] if gains[1] > 0 else float("inf") if gains[0] > 0 else 0.0
         verdict = "ok" if gains[0] >= REAL_MODEL_GAIN and ratio >= REAL_MODEL_RATIO else "short"
         print(f"learning_{args.model}: ours={gains[0]:+.3f} peer={gains[1]:+.3f} ratio={ratio:.2f}x "

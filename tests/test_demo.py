@@ -80,5 +80,9 @@ def test_demo_recipes_name_their_model_and_refuse_unknown_ones() -> None:
     assert DemoOptions.for_model("tiny") == DemoOptions()
     recipe = DemoOptions.for_model("smollm2", lr=1e-4)
     assert recipe.lr == 1e-4 and "add1+mul1" in recipe.tasks and dict(recipe.run_settings)["max_tokens"] == 32
+    # the lr follows what is trained: the model's LoRA lr with adapters, its full lr without
+    assert DemoOptions.for_model("smollm2").lora_rank == 1 and DemoOptions.for_model("smollm2").lr == 3e-3
+    assert DemoOptions.for_model("smollm2", lora_rank=0).lr == 2e-5
+    assert DemoOptions.for_model("tiny", lora_rank=4).lr == 5e-3 and DemoOptions.for_model("tiny").lr == 5e-4
     with pytest.raises(ValueError, match="unknown demo model"):
         DemoOptions.for_model("llama-70b")

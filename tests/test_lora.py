@@ -19,7 +19,7 @@ from intellect_node.node.roles.trainer.lora import (
 )
 from tests.support.grpo_groups import VOCAB, make_groups, small_model
 
-CONFIG = LoraConfig(rank=4, alpha=8.0)
+CONFIG = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
 
 
 def tokens() -> torch.Tensor:

@@ -44,6 +44,13 @@ POLL_S = 1.0
 DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
 MODELS_DIR = Path.home() / ".intellect-node" / "models"
 DEMO_MODELS = ("tiny", "smollm2")
+# each model's lr for full fine-tuning and for LoRA (adapters on every linear layer,
+# config.LORA_TARGETS): for SmolLM2 the LoRA lr is the one of 1e-3, 3e-3 and 1e-2 that learned as
+# fast per step as full fine-tuning at 2e-5 without collapsing (1e-2 fell to 0 held out by step 4;
+# bench/HISTORY.md, "LoRA's recipe"); for the tiny model ten times its full lr, LoRA's usual ratio
+# (not measured here)
+FULL_LR = {"tiny": 5e-4, "smollm2": 2e-5}
+LORA_LR = {"tiny": 5e-3, "smollm2": 3e-3}
 NODE_ENV = {"OMP_NUM_THREADS": "1"}  # 5 processes on a few cores: one compute thread each
 
 
@@ -55,13 +62,14 @@ class DemoOptions:
     out: Path | None = None
     model_cache: Path = tiny_model_dir(Path.home() / ".intellect-node" / "models")
     async_level: int = 2
-    lr: float = 5e-4
+    lr: float = FULL_LR["tiny"]
     # cosine decay of the lr to a tenth over this many trainer steps, constant after (10 minutes
     # on two cores take the swarm about 415): late steps then move a sharp policy less, which the
     # swarm's rollouts, a step or more stale, need (bench/HISTORY.md, "Staleness per step")
     lr_decay_steps: int = 600
     batch_groups: int = 16
     eval_tasks: int = 200  # held-out prompts the trainer answers greedily at its start and every few steps
+    eval_every: int = 5  # [trainer] eval_every: steps between held-out evaluations (also every 180 s)
     validator: bool = True
     # the share of batches the trainer re-verifies itself when a validator runs; the rest it
     # adopts from the validator's verdicts (node/roles/validator/verdict_trust.py), which the
@@ -88,19 +96,28 @@ class DemoOptions:
 
     @classmethod
     def for_model(cls, model: str, **given: Any) -> DemoOptions:
-        """The demo's recipe for ``model`` (``DEMO_MODELS``), with ``given`` fields on top."""
-        if model == "tiny":
-            return cls(**given)
+        """The demo's recipe for ``model`` (``DEMO_MODELS``), with ``given`` fields on top. Without
+        a given lr, the model's lr for what the run trains: ``LORA_LR`` with a LoRA rank (an adapter
+        needs steps about a hundred times a full fine-tuning's to learn as much per step), else
+        ``FULL_LR``."""
+        if model not in DEMO_MODELS:
+            raise ValueError(f"unknown demo model {model!r}; choose one of {DEMO_MODELS}")
+        recipe: dict[str, Any] = {}
         if model == "smollm2":  # 135M parameters: 75x the tiny model per token, so smaller steps
             recipe = dict(model=model, model_cache=MODELS_DIR / "smollm2",
                           tasks="toy:seed=0,count=4000,kinds=add1+mul1", run_settings=(("temperature", 0.7),
                                                                                         ("max_tokens", 32)),
-                          lr=2e-5, lr_decay_steps=200, batch_groups=8,
-                          # a bf16 policy: each step ships as a sparse delta (14.5 and 8.2 MB, not the 538 MB
-                          # fp32 checkpoint) and it learned as the fp32 one did (bench/HISTORY.md, issue 48)
-                          policy_dtype="bfloat16")
-            return cls(**(recipe | given))
-        raise ValueError(f"unknown demo model {model!r}; choose one of {DEMO_MODELS}")
+                          lr_decay_steps=200, batch_groups=8,
+                          # a bf16 policy: the base ships once as 269 MB, not the 538 MB fp32 checkpoint
+                          policy_dtype="bfloat16",
+                          # rank-1 adapters on every linear layer: 1.2 MB a step where full fine-tuning's
+                          # sparse deltas were 13 MB, and as much learned per step or more (bench/HISTORY.md,
+                          # "LoRA's recipe"); --lora-rank 0 trains every weight
+                          lora_rank=1)
+        chosen = recipe | given
+        if "lr" not in given:
+            chosen["lr"] = (LORA_LR if chosen.get("lora_rank") else FULL_LR)[model]
+        return cls(**chosen)
 
     @property
     def worker_groups_per_step(self) -> int:
@@ -160,7 +177,8 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
         (swarm.root / name).mkdir(parents=True, exist_ok=True)
         (swarm.root / name / "config.toml").write_text(run_table)
     with (swarm.root / "trainer" / "config.toml").open("a") as config:
-        config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\npolicy_dtype = {options.policy_dtype!r}\n"
+        config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\neval_every = {options.eval_every}\n"
+                     f"policy_dtype = {options.policy_dtype!r}\n"
                      f"lora_rank = {options.lora_rank}\n[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]

@@ -1,9 +1,10 @@
 """Low-rank adapters (LoRA): the trainer trains a few small matrices and ships only them.
 
 A full checkpoint per step is the whole policy. With LoRA (Hu et al. 2021) the base weights stay
-frozen, travel once, and every step changes only the adapters: for SmolLM2-135M at rank 8 on
-``q_proj`` and ``v_proj`` that is 0.46M parameters, 1.8 MB as a ``lora/v1`` body (float32,
-protocol/lora.py), against 269 MB for the bfloat16 policy (bench/deltas.py measures it per step).
+frozen, travel once, and every step changes only the adapters: for SmolLM2-135M at rank 1 on all
+seven linear layers of each block (config.LORA_TARGETS) that is 0.31M parameters, 1.2 MB as a
+``lora/v1`` body (float32, protocol/lora.py), against 269 MB for the bfloat16 policy (bench/deltas.py
+measures it per step).
 
 Each targeted ``nn.Linear`` (by the last component of its module name) is replaced in place by a
 ``LoraLinear`` that keeps the original layer frozen and adds ``scaling * B @ A`` to its weight,
