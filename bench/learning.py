@@ -125,7 +125,8 @@ def swarm_run(async_level: int, minutes: float, out: Path, verify_fraction: floa
 def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, optim: OptimConfig | None = None,
                        batch_groups: int | None = None, lag: int = 0,
                        steps: int | None = None, model: str = "tiny",
-                       model_dir: Path | None = None, lora_rank: int = 0) -> tuple[dict[str, Any], Lines]:
+                       model_dir: Path | None = None, lora_rank: int = 0,
+                       eval_every: int | None = None) -> tuple[dict[str, Any], Lines]:
     """The reference: the demo's model, tasks and recipe in one process, nothing between generation
     and training. Generation uses the weights being trained (``lag`` 0), so the behaviour logprobs
     are the sampling policy's by construction; ``lag`` n generates with the weights of n steps
@@ -133,7 +134,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     staleness alone costs per step. Stops after ``minutes`` or at ``steps``, whichever is first.
     ``model``: the demo's recipe for that model (tasks, sampling, lr, batch: ``DemoOptions.for_model``);
     ``model_dir``: its weights from there instead of the demo's cache; ``lora_rank``: train only
-    adapters of that rank (the trainer's default targets), as a LoRA swarm's trainer does."""
+    adapters of that rank (the trainer's default targets), as a LoRA swarm's trainer does;
+    ``eval_every``: steps between held-out evaluations [default: the trainer's]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
@@ -193,7 +195,7 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
         if lag:
             past_weights.append(copy.deepcopy(module.state_dict()))
             behaviour.load_state_dict(past_weights[0])
-        measured = step % trainer.eval_every == 0
+        measured = step % (eval_every or trainer.eval_every) == 0
         line = {"step": step, "wall_s": round(time.monotonic() - started, 3), "task_reward": metrics["task_reward"],
                 "eval_measured": measured, "eval_accuracy": evaluate() if measured else lines[-1]["eval_accuracy"]}
         lines.append(line)
@@ -261,7 +263,7 @@ def main() -> None:
     parser.add_argument("--single-lora", action="store_true",
                         help="the single run trains LoRA adapters as the lora run does (--lora-rank, --lora-lr)")
     parser.add_argument("--eval-every", type=int, default=None,
-                        help="swarm runs: trainer steps between held-out evaluations [default: the demo's]")
+                        help="trainer steps between held-out evaluations [default: the demo's]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     recipe = DemoOptions.for_model(args.model)
@@ -282,7 +284,8 @@ def main() -> None:
             optim = OptimConfig(lr=lora_lr if lora else lr, decay_steps=lr_decay_steps)
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed, optim=optim,
                                                lag=args.single_lag, steps=args.single_steps, model=args.model,
-                                               model_dir=args.model_dir, lora_rank=args.lora_rank if lora else 0)
+                                               model_dir=args.model_dir, lora_rank=args.lora_rank if lora else 0,
+                                               eval_every=args.eval_every)
         elif name == "lora":
             results[name] = swarm_run(2, minutes, root / name, args.trainer_verify_fraction, args.groups_per_step,
                                       lora_lr, lr_decay_steps, args.model, args.model_dir,
