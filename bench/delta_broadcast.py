@@ -15,7 +15,7 @@ step), all real ``intellect-node`` processes:
   SPARSE: the parent with ``--sparse-fraction`` (1%) of its elements moved by one bf16 ulp (what
   an fp32 master at lr 1e-6 gives a bf16 policy: a weight changes only where its update crosses an
   ulp; bench/deltas.py measures that fraction on real GRPO steps of SmolLM2-135M), published as a
-  ``sparse/v1`` delta the origin encodes itself, and
+  ``sparse/v2`` delta the origin encodes itself, and
   LORA: ``merge(base, adapter)`` of a rank-8 (alpha 16) adapter on every layer's q_proj and v_proj,
   its ``lora/v1`` body (``protocol.lora.encode_adapter``) written as ``step-N.base-0.lora`` before
   the checkpoint is handed over, the checkpoint built by the merge every follower runs
@@ -71,6 +71,7 @@ sys.path.insert(0, str(ROOT))
 from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, death_report  # noqa: E402
 from intellect_node.node.shards.checkpoint import read_tensor_index, write_safetensors  # noqa: E402
 from intellect_node.node.shards.deltas import merge_adapter  # noqa: E402
+from intellect_node.protocol.deltas import DELTA_FORMAT  # noqa: E402
 from intellect_node.protocol.lora import decode_adapter, encode_adapter  # noqa: E402
 from tests.support.netns import LimitedSwitch, unavailable_reason  # noqa: E402
 from tests.support.shards_swarm import shard_status  # noqa: E402
@@ -264,7 +265,7 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
         time.sleep(0.1)
     fetched1, built1, uploaded1 = swarm.counters()
     published = shard_status(swarm.origin).get("steps", {}).get(str(step), {})
-    want_format = {"sparse": "sparse/v1", "lora": "lora/v1"}.get(kind)
+    want_format = {"sparse": DELTA_FORMAT, "lora": "lora/v1"}.get(kind)
     same = all(sha256(swarm.step_dir(node, step) / "checkpoint.safetensors") == digest for node in swarm.followers)
     by_delta = built1 - built0
     problems = []

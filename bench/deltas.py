@@ -11,7 +11,7 @@ weights and on the same batches:
   trained in fp32 by the project's learner (``GRPOLearner``: the GRPO loss, gradient clipping at
   1.0, AdamW with betas 0.9/0.99 and weight decay 0.01); after each step the weights are rounded
   to bf16 (nearest even) and written by the trainer's ``write_safetensors`` as the trainer
-  publishes them (tied embeddings once). Shipped: the ``sparse/v1`` delta from
+  publishes them (tied embeddings once). Shipped: the ``sparse/v2`` delta from
   ``protocol.deltas.encode_delta`` between the previous step's file and this one (over the
   tensor index of ``build_manifest``), or the whole file where the delta is above
   ``max_delta_fraction`` (0.5) of it, as the trainer would publish it.
@@ -88,7 +88,7 @@ from intellect_node.node.shards.checkpoint import build_manifest, read_tensor_in
 from intellect_node.node.tasks.schema import with_length_target  # noqa: E402
 from intellect_node.node.tasks.spec import load_task_spec  # noqa: E402
 from intellect_node.node.tasks.verify import task_reward, teaches_nothing  # noqa: E402
-from intellect_node.protocol.deltas import apply_delta, decode_delta, encode_delta, same_layout  # noqa: E402
+from intellect_node.protocol.deltas import DELTA_FORMAT, apply_delta, decode_delta, encode_delta, same_layout  # noqa: E402
 from intellect_node.protocol.lora import decode_adapter, encode_adapter, merged_weight  # noqa: E402
 from intellect_node.protocol.manifest import DTYPE_SIZES, TensorEntry  # noqa: E402
 from intellect_node.protocol.rollout_shape import RolloutShape  # noqa: E402
@@ -122,7 +122,7 @@ class Transfer:
     """A policy file's sparse delta from the previous step's file, and its costs."""
 
     file_bytes: int  # the full bf16 checkpoint
-    delta_bytes: int | None  # the sparse/v1 body; None: its payload would exceed the checkpoint (not a delta)
+    delta_bytes: int | None  # the sparse/v2 body; None: its payload would exceed the checkpoint (not a delta)
     codec: str
     changed: int  # elements whose bytes changed
     elements: int  # elements in the file
@@ -137,7 +137,7 @@ class StepFigures:
     learner_s: float
     policy: Transfer  # the bf16 policy's sparse delta from the previous step (LoRA: the merged policy's)
     shipped: int  # the body the trainer would publish for this step
-    shipped_format: str  # sparse/v1, full (the delta is over max_delta_fraction) or lora/v1
+    shipped_format: str  # sparse/v2, full (the delta is over max_delta_fraction) or lora/v1
     encode_s: float  # of the shipped body
     apply_s: float  # its decode + apply onto a copy of the base's bytes
 
@@ -256,7 +256,7 @@ def run_config(config: Config, model_dir: Path, pad_id: int, batches: Sequence[S
             write_safetensors(policy_tensors(model), current)
             policy = measure(previous, current, k)
             if policy.delta_bytes is not None and policy.delta_bytes <= MAX_DELTA_FRACTION * policy.file_bytes:
-                step = StepFigures(k, metrics["lr"], learner_s, policy, policy.delta_bytes, "sparse/v1",
+                step = StepFigures(k, metrics["lr"], learner_s, policy, policy.delta_bytes, DELTA_FORMAT,
                                    policy.encode_s, policy.apply_s)
             else:
                 step = StepFigures(k, metrics["lr"], learner_s, policy, policy.file_bytes, "full", policy.encode_s, 0.0)

@@ -13,7 +13,7 @@ The messages:
 
 - ``messages``: the message types (``NodeAdvert``, ...) and their registry.
 - ``manifest``: the weight broadcast's signed checkpoint manifests and shard complaints.
-- ``deltas``: the sparse, exact delta between two steps' checkpoints (``sparse/v1``).
+- ``deltas``: the sparse, exact delta between two steps' checkpoints (``sparse/v2``).
 - ``lora``: LoRA adapters on the wire (``lora/v1``) and the exact merge every node computes alike.
 - ``rollouts``: the rollout batch a worker delivers, with its groups and completions.
 - ``verdicts``: a validator's signed judgement of one batch, and every rejection reason.

@@ -1,7 +1,11 @@
-"""Sparse, exact policy deltas (``sparse/v1``): the changed elements of a checkpoint and their bytes.
+"""Sparse, exact policy deltas (``sparse/v2``): the changed elements of a checkpoint and how their bits moved.
 
 Between two RL steps almost every element of a policy kept in a 16-bit dtype is unchanged, so a
-step travels as the positions that changed and their new bytes instead of the whole file. The
+step travels as the positions that changed and the differences of their bit patterns instead of
+the whole file. At RL learning rates a changed bf16 element almost always moved by one unit in its
+last place, so its difference is +1 or -1 (as an unsigned integer: 1 or 0xffff) where its new bytes
+are as random as the weights: deflate takes the differences to a fifth of a byte each, the new
+bytes to about 1.6 (bench/HISTORY.md, "Differences, not new bytes"). The
 delta is exact on bit patterns: applied to the base's bytes it gives the result's bytes, which the
 receiver then checks against the signed manifest's shard hashes. Nothing here trusts the body: it
 is decoded under the bounds of specs/deltas.md section 3 (size before inflating, indices ordered
@@ -23,9 +27,9 @@ import numpy as np
 from intellect_node.protocol.errors import InvalidValue, MalformedBody, Oversize, Truncated
 from intellect_node.protocol.manifest import DTYPE_SIZES, TensorEntry
 
-DELTA_FORMAT = "sparse/v1"
+DELTA_FORMAT = "sparse/v2"
 MAGIC = b"INADELTA"
-VERSION = 1
+VERSION = 2
 RAW, DEFLATE = 0, 1
 _HEAD = struct.Struct(">8sBBQ")  # magic, version, codec, raw_len
 _RECORD = struct.Struct(">IQB")  # tensor index, count, gap width
@@ -42,11 +46,12 @@ def delta_hash(body: bytes | memoryview) -> bytes:
 
 @dataclass(frozen=True)
 class DeltaRecord:
-    """The changed elements of one tensor: flat positions (strictly increasing) and new bytes."""
+    """The changed elements of one tensor: flat positions (strictly increasing) and, for each, the
+    result's bit pattern minus the base's, as the element's unsigned integer type (wrapping)."""
 
     entry: TensorEntry
     positions: np.ndarray  # int64 or uint64, strictly increasing, < numel
-    values: np.ndarray  # the tensor's unsigned element type, same length
+    differences: np.ndarray  # the tensor's unsigned element type, same length
 
 
 def _elements(buffer: memoryview, entry: TensorEntry) -> np.ndarray:
@@ -60,7 +65,7 @@ def _gap_width(largest: int) -> int:
 
 def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, result: bytes | memoryview,
                  *, level: int = 6, max_raw: int | None = None, max_body: int | None = None) -> bytes | None:
-    """The ``sparse/v1`` body that turns ``base`` into ``result`` (two files of one layout), or None
+    """The ``sparse/v2`` body that turns ``base`` into ``result`` (two files of one layout), or None
     once the payload passes ``max_raw`` bytes (at most the file's size, which is what a receiver
     accepts): a dense change (an fp32 policy, a high learning rate) is then published in full
     without paying for compressing hundreds of megabytes first.
@@ -95,7 +100,7 @@ def encode_delta(tensors: Sequence[TensorEntry], base: bytes | memoryview, resul
         width = _gap_width(int(gaps.max()))
         parts.append(_RECORD.pack(index, len(positions), width))
         parts.append(gaps.astype(f"<u{width}").tobytes())
-        parts.append(new[positions].astype(new.dtype.newbyteorder("<")).tobytes())
+        parts.append((new[positions] - old[positions]).astype(new.dtype.newbyteorder("<")).tobytes())
         raw_len += sum(len(part) for part in parts[-3:])
         if raw_len > max_raw:
             return None
@@ -121,7 +126,7 @@ def _payload(body: bytes | memoryview, total_size: int) -> memoryview:
         raise MalformedBody(f"delta body of {len(view)} bytes, shorter than its {HEAD_SIZE}-byte head")
     magic, version, codec, raw_len = _HEAD.unpack_from(view)
     if magic != MAGIC or version != VERSION:
-        raise MalformedBody("not a sparse/v1 delta body (magic or version)")
+        raise MalformedBody(f"not a {DELTA_FORMAT} delta body (magic, or version {version} where {VERSION} is read)")
     if codec not in (RAW, DEFLATE):
         raise MalformedBody(f"delta codec {codec}; 0 (raw) and 1 (deflate) exist")
     if raw_len > total_size:
@@ -165,9 +170,9 @@ def decode_delta(body: bytes | memoryview, tensors: Sequence[TensorEntry], total
         if end > len(payload):
             raise Truncated(f"delta record for {entry.name!r} runs past the payload's end")
         gaps = np.frombuffer(payload, dtype=f"<u{width}", count=count, offset=at)
-        values = np.frombuffer(payload, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"), count=count,
-                               offset=at + count * width)
-        records.append(DeltaRecord(entry, _positions(gaps, numel, entry.name), values))
+        differences = np.frombuffer(payload, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"), count=count,
+                                    offset=at + count * width)
+        records.append(DeltaRecord(entry, _positions(gaps, numel, entry.name), differences))
         at = end
     return records
 
@@ -188,9 +193,10 @@ def _positions(gaps: np.ndarray, numel: int, name: str) -> np.ndarray:
 
 
 def apply_delta(records: Sequence[DeltaRecord], target: memoryview) -> int:
-    """Write the records' values into ``target``, a writable buffer holding the base's whole file.
-    Returns the number of elements written. Records come from ``decode_delta``: already checked
-    against the file's size."""
+    """Add the records' differences to the elements of ``target``, a writable buffer holding the
+    base's whole file, wrapping as unsigned integers do (so the base's bit patterns become the
+    result's exactly). Returns the number of elements written. Records come from ``decode_delta``:
+    positions already checked against the file's size, each at most once."""
     view = memoryview(target).cast("B")
     changed = 0
     for record in records:
@@ -198,7 +204,7 @@ def apply_delta(records: Sequence[DeltaRecord], target: memoryview) -> int:
         itemsize = DTYPE_SIZES[entry.dtype]
         elements = np.frombuffer(view, dtype=np.dtype(_UINT[itemsize]).newbyteorder("<"),
                                  count=entry.nbytes // itemsize, offset=entry.offset)
-        elements[record.positions] = record.values
+        elements[record.positions] += record.differences
         changed += len(record.positions)
     return changed
 

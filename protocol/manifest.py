@@ -92,7 +92,7 @@ class TensorEntry(Record):
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
-DELTA_FORMATS = frozenset({"sparse/v1", "lora/v1"})
+DELTA_FORMATS = frozenset({"sparse/v2", "lora/v1"})
 MIN_DELTA_SIZE = 18  # protocol.deltas.HEAD_SIZE: a body is at least its head
 MAX_DELTA_SIZE = 1 << 32
 
@@ -148,7 +148,7 @@ class CheckpointManifest(Message):
             if self.parent_step is None:
                 raise InvalidValue("a delta for a step without a parent step")
             # a sparse delta goes from the parent; an adapter applies to the frozen base, the parent or older
-            if self.delta.format == "sparse/v1" and self.delta.base_step != self.parent_step:
+            if self.delta.format == "sparse/v2" and self.delta.base_step != self.parent_step:
                 raise InvalidValue(f"delta base step {self.delta.base_step} is not the parent step {self.parent_step}")
             if self.delta.base_step > self.parent_step:
                 raise InvalidValue(f"delta base step {self.delta.base_step} is after parent step {self.parent_step}")

@@ -1,4 +1,4 @@
-"""The ``sparse/v1`` delta body (specs/deltas.md section 3): exact round trips on real safetensors
+"""The ``sparse/v2`` delta body (specs/deltas.md section 3): exact round trips on real safetensors
 files of every width and dtype, and every class of bad body refused whole, before anything is
 written."""
 
@@ -14,6 +14,7 @@ from intellect_node.node.shards.checkpoint import build_manifest, write_safetens
 from intellect_node.protocol.deltas import (
     HEAD_SIZE,
     MAGIC,
+    VERSION,
     apply_delta,
     decode_delta,
     delta_hash,
@@ -102,6 +103,43 @@ def test_a_change_denser_than_the_file_encodes_to_nothing(tmp_path):
     assert encode_delta(manifest.tensors, base, result) is None
 
 
+def test_differences_wrap_on_bit_patterns(tmp_path):
+    """A difference is the result's bit pattern minus the base's, modulo the element's width: a
+    pattern that wraps (fp16 0xffff, a NaN, to 0x0001) and a sign flip (-0.0 to 0.0) come out exact."""
+    def wraps(result):
+        bits = result["model.norm.weight"].view(torch.int16)
+        bits[0], bits[1] = 0x0001, 0x0000
+    base_tensors = policy()
+    base_bits = base_tensors["model.norm.weight"].view(torch.int16)
+    base_bits[0], base_bits[1] = -1, -0x8000  # 0xffff and 0x8000 (-0.0)
+    _, _, result = files(tmp_path, wraps)
+    write_safetensors(base_tensors, tmp_path / "base.safetensors")
+    manifest = build_manifest(tmp_path / "result.safetensors", run_id=RUN, step=1, parent_step=0, shard_size=SHARD)
+    body, rebuilt = round_trip(manifest, (tmp_path / "base.safetensors").read_bytes(), result)
+    assert rebuilt == result
+    (record,) = decode_delta(body, manifest.tensors, manifest.total_size)
+    assert record.differences.tolist() == [0x0002, 0x8000]
+
+
+def test_ulp_steps_cost_less_than_new_bytes(tmp_path):
+    """What an RL step at a small lr does to a bf16 policy: 1% of elements one ulp up or down. Their
+    differences are two symbols, which deflate takes to a fraction of a byte, so the body is well
+    under the two bytes a change that sparse/v1's new bytes cost before compression of the gaps."""
+    g = torch.Generator().manual_seed(3)
+    weights = (torch.randn(400_000, generator=g) * 0.02).to(torch.bfloat16)
+    moved = weights.clone()
+    bits = moved.view(torch.int16)
+    at = torch.randperm(len(weights), generator=g)[:4_000]
+    bits[at] += torch.where(torch.rand(len(at), generator=g) < 0.5, 1, -1).to(torch.int16)
+    write_safetensors({"w": weights}, tmp_path / "base.safetensors")
+    write_safetensors({"w": moved}, tmp_path / "result.safetensors")
+    manifest = build_manifest(tmp_path / "result.safetensors", run_id=RUN, step=1, parent_step=0, shard_size=SHARD)
+    body, rebuilt = round_trip(manifest, (tmp_path / "base.safetensors").read_bytes(),
+                               (tmp_path / "result.safetensors").read_bytes())
+    assert rebuilt == (tmp_path / "result.safetensors").read_bytes()
+    assert len(body) < 2.0 * len(at)
+
+
 def test_hash_names_the_body():
     assert delta_hash(b"x" * 20) != delta_hash(b"x" * 21)
     assert len(delta_hash(b"")) == 32
@@ -111,7 +149,7 @@ def test_hash_names_the_body():
 
 
 def raw_body(payload: bytes, *, codec: int = 0, raw_len: int | None = None, magic: bytes = MAGIC,
-             version: int = 1) -> bytes:
+             version: int = VERSION) -> bytes:
     data = zlib.compress(payload) if codec == 1 else payload
     return struct.pack(">8sBBQ", magic, version, codec, len(payload) if raw_len is None else raw_len) + data
 
@@ -138,7 +176,8 @@ def index_of(layout, name):
 def test_bad_heads(layout):
     refused(layout, b"INADELTA\x01", MalformedBody)
     refused(layout, raw_body(b"", magic=b"NOTDELTA"), MalformedBody)
-    refused(layout, raw_body(b"", version=2), MalformedBody)
+    refused(layout, raw_body(b"", version=1), MalformedBody)  # sparse/v1 carried new bytes, not differences
+    refused(layout, raw_body(b"", version=VERSION + 1), MalformedBody)
     refused(layout, raw_body(b"", codec=7), MalformedBody)
     refused(layout, raw_body(b"abc", raw_len=2), MalformedBody)  # raw length disagrees
     refused(layout, raw_body(b"", raw_len=layout.total_size + 1), Oversize)
@@ -147,11 +186,11 @@ def test_bad_heads(layout):
 
 def test_deflate_bombs_and_trailing_bytes(layout):
     bomb = zlib.compress(b"\x00" * (50 << 20))
-    refused(layout, struct.pack(">8sBBQ", MAGIC, 1, 1, 1000) + bomb, MalformedBody)  # inflates past raw_len
+    refused(layout, struct.pack(">8sBBQ", MAGIC, VERSION, 1, 1000) + bomb, MalformedBody)  # inflates past raw_len
     refused(layout, raw_body(b"\x00" * 100, codec=1) + b"junk", MalformedBody)
-    refused(layout, struct.pack(">8sBBQ", MAGIC, 1, 1, 10) + b"not zlib at all", MalformedBody)
+    refused(layout, struct.pack(">8sBBQ", MAGIC, VERSION, 1, 10) + b"not zlib at all", MalformedBody)
     short = zlib.compress(b"\x00" * 100)[:-6]
-    refused(layout, struct.pack(">8sBBQ", MAGIC, 1, 1, 100) + short, MalformedBody)
+    refused(layout, struct.pack(">8sBBQ", MAGIC, VERSION, 1, 100) + short, MalformedBody)
 
 
 def test_bad_records(layout):
@@ -190,14 +229,14 @@ def test_a_refused_body_writes_nothing(tmp_path):
 
 def test_manifest_delta_field_rules(tmp_path):
     manifest, _, _ = files(tmp_path, lambda t: None)
-    ref = DeltaRef(format="sparse/v1", base_step=0, base_hash=b"\x01" * 32, size=100, hash=b"\x02" * 32)
+    ref = DeltaRef(format="sparse/v2", base_step=0, base_hash=b"\x01" * 32, size=100, hash=b"\x02" * 32)
     fields = {f: getattr(manifest, f) for f in ("run_id", "step", "parent_step", "shard_size", "total_size",
                                                  "shard_hashes", "checkpoint_hash", "tensors")}
     assert CheckpointManifest(**fields, delta=ref).delta == ref
     with pytest.raises(InvalidValue):
         CheckpointManifest(**fields | {"parent_step": None}, delta=ref)
     with pytest.raises(InvalidValue):
-        CheckpointManifest(**fields, delta=DeltaRef(format="sparse/v1", base_step=0, base_hash=b"\x01" * 32,
+        CheckpointManifest(**fields, delta=DeltaRef(format="sparse/v2", base_step=0, base_hash=b"\x01" * 32,
                                                     size=manifest.total_size + 1, hash=b"\x02" * 32))
     wire = CheckpointManifest(**fields, delta=ref).to_wire()
     assert CheckpointManifest.from_wire(wire).delta == ref

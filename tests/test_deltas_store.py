@@ -16,7 +16,7 @@ from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, w
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.store import PARTIAL, ShardStore
 from intellect_node.protocol import codec
-from intellect_node.protocol.deltas import delta_hash
+from intellect_node.protocol.deltas import MAGIC, VERSION, delta_hash
 from intellect_node.protocol.manifest import CheckpointManifest, DeltaRef
 
 RUN = "delta-store"
@@ -103,7 +103,7 @@ def test_no_base_wrong_base_or_other_layout_is_not_usable(stores, tmp_path):
 
 def signed_with_body(manifest, body: bytes):
     """The trainer's own signature on a delta body of its choosing (a trainer fault)."""
-    ref = DeltaRef(format="sparse/v1", base_step=manifest.parent_step, base_hash=manifest.delta.base_hash,
+    ref = DeltaRef(format="sparse/v2", base_step=manifest.parent_step, base_hash=manifest.delta.base_hash,
                    size=len(body), hash=delta_hash(body))
     envelope = codec.encode(dataclasses.replace(manifest, delta=ref), TRAINER, lifetime_s=600)
     return codec.decode(envelope, type(manifest)), envelope
@@ -116,12 +116,12 @@ def test_a_signed_delta_that_does_not_give_the_checkpoint_leaves_nothing(stores,
     published, _, body = publish(trainer, tmp_path, 1)
     if fault == "wrong_element":  # a well-formed body that writes one value the manifest does not sign
         payload = bytearray(zlib.decompress(body[18:]) if body[9] == 1 else body[18:])
-        payload[-1] ^= 0x01  # the last value's low byte
-        bad = struct.pack(">8sBBQ", b"INADELTA", 1, 0, len(payload)) + bytes(payload)
+        payload[-1] ^= 0x01  # the last difference's low byte
+        bad = struct.pack(">8sBBQ", MAGIC, VERSION, 0, len(payload)) + bytes(payload)
     elif fault == "truncated":
         bad = body[:-5]
     else:
-        bad = struct.pack(">8sBBQ", b"INADELTA", 1, 0, 0)  # changes nothing: the result is the base
+        bad = struct.pack(">8sBBQ", MAGIC, VERSION, 0, 0)  # changes nothing: the result is the base
     signed, envelope = signed_with_body(published.manifest, bad)
     base = usable_base(follower, signed.message)
     before = base.data_path.read_bytes()

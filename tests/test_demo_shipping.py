@@ -28,14 +28,14 @@ def test_steps_are_remembered_after_nodes_drop_them_and_reach_the_last_worker(tm
     log.poll(swarm)
     assert log.to_last_worker_s() == {}  # inference1 holds step 1 only partly
     write_status(tmp_path / "inference1", {"1": held(1000, 40, "lora/v1", 113.0),
-                                           "2": held(1000, 60, "sparse/v1", 120.5)})
-    write_status(tmp_path / "trainer", {"2": held(1000, 60, "sparse/v1", 120.0)})  # step 0 and 1 pruned there
-    write_status(tmp_path / "inference0", {"2": held(1000, 60, "sparse/v1", 120.2)})
+                                           "2": held(1000, 60, "sparse/v2", 120.5)})
+    write_status(tmp_path / "trainer", {"2": held(1000, 60, "sparse/v2", 120.0)})  # step 0 and 1 pruned there
+    write_status(tmp_path / "inference0", {"2": held(1000, 60, "sparse/v2", 120.2)})
     (tmp_path / "validator" / "shards" / "status.json").write_text("{not json")  # mid-write: skipped
     log.poll(swarm)
     assert log.to_last_worker_s() == {1: 3.0, 2: 0.5}
     summary = log.summary()
-    assert summary["steps_by_format"] == {"lora/v1": 1, "sparse/v1": 1}
+    assert summary["steps_by_format"] == {"lora/v1": 1, "sparse/v2": 1}
     assert summary["shipped_bytes_per_step"] == 50 and summary["checkpoint_bytes"] == 1000
     assert summary["step_to_last_worker_s_median"] == 1.75 and summary["step_to_last_worker_s_max"] == 3.0
     assert "0.00 MB of 0 MB" in log.line()

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class StepShipped:
     full_bytes: int
     shipped_bytes: int
-    format: str  # "full", "sparse/v1" or "lora/v1"
+    format: str  # "full", "sparse/v2" or "lora/v1"
     published_at: float | None = None
     reached: dict[str, float] = field(default_factory=dict)  # worker name -> wall time complete
 
