@@ -28,11 +28,12 @@ single process. Its headline is on the held-out gain (end - start), as issue 34 
 (ok: the swarm gains >= 0.15 and >= 0.8x the single process).
 
 ``lora``: the async swarm training and shipping only LoRA adapters (``--lora-rank``, default 1, on
-every linear layer; ``--lora-lr``, default the demo's ``LORA_LR``). With ``--runs lora,async`` the
-headline is issue 48's: the wall time each swarm takes to a held-out gain of ``LORA_GAIN`` over
-step 0, ``lora_<model>: ours=<lora s> peer=<full s> ratio=<x> target=0.5 ok|short``; use
-``--eval-every 1`` so that both are measured at every step. ``--single-lora`` makes the single run
-LoRA too (then ``--runs lora,single`` gives the swarm-vs-one-process headline for LoRA).
+every linear layer; ``--lora-lr``, default the demo's ``LORA_LR``, with its ``LORA_SCHEDULE``). With
+``--runs lora,async`` the headline is issue 48's: the wall time each swarm takes to a held-out gain
+of ``LORA_GAIN`` over step 0, ``lora_<model>: ours=<lora s> peer=<full s> ratio=<x> target=0.5
+ok|short``; use ``--eval-every 1`` so that both are measured at every step. ``--single-lora`` makes
+the single run LoRA too (then ``--runs lora,single`` gives the swarm-vs-one-process headline for
+LoRA).
 
 ``--model-dir DIR`` runs every run on the model in DIR instead of the demo's cache, so that builds
 made under different CPU settings can be compared per step without rebuilding or replacing the cache
@@ -66,8 +67,6 @@ import torch  # noqa: E402
 
 from intellect_node.node.demo.swarm import (  # noqa: E402
     DEMO_MODELS,
-    FULL_LR,
-    LORA_LR,
     DemoOptions,
     prepare_model,
     run_demo,
@@ -139,7 +138,7 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    demo = DemoOptions.for_model(model, **model_cache(model_dir))
+    demo = DemoOptions.for_model(model, lora_rank=lora_rank, **model_cache(model_dir))
     trainer = TrainerOptions(Path(), demo.tasks, Path(), eval_tasks=demo.eval_tasks)
     run = dict(demo.run_settings)  # what the demo writes into every node's [run]
     rollouts = RolloutShape(**{k: v for k, v in run.items() if k in RolloutShape.__dataclass_fields__})
@@ -152,7 +151,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     kinds = sorted({t.verification_info["kind"] for t in tasks})
     eval_tasks = held_out_tasks(trainer.eval_tasks, kinds)
     batch_groups = batch_groups or demo.batch_groups
-    optim = dataclasses.replace(optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps),
+    optim = dataclasses.replace(optim or OptimConfig(lr=demo.lr, decay_steps=demo.lr_decay_steps,
+                                                     warmup_steps=demo.lr_warmup_steps),
                                 max_tokens=rollouts.max_tokens)
     learner = GRPOLearner(module, int(tokenizer.pad_token_id), optim=optim,
                           loss=trainer.loss, rewards=trainer.rewards, seed=seed)
@@ -249,6 +249,8 @@ def main() -> None:
                         help="every run's learning rate [default: the model's recipe]")
     parser.add_argument("--lr-decay-steps", type=int, default=None,
                         help="every run's cosine lr decay, in steps (0: constant lr) [default: the model's recipe]")
+    parser.add_argument("--lr-warmup-steps", type=int, default=None,
+                        help="every run's linear lr warm-up, in steps [default: the model's recipe]")
     parser.add_argument("--single-lag", type=int, default=0,
                         help="single run: generate with the weights of this many steps before (staleness alone)")
     parser.add_argument("--single-seed", type=int, default=0, help="single run: seed of its tasks and learner")
@@ -266,10 +268,15 @@ def main() -> None:
                         help="trainer steps between held-out evaluations [default: the demo's]")
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
-    recipe = DemoOptions.for_model(args.model)
-    lr = FULL_LR[args.model] if args.lr is None else args.lr  # async, sync and single train every weight
-    lr_decay_steps = recipe.lr_decay_steps if args.lr_decay_steps is None else args.lr_decay_steps
-    lora_lr = LORA_LR[args.model] if args.lora_lr is None else args.lora_lr
+    # async, sync and single train every weight at the full recipe's lr and schedule; lora (and
+    # single with --single-lora) the adapters at LoRA's (DemoOptions.for_model picks each)
+    full, adapters = (DemoOptions.for_model(args.model, lora_rank=rank) for rank in (0, args.lora_rank))
+    lr = full.lr if args.lr is None else args.lr
+    lora_lr = adapters.lr if args.lora_lr is None else args.lora_lr
+    decay = {name: recipe.lr_decay_steps if args.lr_decay_steps is None else args.lr_decay_steps
+             for name, recipe in (("full", full), ("lora", adapters))}
+    warmup = {name: recipe.lr_warmup_steps if args.lr_warmup_steps is None else args.lr_warmup_steps
+              for name, recipe in (("full", full), ("lora", adapters))}
     evaluation = {} if args.eval_every is None else {"eval_every": args.eval_every}
     minutes = 0.33 if args.quick else args.minutes
     runs = [name.strip() for name in args.runs.split(",") if name.strip()]
@@ -281,19 +288,20 @@ def main() -> None:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
             lora = args.single_lora
-            optim = OptimConfig(lr=lora_lr if lora else lr, decay_steps=lr_decay_steps)
+            trained = "lora" if lora else "full"
+            optim = OptimConfig(lr=lora_lr if lora else lr, decay_steps=decay[trained], warmup_steps=warmup[trained])
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed, optim=optim,
                                                lag=args.single_lag, steps=args.single_steps, model=args.model,
                                                model_dir=args.model_dir, lora_rank=args.lora_rank if lora else 0,
                                                eval_every=args.eval_every)
         elif name == "lora":
             results[name] = swarm_run(2, minutes, root / name, args.trainer_verify_fraction, args.groups_per_step,
-                                      lora_lr, lr_decay_steps, args.model, args.model_dir,
-                                      lora_rank=args.lora_rank, **evaluation)
+                                      lora_lr, decay["lora"], args.model, args.model_dir,
+                                      lora_rank=args.lora_rank, lr_warmup_steps=warmup["lora"], **evaluation)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, lr, lr_decay_steps, args.model, args.model_dir,
-                                      lora_rank=0, **evaluation)
+                                      args.groups_per_step, lr, decay["full"], args.model, args.model_dir,
+                                      lora_rank=0, lr_warmup_steps=warmup["full"], **evaluation)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")

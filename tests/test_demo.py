@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from intellect_node.node.demo.swarm import DemoOptions, run_demo
+from intellect_node.node.demo.swarm import FULL_LR, LORA_LR, DemoOptions, run_demo
 from tests.support.engine_helpers import smollm2_import
 
 STEPS = 100
@@ -70,6 +70,8 @@ def test_demo_on_smollm2_runs_its_recipe_through_every_role(tmp_path) -> None:
     assert summary["eval_accuracy_start"] is not None
     for home in (tmp_path / "nodes").iterdir():
         assert "temperature = 0.7" in (home / "config.toml").read_text()  # every node: the same [run]
+    trainer_config = (tmp_path / "nodes" / "trainer" / "config.toml").read_text()
+    assert "warmup_steps = 1\n" in trainer_config and "decay_steps = 15\n" in trainer_config  # LoRA's schedule
     assert all(entry["cpu_s"] > 0 for entry in summary["profile"].values())
     # the recipe's bf16 policy (each step a sparse delta): step 0 is the 269 MB bf16 file, not 538 MB
     shards = json.loads((tmp_path / "nodes" / "trainer" / "shards" / "status.json").read_text())
@@ -81,8 +83,12 @@ def test_demo_recipes_name_their_model_and_refuse_unknown_ones() -> None:
     recipe = DemoOptions.for_model("smollm2", lr=1e-4)
     assert recipe.lr == 1e-4 and "add1+mul1" in recipe.tasks and dict(recipe.run_settings)["max_tokens"] == 32
     # the lr follows what is trained: the model's LoRA lr with adapters, its full lr without
-    assert DemoOptions.for_model("smollm2").lora_rank == 1 and DemoOptions.for_model("smollm2").lr == 3e-3
-    assert DemoOptions.for_model("smollm2", lora_rank=0).lr == 2e-5
+    lora, full = DemoOptions.for_model("smollm2"), DemoOptions.for_model("smollm2", lora_rank=0)
+    assert lora.lora_rank == 1 and lora.lr == LORA_LR["smollm2"] and full.lr == FULL_LR["smollm2"] == 2e-5
+    # and so does the schedule: LoRA's from its first step, decayed over 15; full's warmed up over 5
+    assert (lora.lr_warmup_steps, lora.lr_decay_steps) == (1, 15)
+    assert (full.lr_warmup_steps, full.lr_decay_steps) == (5, 200)
+    assert DemoOptions.for_model("smollm2", lr_decay_steps=40).lr_decay_steps == 40  # given beats the schedule
     assert DemoOptions.for_model("tiny", lora_rank=4).lr == 5e-3 and DemoOptions.for_model("tiny").lr == 5e-4
     with pytest.raises(ValueError, match="unknown demo model"):
         DemoOptions.for_model("llama-70b")

@@ -39,18 +39,22 @@ from intellect_node.node.demo.plot import write_reward_plot
 from intellect_node.node.demo.shipping import ShippingLog
 from intellect_node.node.home.layout import HomeLayout
 from intellect_node.node.models.tiny import tiny_model_dir
+from intellect_node.node.roles.trainer.config import OptimConfig
 
 POLL_S = 1.0
 DEMO_TASKS = "toy:seed=0,count=4000,kinds=reverse"  # reversal: starts near 0.25 greedy, learnable in minutes
 MODELS_DIR = Path.home() / ".intellect-node" / "models"
 DEMO_MODELS = ("tiny", "smollm2")
 # each model's lr for full fine-tuning and for LoRA (adapters on every linear layer,
-# config.LORA_TARGETS): for SmolLM2 the LoRA lr is the one of 1e-3, 3e-3 and 1e-2 that learned as
-# fast per step as full fine-tuning at 2e-5 without collapsing (1e-2 fell to 0 held out by step 4;
-# bench/HISTORY.md, "LoRA's recipe"); for the tiny model ten times its full lr, LoRA's usual ratio
-# (not measured here)
+# config.LORA_TARGETS): for SmolLM2 rank-1 adapters at 1.5e-3 from the first step, decayed to a
+# tenth over 15 steps, held 0.92-1.0 held out over 15 steps in one process, where 3e-3 behind the
+# trainer's 5-step warm-up swung between 0.70 and 0.95 (with or without decay) and 1e-2 collapsed
+# (bench/HISTORY.md, "LoRA's recipe" and "LoRA's schedule"); for the tiny model ten times its full
+# lr, LoRA's usual ratio (not measured here)
 FULL_LR = {"tiny": 5e-4, "smollm2": 2e-5}
-LORA_LR = {"tiny": 5e-3, "smollm2": 3e-3}
+LORA_LR = {"tiny": 5e-3, "smollm2": 1.5e-3}
+# the [trainer.optim] warm-up and decay, in trainer steps, that go with LORA_LR where measured
+LORA_SCHEDULE = {"smollm2": {"lr_warmup_steps": 1, "lr_decay_steps": 15}}
 NODE_ENV = {"OMP_NUM_THREADS": "1"}  # 5 processes on a few cores: one compute thread each
 
 
@@ -67,6 +71,7 @@ class DemoOptions:
     # on two cores take the swarm about 415): late steps then move a sharp policy less, which the
     # swarm's rollouts, a step or more stale, need (bench/HISTORY.md, "Staleness per step")
     lr_decay_steps: int = 600
+    lr_warmup_steps: int = OptimConfig.warmup_steps  # linear warm-up of the lr, in trainer steps
     batch_groups: int = 16
     eval_tasks: int = 200  # held-out prompts the trainer answers greedily at its start and every few steps
     eval_every: int = 5  # [trainer] eval_every: steps between held-out evaluations (also every 180 s)
@@ -99,7 +104,7 @@ class DemoOptions:
         """The demo's recipe for ``model`` (``DEMO_MODELS``), with ``given`` fields on top. Without
         a given lr, the model's lr for what the run trains: ``LORA_LR`` with a LoRA rank (an adapter
         needs steps about a hundred times a full fine-tuning's to learn as much per step), else
-        ``FULL_LR``."""
+        ``FULL_LR``; with a LoRA rank also ``LORA_SCHEDULE``'s warm-up and decay unless given."""
         if model not in DEMO_MODELS:
             raise ValueError(f"unknown demo model {model!r}; choose one of {DEMO_MODELS}")
         recipe: dict[str, Any] = {}
@@ -115,6 +120,8 @@ class DemoOptions:
                           # "LoRA's recipe"); --lora-rank 0 trains every weight
                           lora_rank=1)
         chosen = recipe | given
+        if chosen.get("lora_rank"):
+            chosen = recipe | LORA_SCHEDULE.get(model, {}) | given
         if "lr" not in given:
             chosen["lr"] = (LORA_LR if chosen.get("lora_rank") else FULL_LR)[model]
         return cls(**chosen)
@@ -179,7 +186,8 @@ def _start_nodes(swarm: LocalSwarm, options: DemoOptions, model_dir: Path, log: 
     with (swarm.root / "trainer" / "config.toml").open("a") as config:
         config.write(f"[trainer]\neval_tasks = {options.eval_tasks}\neval_every = {options.eval_every}\n"
                      f"policy_dtype = {options.policy_dtype!r}\n"
-                     f"lora_rank = {options.lora_rank}\n[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n")
+                     f"lora_rank = {options.lora_rank}\n[trainer.optim]\ndecay_steps = {options.lr_decay_steps}\n"
+                     f"warmup_steps = {options.lr_warmup_steps}\n")
     trainer_args = ["join", "--role", "trainer", "--new-swarm", *common, "--lr", str(options.lr),
                     "--batch-groups", str(options.batch_groups)]
     if options.steps is not None:
