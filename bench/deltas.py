@@ -384,7 +384,7 @@ def main() -> None:
             t = f.policy
             label = f"{f.step} (not counted)" if f.step == 1 else str(f.step)
             delta = "-" if t.delta_bytes is None else f"{t.delta_bytes:,} ({t.codec})"
-            print(f"| {name} | {label} | {f.lr:.0e} | {f.learner_s:.1f} | {t.changed:,} ({t.changed / t.elements:.3%}) "
+            print(f"| {name} | {label} | {f.lr:.1e} | {f.learner_s:.1f} | {t.changed:,} ({t.changed / t.elements:.3%}) "
                   f"| {delta} | {f.shipped:,} | {f.shipped_format} | {f.encode_s:.3f} | {f.apply_s:.3f} |")
     print()
     print(f"full checkpoint: {bf16_bytes:,} B in bf16 ({mb(bf16_bytes)}), {fp32_bytes:,} B in fp32 ({mb(fp32_bytes)}); "
