@@ -269,14 +269,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="keep each run's metrics, plot and logs here")
     args = parser.parse_args()
     # async, sync and single train every weight at the full recipe's lr and schedule; lora (and
-    # single with --single-lora) the adapters at LoRA's (DemoOptions.for_model picks each)
-    full, adapters = (DemoOptions.for_model(args.model, lora_rank=rank) for rank in (0, args.lora_rank))
-    lr = full.lr if args.lr is None else args.lr
-    lora_lr = adapters.lr if args.lora_lr is None else args.lora_lr
-    decay = {name: recipe.lr_decay_steps if args.lr_decay_steps is None else args.lr_decay_steps
-             for name, recipe in (("full", full), ("lora", adapters))}
-    warmup = {name: recipe.lr_warmup_steps if args.lr_warmup_steps is None else args.lr_warmup_steps
-              for name, recipe in (("full", full), ("lora", adapters))}
+    # single with --single-lora) the adapters at LoRA's: DemoOptions.for_model picks each, and what
+    # is given on the command line beats the recipe there as in the demo
+    schedule = {key: value for key, value in (("lr_decay_steps", args.lr_decay_steps),
+                                              ("lr_warmup_steps", args.lr_warmup_steps)) if value is not None}
+    recipes = {trained: DemoOptions.for_model(args.model, lora_rank=rank, **schedule,
+                                              **({} if given_lr is None else {"lr": given_lr}))
+               for trained, rank, given_lr in (("full", 0, args.lr), ("lora", args.lora_rank, args.lora_lr))}
     evaluation = {} if args.eval_every is None else {"eval_every": args.eval_every}
     minutes = 0.33 if args.quick else args.minutes
     runs = [name.strip() for name in args.runs.split(",") if name.strip()]
@@ -288,20 +287,22 @@ def main() -> None:
         print(f"{name}, {minutes:g} min:", flush=True)
         if name == "single":
             lora = args.single_lora
-            trained = "lora" if lora else "full"
-            optim = OptimConfig(lr=lora_lr if lora else lr, decay_steps=decay[trained], warmup_steps=warmup[trained])
+            recipe = recipes["lora" if lora else "full"]
+            optim = OptimConfig(lr=recipe.lr, decay_steps=recipe.lr_decay_steps, warmup_steps=recipe.lr_warmup_steps)
             results[name] = single_process_run(minutes, root / name, args.threads, seed=args.single_seed, optim=optim,
                                                lag=args.single_lag, steps=args.single_steps, model=args.model,
                                                model_dir=args.model_dir, lora_rank=args.lora_rank if lora else 0,
                                                eval_every=args.eval_every)
         elif name == "lora":
             results[name] = swarm_run(2, minutes, root / name, args.trainer_verify_fraction, args.groups_per_step,
-                                      lora_lr, decay["lora"], args.model, args.model_dir,
-                                      lora_rank=args.lora_rank, lr_warmup_steps=warmup["lora"], **evaluation)
+                                      recipes["lora"].lr, recipes["lora"].lr_decay_steps, args.model, args.model_dir,
+                                      lora_rank=args.lora_rank, lr_warmup_steps=recipes["lora"].lr_warmup_steps,
+                                      **evaluation)
         else:
             results[name] = swarm_run(2 if name == "async" else 0, minutes, root / name, args.trainer_verify_fraction,
-                                      args.groups_per_step, lr, decay["full"], args.model, args.model_dir,
-                                      lora_rank=0, lr_warmup_steps=warmup["full"], **evaluation)
+                                      args.groups_per_step, recipes["full"].lr, recipes["full"].lr_decay_steps,
+                                      args.model, args.model_dir, lora_rank=0,
+                                      lr_warmup_steps=recipes["full"].lr_warmup_steps, **evaluation)
     marks = [m for m in MARKS_MIN if m <= minutes] or [minutes]
     print(f"\n{'':8} {'start':>6} " + " ".join(f"{f'{m:g} min':>7}" for m in marks)
           + f" {'end':>6} {'steps':>6} {'busy':>6} {'CPU s/step':>10}")
