@@ -119,9 +119,8 @@ class DemoOptions:
                           # sparse deltas were 13 MB, and as much learned per step or more (bench/HISTORY.md,
                           # "LoRA's recipe"); --lora-rank 0 trains every weight
                           lora_rank=1)
-        chosen = recipe | given
-        if chosen.get("lora_rank"):
-            chosen = recipe | LORA_SCHEDULE.get(model, {}) | given
+        schedule = LORA_SCHEDULE.get(model, {}) if (recipe | given).get("lora_rank") else {}
+        chosen = recipe | schedule | given
         if "lr" not in given:
             chosen["lr"] = (LORA_LR if chosen.get("lora_rank") else FULL_LR)[model]
         return cls(**chosen)
