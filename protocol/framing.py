@@ -7,6 +7,7 @@ a single payload byte is read.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import msgpack
@@ -19,12 +20,20 @@ from intellect_node.protocol.errors import (
 )
 
 HEADER = struct.Struct(">I")
-MEMBERS_PROTOCOL = "/ina/members/1.0.0"
-MAX_MEMBERS_REQUEST = 8192          # one NodeAdvert envelope, or nothing for a read-only query
+# v2: the request carries a digest of what the caller holds, so a pull answers only what changed
+MEMBERS_PROTOCOL = "/ina/members/2.0.0"
+MAX_ADVERT = 8192                   # NodeAdvert.MAX_SIZE: one envelope of a request or a response
+DIGEST_ENTRY = 8                    # bytes of one envelope's digest (``envelope_digest``)
+MAX_DIGEST_ENTRIES = 1024           # a full view (membership.MAX_MEMBERS)
+MAX_MEMBERS_REQUEST = MAX_ADVERT + DIGEST_ENTRY * MAX_DIGEST_ENTRIES + 16  # + the array's 7 header bytes
 MAX_MEMBERS_RESPONSE = 1 << 20      # a msgpack list of advert envelopes
 MAX_MEMBERS_PER_RESPONSE = 512
-# A list of advert envelopes (binaries of at most one request's size), nothing else.
-MEMBERS_RESPONSE_LIMITS = Limits(max_bytes=MAX_MEMBERS_RESPONSE, max_str_len=0, max_bin_len=MAX_MEMBERS_REQUEST,
+# [advert, digest]: two binaries (an advert envelope or nothing; digests of 8 bytes), nothing else.
+MEMBERS_REQUEST_LIMITS = Limits(max_bytes=MAX_MEMBERS_REQUEST, max_str_len=0,
+                                max_bin_len=max(MAX_ADVERT, DIGEST_ENTRY * MAX_DIGEST_ENTRIES),
+                                max_array_len=2, max_map_len=0, max_objects=3, max_depth=1)
+# A list of advert envelopes (binaries of at most one advert's size), nothing else.
+MEMBERS_RESPONSE_LIMITS = Limits(max_bytes=MAX_MEMBERS_RESPONSE, max_str_len=0, max_bin_len=MAX_ADVERT,
                                  max_array_len=MAX_MEMBERS_PER_RESPONSE, max_map_len=0,
                                  max_objects=1 + MAX_MEMBERS_PER_RESPONSE, max_depth=1)
 
@@ -39,6 +48,30 @@ def frame_length(header: bytes, limit: int) -> int:
     if length > limit:
         raise Oversize(f"frame announces {length} bytes, at most {limit} accepted")
     return length
+
+
+def envelope_digest(envelope: bytes) -> bytes:
+    """The 8 bytes that stand for ``envelope`` in a members request: BLAKE2b of its bytes, so a
+    re-signed advert (new timestamp, new signature) has a new digest."""
+    return hashlib.blake2b(envelope, digest_size=DIGEST_ENTRY).digest()
+
+
+def encode_members_request(advert: bytes, digests: list[bytes]) -> bytes:
+    """``advert``: the caller's own envelope (b"" for a read-only query); ``digests``: the
+    ``envelope_digest`` of each advert it holds (none: it gets everything)."""
+    return msgpack.packb([advert, b"".join(digests[:MAX_DIGEST_ENTRIES])], use_bin_type=True)
+
+
+def decode_members_request(payload: bytes) -> tuple[bytes, frozenset[bytes]]:
+    """(advert or b"", the digests the caller holds); ``Rejected`` for anything else. At most
+    MAX_DIGEST_ENTRIES digests by the binary's bound, so a set of them costs the listener little."""
+    value = unpack(payload, MEMBERS_REQUEST_LIMITS, "members request")
+    if type(value) is not list or len(value) != 2 or not all(type(item) is bytes for item in value):
+        raise WrongType("members request must be an array of two byte strings: advert, digest")
+    advert, digest = value
+    if len(digest) % DIGEST_ENTRY:
+        raise InvalidValue(f"members request digest of {len(digest)} bytes is not a multiple of {DIGEST_ENTRY}")
+    return advert, frozenset(digest[i:i + DIGEST_ENTRY] for i in range(0, len(digest), DIGEST_ENTRY))
 
 
 def encode_envelope_list(envelopes: list[bytes]) -> bytes:

@@ -58,17 +58,23 @@ async def wait_for_rejection(node, reason: str, before: int, timeout_s: float = 
     await poll_until(lambda: rejections(node).get(reason, 0) > before, timeout_s, poll_s=0.2)
 
 
+def request(advert: bytes) -> bytes:
+    return Attacker.members_request(advert)
+
+
 STREAM_ATTACKS = {
-    "garbage_bytes": ("malformed", lambda a: frame(os.urandom(300))),
+    "garbage_bytes": ("malformed_body", lambda a: frame(b"\xc1" + os.urandom(299))),  # 0xc1: never msgpack
     "oversize_frame": ("oversize", lambda a: HEADER.pack(50 << 20) + b"x" * 100),
     "truncated_frame": ("truncated", lambda a: HEADER.pack(500) + b"x" * 10),
-    "tampered_advert": ("bad_signature", lambda a: frame(a.advert()[:-1] + bytes([a.advert()[-1] ^ 1]))),
+    "digest_of_odd_length": ("invalid_value", lambda a: frame(msgpack.packb([a.advert(), b"x" * 13]))),
+    "digest_over_a_full_view": ("oversize", lambda a: frame(msgpack.packb([b"", bytes(8 * 1025)]))),
+    "tampered_advert": ("bad_signature", lambda a: request(a.advert()[:-1] + bytes([a.advert()[-1] ^ 1]))),
     "signed_by_another_key": ("signer_mismatch",
-                              lambda a: frame(seal(a.identity, "node_advert", 1, msgpack.packb(
+                              lambda a: request(seal(a.identity, "node_advert", 1, msgpack.packb(
                                   sample_advert(Identity.generate(), run_id=RUN).to_wire()), lifetime_s=60))),
-    "expired_advert": ("expired", lambda a: frame(codec.encode(sample_advert(a.identity, run_id=RUN), a.identity,
-                                                               lifetime_s=5, timestamp_ms=now_ms() - 60_000))),
-    "advert_from_the_future": ("from_future", lambda a: frame(codec.encode(
+    "expired_advert": ("expired", lambda a: request(codec.encode(sample_advert(a.identity, run_id=RUN), a.identity,
+                                                                 lifetime_s=5, timestamp_ms=now_ms() - 60_000))),
+    "advert_from_the_future": ("from_future", lambda a: request(codec.encode(
         sample_advert(a.identity, run_id=RUN), a.identity, lifetime_s=5, timestamp_ms=now_ms() + 600_000))),
 }
 
@@ -165,7 +171,7 @@ async def test_forged_oversize_and_misplaced_dht_values_are_not_stored(target):
 async def test_repeat_offender_is_banned_and_cut_off(target):
     async def action(attacker):
         bad = attacker.advert()
-        forged = frame(bad[:-1] + bytes([bad[-1] ^ 1]))
+        forged = request(bad[:-1] + bytes([bad[-1] ^ 1]))
         for _ in range(2):  # two forgeries cost more than the ban threshold
             await attacker.send_members_request(forged)
         await poll_until(lambda: attacker.identity.peer_id in target.status()["banned"], 10, poll_s=0.2)

@@ -44,6 +44,7 @@ from intellect_node.protocol.framing import (
     MAX_MEMBERS_RESPONSE,
     MEMBERS_PROTOCOL,
     decode_envelope_list,
+    encode_members_request,
 )
 from intellect_node.protocol.messages import NodeAdvert
 
@@ -249,11 +250,12 @@ def dialback_check(peer: str, reached: bool, observed_ip: str, port: int) -> Che
 
 
 async def _clock_skew(host: Any, attempt: Attempt) -> Check | None:
-    """Compare our clock with the timestamp of the peer's own signed advert (members protocol)."""
+    """Compare our clock with the timestamp of the peer's own signed advert (members protocol: a
+    read-only query with an empty digest, so the answer holds every advert the peer has, its own too)."""
     assert attempt.peer is not None
     stream = await host.new_stream(attempt.peer.peer_id, [TProtocol(MEMBERS_PROTOCOL)])
     try:
-        await write_frame(stream, b"")
+        await write_frame(stream, encode_members_request(b"", []))
         envelopes = decode_envelope_list(await read_frame(stream, MAX_MEMBERS_RESPONSE, DIAL_TIMEOUT_S))
     finally:
         await stream.close()

@@ -21,7 +21,12 @@ from intellect_node.node.swarm.adverts import SOFTWARE_VERSION
 from intellect_node.node.swarm.host import build_host
 from intellect_node.node.swarm.streams import close_quietly, read_frame, write_frame
 from intellect_node.protocol import codec
-from intellect_node.protocol.framing import MAX_MEMBERS_RESPONSE, MEMBERS_PROTOCOL, decode_envelope_list
+from intellect_node.protocol.framing import (
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+    encode_members_request,
+)
 from intellect_node.protocol.messages import Hardware, NodeAdvert
 
 DIAL_TIMEOUT_S = 10.0
@@ -119,11 +124,12 @@ CHURN_HARDWARE = Hardware(accelerator="cpu", accelerator_name="churn", accelerat
 
 
 async def query_members(host: IHost, target: PeerInfo, advert: bytes = b"") -> list[bytes]:
-    """One members exchange: send ``advert`` (nothing for a read-only query), return the list."""
+    """One members exchange: send ``advert`` (nothing for a read-only query) and no digest, return the
+    list (every advert the node holds)."""
     with trio.fail_after(DIAL_TIMEOUT_S):
         stream = await host.new_stream(target.peer_id, [MEMBERS_PROTOCOL])
         try:
-            await write_frame(stream, advert)
+            await write_frame(stream, encode_members_request(advert, []))
             return decode_envelope_list(await read_frame(stream, MAX_MEMBERS_RESPONSE, DIAL_TIMEOUT_S))
         finally:
             await close_quietly(stream)

@@ -57,7 +57,8 @@ POLICIES: dict[str, SlotPolicy] = {
     # one live reader per peer, but pubsub opens one per connection, and a reconnected peer's stale
     # streams can still hold slots: at 2, a trainer's third was refused and its gossip cut (the demo)
     "/meshsub/1.1.0": SlotPolicy(per_peer=4, per_ip=32, first_byte_s=None),
-    # the answer is at most 1 MiB of adverts: a caller that does not read it is cut at 10 s
+    # the request is at most 16 KiB (an advert and a digest of 8 bytes per advert held), the answer at
+    # most 1 MiB of adverts: a caller that does not read it is cut at 10 s
     MEMBERS_PROTOCOL: SlotPolicy(per_peer=2, per_ip=16, first_byte_s=2.0, capacity=64, request_s=4.0, stream_s=10.0),
     # two: a worker's outbox offers a waiting batch again while its next batch or commitment is on
     # the way (at 1 the second stream was closed unanswered and retried with back-off). No life: a

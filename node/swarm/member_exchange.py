@@ -2,7 +2,11 @@
 
 Gossip is push-only: a node that joined a moment ago, or was cut off or starved of CPU, has no way
 to catch up from it. The members protocol is the pull side: one small stream on which the caller
-sends its own advert and the callee answers with every advert it holds (specs/wire.md). Adverts
+sends its own advert and a digest of the adverts it holds (8 bytes each), and the callee answers
+with the adverts it holds that the caller lacks (specs/wire.md). Answering every advert held made
+each node's idle traffic grow with the run (issue 51: ~100 signed adverts a pull at 100 members,
+nearly all of them known to the caller); now a pull costs what changed. A caller that lies in its
+digest only withholds adverts from itself: everything the callee could send is public anyway. Adverts
 from it, from gossip and from the DHT all pass through ``accept``, which checks them, charges the
 peer that delivered a bad one, and keeps a new member's addresses for the next start.
 
@@ -37,7 +41,9 @@ from intellect_node.protocol.framing import (
     MAX_MEMBERS_RESPONSE,
     MEMBERS_PROTOCOL,
     decode_envelope_list,
+    decode_members_request,
     encode_envelope_list,
+    encode_members_request,
 )
 from intellect_node.protocol.messages import NodeAdvert
 
@@ -63,7 +69,7 @@ class MemberExchange:
         self.host.set_stream_handler(TProtocol(MEMBERS_PROTOCOL), self.serve)
 
     async def exchange(self, peer: ID) -> None:
-        """Send our advert to ``peer`` and take the adverts it knows."""
+        """Send our advert and the digests of what we hold to ``peer``; take the adverts we lack."""
         peer_id = peer.to_base58()
         try:
             stream = await self.host.new_stream(peer, [TProtocol(MEMBERS_PROTOCOL)])
@@ -71,7 +77,7 @@ class MemberExchange:
             log.info("members exchange with %s failed to open: %s", peer_id, exc)
             return
         try:
-            await write_frame(stream, self.own_envelope() or b"")
+            await write_frame(stream, encode_members_request(self.own_envelope() or b"", self.view.digests()))
             payload = await read_frame(stream, MAX_MEMBERS_RESPONSE, STREAM_TIMEOUT_S)
             envelopes = decode_envelope_list(payload)
         except Rejected as exc:
@@ -97,13 +103,13 @@ class MemberExchange:
         try:
             if self.scores.is_banned(peer_id):
                 return
-            request = await read_frame(stream, MAX_MEMBERS_REQUEST, STREAM_TIMEOUT_S)
-            if request:
-                signed = codec.decode(request, NodeAdvert)
+            advert, held = decode_members_request(await read_frame(stream, MAX_MEMBERS_REQUEST, STREAM_TIMEOUT_S))
+            if advert:
+                signed = codec.decode(advert, NodeAdvert)
                 if signed.signer_peer_id != peer_id:
                     raise SignerMismatch("members request carries an advert of another peer")
-                self.accept(request, delivered_by=peer_id)
-            await write_frame(stream, encode_envelope_list(self.view.envelopes()))
+                self.accept(advert, delivered_by=peer_id)
+            await write_frame(stream, encode_envelope_list(self.view.envelopes(held=held)))
         except Rejected as exc:
             self.scores.reject(peer_id, exc.reason, f"members request: {exc}")
         except Exception as exc:

@@ -3,7 +3,7 @@
 Kademlia cannot enumerate keys and provider records return only the closest ~20 providers, so the
 list has three sources, all checked the same way (``MemberView.accept``):
 - every node repeats its signed advert on the run's members topic (gossip heartbeat);
-- a node that connects asks the peer for the adverts it knows (``/ina/members/1.0.0``);
+- a node that connects asks the peer for the adverts it lacks (``/ina/members/2.0.0``);
 - provider records on the run key, then a DHT get of each provider's advert.
 The signed advert is the source of truth in each case; its expiry removes nodes that vanish.
 
@@ -12,12 +12,14 @@ response past its own 1 MiB frame limit and blinded every peer that asked it). A
 ``MAX_PER_IP`` members per advertised IP, ``MAX_PER_SUBNET`` per IPv4 /24 and ``MAX_MEMBERS`` in
 all; when a bucket is full the least proven member goes first, and a newcomer never outranks a
 member with proven work (``vouch``) or one seen for longer, so a flood cannot push out the members
-already known. The members response is ranked the same way and cut to fit its frame.
+already known. The members response is ranked the same way and cut to fit its frame; it leaves
+out what the asking peer holds already (the digests of its request, specs/wire.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from libp2p.records.validator import Validator
@@ -26,7 +28,7 @@ from intellect_node.crypto.envelope import now_ms
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol import codec
 from intellect_node.protocol.errors import InvalidValue, Rejected, Replayed
-from intellect_node.protocol.framing import MAX_MEMBERS_PER_RESPONSE, MAX_MEMBERS_RESPONSE
+from intellect_node.protocol.framing import MAX_MEMBERS_PER_RESPONSE, MAX_MEMBERS_RESPONSE, envelope_digest
 from intellect_node.protocol.keys import advert_key
 from intellect_node.protocol.messages import NodeAdvert
 
@@ -39,6 +41,11 @@ class Member:
     expiry_ms: int
     received_ms: int
     first_seen_ms: int  # when this view first held the peer: uptime as far as we can tell
+
+    @cached_property
+    def digest(self) -> bytes:
+        """What stands for this envelope in a members request: hashed once, not per pull served."""
+        return envelope_digest(self.envelope)
 
 
 MAX_MEMBERS = 1024
@@ -146,16 +153,22 @@ class MemberView:
     def get(self, peer_id: str) -> Member | None:
         return self._members.get(peer_id)
 
-    def envelopes(self, budget: int = MAX_MEMBERS_RESPONSE) -> list[bytes]:
-        """The members' envelopes, most proven and longest seen first, as many as fit ``budget``
-        bytes once msgpack-encoded (and at most MAX_MEMBERS_PER_RESPONSE)."""
+    def envelopes(self, budget: int = MAX_MEMBERS_RESPONSE, held: frozenset[bytes] = frozenset()) -> list[bytes]:
+        """The members' envelopes but those whose digest is in ``held`` (what the asking peer has),
+        most proven and longest seen first, as many as fit ``budget`` bytes once msgpack-encoded
+        (and at most MAX_MEMBERS_PER_RESPONSE)."""
         chosen, size = [], LIST_OVERHEAD
-        for member in sorted(self.members(), key=self._rank, reverse=True)[:MAX_MEMBERS_PER_RESPONSE]:
+        lacking = (m for m in sorted(self.members(), key=self._rank, reverse=True) if m.digest not in held)
+        for member in lacking:
             size += len(member.envelope) + ENTRY_OVERHEAD
-            if size > budget:
+            if size > budget or len(chosen) == MAX_MEMBERS_PER_RESPONSE:
                 break
             chosen.append(member.envelope)
         return chosen
+
+    def digests(self) -> list[bytes]:
+        """The digest of every advert held: sent with a pull, so the peer answers only the rest."""
+        return [member.digest for member in self.members()]
 
 
 def member_summary(member: Member, now_s: float) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Ask the swarm for its members without joining it: what ``status`` does when no local node runs.
 
 An ephemeral identity (nothing written to disk), a connection to the first reachable peer, one
-read-only members request, and every advert in the answer verified like any other network input.
+read-only members request (no advert and an empty digest: every advert the peer holds), and every
+advert in the answer verified like any other network input.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from intellect_node.node.swarm.host import build_host, parse_peer_addr
 from intellect_node.node.swarm.membership import MemberView, member_summary
 from intellect_node.node.swarm.streams import read_frame, write_frame
 from intellect_node.protocol.errors import Rejected
-from intellect_node.protocol.framing import MAX_MEMBERS_RESPONSE, MEMBERS_PROTOCOL, decode_envelope_list
+from intellect_node.protocol.framing import (
+    MAX_MEMBERS_RESPONSE,
+    MEMBERS_PROTOCOL,
+    decode_envelope_list,
+    encode_members_request,
+)
 
 
 async def query_members(candidates: list[str], run_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -34,7 +40,7 @@ async def query_members(candidates: list[str], run_id: str, timeout_s: float = 1
                     host.get_peerstore().add_addrs(info.peer_id, info.addrs, 600)
                     await host.connect(info)
                     stream = await host.new_stream(info.peer_id, [TProtocol(MEMBERS_PROTOCOL)])
-                    await write_frame(stream, b"")
+                    await write_frame(stream, encode_members_request(b"", []))
                     envelopes = decode_envelope_list(await read_frame(stream, MAX_MEMBERS_RESPONSE, timeout_s))
                     await stream.close()
                 except Exception as exc:  # transport errors come in many types: report, try the next

@@ -6,7 +6,7 @@ from intellect_node.crypto.identity import Identity
 from intellect_node.node.swarm.host import build_host, parse_peer_addr
 from intellect_node.node.swarm.streams import read_frame
 from intellect_node.protocol import codec
-from intellect_node.protocol.framing import MEMBERS_PROTOCOL
+from intellect_node.protocol.framing import MEMBERS_PROTOCOL, encode_members_request, frame
 from tests.support.protocol_samples import sample_advert
 
 
@@ -20,6 +20,11 @@ class Attacker:
 
     def advert(self, **changes) -> bytes:
         return codec.encode(sample_advert(self.identity, run_id=self.run_id, **changes), self.identity, lifetime_s=60)
+
+    @staticmethod
+    def members_request(advert: bytes, digests: list[bytes] | None = None) -> bytes:
+        """A well-formed members request frame around ``advert`` (whatever bytes it holds)."""
+        return frame(encode_members_request(advert, digests or []))
 
     async def send_members_request(self, raw: bytes) -> bytes | None:
         """Write raw bytes on a members stream; the target's reply payload, or None if it hung up."""
