@@ -163,8 +163,8 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
     rng = random.Random(f"bench/learning/single/{seed}")
     started, cpu_started = time.monotonic(), time.process_time()
 
-    def evaluate() -> float:
-        return greedy_accuracy(evaluation_engine, tokenizer, eval_tasks, max_tokens=learner.optim_config.max_tokens)
+    def evaluate() -> float:  # within the run's completion budget, as the swarm's trainer
+        return greedy_accuracy(evaluation_engine, tokenizer, eval_tasks, max_tokens=rollouts.max_tokens)
 
     lines: Lines = [{"step": 0, "wall_s": 0.0, "eval_accuracy": evaluate(), "eval_measured": True}]
     generated = 0
@@ -214,9 +214,9 @@ def single_process_run(minutes: float, out: Path, threads: int, seed: int = 0, o
 
 def seconds_to_gain(lines: Lines, gain: float) -> float | None:
     """Wall seconds to the first held-out evaluation at least ``gain`` above step 0's (None: never)."""
-    start = lines[0]["eval_accuracy"]
-    return next((line["wall_s"] for line in lines[1:] if line.get("eval_measured")
-                 and line["eval_accuracy"] >= start + gain), None)
+    measured = [line for line in lines if line.get("eval_measured")]  # in step order, step 0's first
+    start = measured[0]["eval_accuracy"]
+    return next((line["wall_s"] for line in measured[1:] if line["eval_accuracy"] >= start + gain), None)
 
 
 def lora_headline(lora: Lines, full: Lines, model: str) -> None:

@@ -283,6 +283,9 @@ class GRPOLearner:
             grad_norms.append(norm)
             self.optimizer.step()
             self.scheduler.step()
+        # the gradients are not needed until the next step's first zero_grad: a full fine-tuning's
+        # would double the weights' memory meanwhile, and every copy of the policy would carry them
+        self.optimizer.zero_grad(set_to_none=True)
         totals = dict(zip(totals, self._sum_over_processes(list(totals.values())), strict=True))
         self.updates += 1
         metrics.update({

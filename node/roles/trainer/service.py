@@ -18,6 +18,9 @@
   commitment (resuming from its pool after an outage publishes several steps at once) or whose
   window's commitments all taught nothing would otherwise wait for groups that nobody may make
   (specs/rollouts.md, "Bridge steps").
+- Held-out evaluations (at the start, then every ``eval_every`` steps or ``eval_every_s``) run on
+  a copy of the policy beside the loop (``BackgroundEvaluations``), each with its own line in
+  ``metrics.jsonl`` (``eval_measured``) when done: the loop does not wait for them.
 - Then, in this order: the ledger notes which groups the step trained on, one line goes to
   ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
   consumed groups leave the pool, and the new weights are written to the publish directory where
@@ -39,6 +42,7 @@ over is published again.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -50,6 +54,7 @@ import trio
 
 from intellect_node.node.engine.torch_engine import TorchEngine
 from intellect_node.node.home.durable import append_durably
+from intellect_node.node.roles.trainer.background_eval import BackgroundEvaluations
 from intellect_node.node.roles.trainer.config import LoraConfig, TrainerOptions
 from intellect_node.node.roles.trainer.evaluation import greedy_accuracy, held_out_tasks
 from intellect_node.node.roles.trainer.groups import TrainingGroup
@@ -137,6 +142,9 @@ class TrainerService:
         self.consumed: dict[int, list[str]] = {}  # step -> group keys it trained on
         kinds = sorted({t.verification_info["kind"] for t in tasks if t.task_type == "toy"})
         self.eval_tasks = held_out_tasks(options.eval_tasks, kinds) if kinds else []
+        # evaluations answer within the run's completion budget: the swarm never generates longer
+        self.eval_max_tokens = (rollout or RolloutShape()).max_tokens
+        self.evaluations = BackgroundEvaluations(self._evaluate, self._record_evaluation)
         self.validator = ValidatorService(
             node, shards, ValidatorOptions(model_dir=options.model_dir, task_spec=options.task_spec,
                                            engine=options.engine, verify_fraction=options.verify_fraction,
@@ -259,11 +267,10 @@ class TrainerService:
                  self.step, len(self.pool), self.options.batch_groups, self.options.async_level)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.validator.run, node)
+            nursery.start_soon(self.evaluations.run)
             task_status.started()
             if self.counters.last_eval is None and self.eval_tasks:  # the starting point, as step 0's line
-                self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
-                self._append_metrics({"step": self.step, "wall_s": round(self._elapsed(), 3),
-                                      "eval_accuracy": self.counters.last_eval, "eval_measured": True})
+                self.evaluations.submit(self.step, await trio.to_thread.run_sync(self._policy_copy))
             while self.options.max_steps is None or self.step < self.options.max_steps:
                 await self._one_step()
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
@@ -336,15 +343,15 @@ class TrainerService:
         evaluated = bool(self.eval_tasks) and evaluation_due(
             step, self.options, since_eval_s=None if self._last_eval_at is None else now - self._last_eval_at,
             since_first_step_s=now - self._first_trained_at)
-        if evaluated:
-            self.counters.last_eval = await trio.to_thread.run_sync(self._evaluate)
+        if evaluated:  # measured in the background (BackgroundEvaluations): its own line when done
+            self.evaluations.submit(step, await trio.to_thread.run_sync(self._policy_copy))
             self._last_eval_at = time.monotonic()
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
         self.counters.wait_s += wait_s
         staleness = [step - 1 - g.policy_step for g in groups]
         line = {"step": step, "wall_s": round(self._elapsed(), 3), **{k: round(v, 6) for k, v in metrics.items()},
-                "eval_accuracy": self.counters.last_eval, "eval_measured": evaluated,
+                "eval_accuracy": self.counters.last_eval, "eval_measured": False,
                 "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
                 "train_s": round(train_s, 3), "wait_s": round(wait_s, 3),
                 "utilization": round(self.counters.train_s
@@ -398,12 +405,25 @@ class TrainerService:
         append_durably(self.directory / LEDGER_FILE, json.dumps(entry))
 
     def _append_metrics(self, line: dict[str, Any]) -> None:
+        """One line in one write to a file opened for appending: the loop's and the evaluations'
+        lines never interleave."""
         append_durably(self.directory / METRICS_FILE, json.dumps(line))
 
-    def _evaluate(self) -> float:
+    def _policy_copy(self) -> torch.nn.Module:
+        """The policy as it is now, for an evaluation that runs while the trainer goes on."""
         assert self.learner is not None
-        engine = TorchEngine(self.learner.inference_model(), max_batch_rows=256)
-        return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.options.optim.max_tokens)
+        return copy.deepcopy(self.learner.inference_model()).requires_grad_(False)
+
+    def _evaluate(self, model: torch.nn.Module) -> float:
+        engine = TorchEngine(model, max_batch_rows=256)
+        return greedy_accuracy(engine, self.tokenizer, self.eval_tasks, max_tokens=self.eval_max_tokens)
+
+    async def _record_evaluation(self, step: int, accuracy: float) -> None:
+        """An evaluation's own line: the step whose policy it measured, and when it was known."""
+        self.counters.last_eval = accuracy
+        await trio.to_thread.run_sync(self._append_metrics, {
+            "step": step, "wall_s": round(self._elapsed(), 3), "eval_accuracy": accuracy, "eval_measured": True})
+        log.info("held-out accuracy of step %d: %.3f", step, accuracy)
 
 
 def evaluation_due(step: int, options: TrainerOptions, since_eval_s: float | None, since_first_step_s: float) -> bool:
