@@ -113,6 +113,10 @@ class DemoOptions:
                           tasks="toy:seed=0,count=4000,kinds=add1+mul1", run_settings=(("temperature", 0.7),
                                                                                         ("max_tokens", 32)),
                           lr_decay_steps=200, batch_groups=8,
+                          # 100 held-out prompts, not 200: an evaluation of 200 took 4-5 minutes of the
+                          # swarm's 2 cores beside its steps (bench/HISTORY.md, "Evaluations off the
+                          # step's path"); 100 still tell a gain of +0.6 from noise (+-0.05)
+                          eval_tasks=100,
                           # a bf16 policy: the base ships once as 269 MB, not the 538 MB fp32 checkpoint
                           policy_dtype="bfloat16",
                           # rank-1 adapters on every linear layer: 1.2 MB a step where full fine-tuning's
