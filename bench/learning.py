@@ -29,9 +29,12 @@ single process. Its headline is on the held-out gain (end - start), as issue 34 
 
 ``lora``: the async swarm training and shipping only LoRA adapters (``--lora-rank``, default 1, on
 every linear layer; ``--lora-lr``, default the demo's ``LORA_LR``, with its ``LORA_SCHEDULE``). With
-``--runs lora,async`` the headline is issue 48's: the wall time each swarm takes to a held-out gain
-of ``LORA_GAIN`` over step 0, ``lora_<model>: ours=<lora s> peer=<full s> ratio=<x> target=0.5
-ok|short``; use ``--eval-every 1`` so that both are measured at every step. ``--single-lora`` makes
+``--runs lora,async`` the headline is issue 48's: the wall time at which each swarm's trainer had a
+policy (the end of its step) whose held-out accuracy is ``LORA_GAIN`` over step 0's, ``lora_<model>:
+ours=<lora s> peer=<full s> ratio=<x> target=0.5 ok|short``; the lines before it give, for each of
+``SHOWN_GAINS``, that time and when the trainer's evaluation (beside its loop) reported it. Use
+``--eval-every 1`` so that every step is evaluated, and a run long enough for the evaluation of the
+step that reaches the gain to finish (it trails its step by an evaluation's time). ``--single-lora`` makes
 the single run LoRA too (then ``--runs lora,single`` gives the swarm-vs-one-process headline for
 LoRA).
 
