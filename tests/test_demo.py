@@ -34,6 +34,9 @@ def test_demo_swarm_learns_toy_reversal(tmp_path, demo_model) -> None:
     lines = [json.loads(raw) for raw in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [line["step"] for line in lines if "task_reward" in line]
     assert trained == list(range(1, STEPS + 1))  # one line per trainer step, none skipped
+    # evaluations run beside the steps, each its own line in step order; the last step's is waited for
+    evaluated = [line["step"] for line in lines if line.get("eval_measured")]
+    assert evaluated[0] == 0 and evaluated[-1] == STEPS and evaluated == sorted(set(evaluated)), evaluated
     # The tiny model sits on the steep part of its warm-up curve (node/demo/tinymodel/build.py):
     # with the same pinned packages it starts at 0.165 on the CPU it was tuned on and at 0.535 on
     # another (2026-11-26); the bound only says the task is far from solved at the start.
@@ -68,6 +71,7 @@ def test_demo_on_smollm2_runs_its_recipe_through_every_role(tmp_path) -> None:
     assert summary["stopped_by"] == "steps", summary
     assert summary["rejected_groups"] == 0 and summary["accepted_groups"] > 0, summary
     assert summary["eval_accuracy_start"] is not None
+    assert summary["last_evaluated_step"] == 1  # the run's last policy is measured before the demo ends
     for home in (tmp_path / "nodes").iterdir():
         assert "temperature = 0.7" in (home / "config.toml").read_text()  # every node: the same [run]
     trainer_config = (tmp_path / "nodes" / "trainer" / "config.toml").read_text()
@@ -88,6 +92,7 @@ def test_demo_recipes_name_their_model_and_refuse_unknown_ones() -> None:
     # and so does the schedule: LoRA's from its first step, decayed over 15; full's warmed up over 5
     assert (lora.lr_warmup_steps, lora.lr_decay_steps) == (1, 15)
     assert (full.lr_warmup_steps, full.lr_decay_steps) == (5, 200)
+    assert lora.eval_tasks == full.eval_tasks == 100  # an evaluation of 200 took minutes of 2 cores
     assert DemoOptions.for_model("smollm2", lr_decay_steps=40).lr_decay_steps == 40  # given beats the schedule
     assert DemoOptions.for_model("tiny", lora_rank=4).lr == 5e-3 and DemoOptions.for_model("tiny").lr == 5e-4
     with pytest.raises(ValueError, match="unknown demo model"):

@@ -348,7 +348,9 @@ def _watch(demo: DemoSwarm, options: DemoOptions, started: float, shipping: Ship
             shipping.poll(demo.swarm)
             dashboard.update(lines, demo.swarm, time.monotonic() - started, shipping.line())
             published = [line for line in lines if "task_reward" in line or line.get("bridge")]
-            if published and options.steps is not None and published[-1]["step"] >= options.steps:
+            if published and options.steps is not None and published[-1]["step"] >= options.steps and (
+                    not options.eval_tasks or any(line.get("eval_measured") and line["step"] >= options.steps
+                                                  for line in lines)):  # and the last step's evaluation
                 return "steps"
             died = death_report(demo.swarm.nodes.values())
             if died:

@@ -18,9 +18,10 @@
   commitment (resuming from its pool after an outage publishes several steps at once) or whose
   window's commitments all taught nothing would otherwise wait for groups that nobody may make
   (specs/rollouts.md, "Bridge steps").
-- Held-out evaluations (at the start, then every ``eval_every`` steps or ``eval_every_s``) run on
-  a copy of the policy beside the loop (``BackgroundEvaluations``), each with its own line in
-  ``metrics.jsonl`` (``eval_measured``) when done: the loop does not wait for them.
+- Held-out evaluations (at the start, then every ``eval_every`` steps or ``eval_every_s``, and of
+  the last step of a ``max_steps`` run) run on a copy of the policy beside the loop
+  (``BackgroundEvaluations``), each with its own line in ``metrics.jsonl`` (``eval_measured``)
+  when done: the loop does not wait for them.
 - Then, in this order: the ledger notes which groups the step trained on, one line goes to
   ``metrics.jsonl``, the state (weights, optimizer, step, consumed keys) is saved atomically, the
   consumed groups leave the pool, and the new weights are written to the publish directory where
@@ -154,6 +155,7 @@ class TrainerService:
         self._started = time.monotonic()
         self._first_trained_at: float | None = None  # this process's first trained step
         self._last_eval_at: float | None = None  # this process's last evaluation after a trained step
+        self._submitted_eval_step: int | None = None  # the newest step handed to ``evaluations``
         self.learner: GRPOLearner | LeadLearner | None = None
         self.tied_embeddings = False
         self.tokenizer: Any = None
@@ -270,9 +272,11 @@ class TrainerService:
             nursery.start_soon(self.evaluations.run)
             task_status.started()
             if self.counters.last_eval is None and self.eval_tasks:  # the starting point, as step 0's line
-                self.evaluations.submit(self.step, await trio.to_thread.run_sync(self._policy_copy))
+                await self._submit_evaluation()
             while self.options.max_steps is None or self.step < self.options.max_steps:
                 await self._one_step()
+            if self.eval_tasks and self._submitted_eval_step != self.step:  # the run's last policy, measured
+                await self._submit_evaluation()
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
             await trio.sleep_forever()
 
@@ -344,7 +348,7 @@ class TrainerService:
             step, self.options, since_eval_s=None if self._last_eval_at is None else now - self._last_eval_at,
             since_first_step_s=now - self._first_trained_at)
         if evaluated:  # measured in the background (BackgroundEvaluations): its own line when done
-            self.evaluations.submit(step, await trio.to_thread.run_sync(self._policy_copy))
+            await self._submit_evaluation()
             self._last_eval_at = time.monotonic()
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
@@ -408,6 +412,10 @@ class TrainerService:
         """One line in one write to a file opened for appending: the loop's and the evaluations'
         lines never interleave."""
         append_durably(self.directory / METRICS_FILE, json.dumps(line))
+
+    async def _submit_evaluation(self) -> None:
+        self.evaluations.submit(self.step, await trio.to_thread.run_sync(self._policy_copy))
+        self._submitted_eval_step = self.step
 
     def _policy_copy(self) -> torch.nn.Module:
         """The policy as it is now, for an evaluation that runs while the trainer goes on."""
