@@ -8,6 +8,7 @@ import threading
 
 import torch
 import trio
+import trio.testing
 
 from intellect_node.node.roles.trainer.background_eval import BackgroundEvaluations
 
@@ -85,3 +86,23 @@ async def test_a_stopping_trainer_does_not_wait_for_the_evaluation_thread() -> N
     finally:
         evaluate.open_all()
     assert recorded.lines == [] and evaluations.pending == 0
+
+
+async def test_a_failed_evaluation_is_logged_and_the_next_one_still_runs() -> None:
+    recorded = Recorded(expected=1)
+
+    def evaluate(model: torch.nn.Module) -> float:
+        if model.weight.item() < 0:
+            raise RuntimeError("out of memory")
+        return float(model.weight.item())
+
+    evaluations = BackgroundEvaluations(evaluate, recorded)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(evaluations.run)
+            evaluations.submit(1, model_of(-1.0))
+            await trio.testing.wait_all_tasks_blocked()
+            evaluations.submit(2, model_of(0.5))
+            await recorded.done.wait()
+            nursery.cancel_scope.cancel()
+    assert recorded.lines == [(2, 0.5)] and evaluations.failed == 1

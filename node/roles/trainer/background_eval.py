@@ -42,6 +42,7 @@ class BackgroundEvaluations:
         self._submitted = trio.Event()
         self.running_step: int | None = None
         self.replaced = 0  # copies dropped for a newer step's before they were evaluated
+        self.failed = 0  # evaluations that raised (logged; nothing recorded for their step)
 
     def submit(self, step: int, model: nn.Module) -> None:
         """Queue ``model`` (a copy the caller will not touch again) as the policy of ``step``."""
@@ -68,6 +69,10 @@ class BackgroundEvaluations:
             self.running_step = job.step
             try:
                 accuracy = await trio.to_thread.run_sync(self._evaluate, job.model, abandon_on_cancel=True)
-                await self._record(job.step, accuracy)
+            except Exception:  # a measurement that failed (memory, a bad prompt) must not stop training
+                self.failed += 1
+                log.exception("the evaluation of step %d failed; training goes on", job.step)
+                continue
             finally:
                 self.running_step = None
+            await self._record(job.step, accuracy)
