@@ -16,4 +16,5 @@
 - ``launch``: starts those processes with torchrun (``join --role trainer --nproc N``).
 - ``state``: weights, optimizer, step and counters, saved atomically.
 - ``evaluation``: held-out greedy accuracy.
+- ``background_eval``: the trainer's evaluations, on a copy of the policy beside its loop.
 """

@@ -15,6 +15,7 @@ always finishes: the starting point's, submitted before any step, is always meas
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ class BackgroundEvaluations:
         self.running_step: int | None = None
         self.replaced = 0  # copies dropped for a newer step's before they were evaluated
         self.failed = 0  # evaluations that raised (logged; nothing recorded for their step)
+        self.submitted_step: int | None = None  # the newest step handed over
 
     def submit(self, step: int, model: nn.Module) -> None:
         """Queue ``model`` (a copy the caller will not touch again) as the policy of ``step``."""
@@ -51,7 +53,13 @@ class BackgroundEvaluations:
             log.info("the evaluation of step %d is skipped: step %d's is newer and the one of step %s still runs",
                      self._waiting.step, step, self.running_step)
         self._waiting = EvalJob(step, model)
+        self.submitted_step = step
         self._submitted.set()
+
+    async def submit_copy(self, step: int, policy: Callable[[], nn.Module]) -> None:
+        """Submit a copy of ``policy()`` as it is now, made in a worker thread (hundreds of MB for
+        a real model; ``policy`` may gather a sharded model's weights): the trainer goes on after."""
+        self.submit(step, await trio.to_thread.run_sync(lambda: copy.deepcopy(policy()).requires_grad_(False)))
 
     @property
     def pending(self) -> int:

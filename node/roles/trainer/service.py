@@ -43,7 +43,6 @@ over is published again.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -155,7 +154,6 @@ class TrainerService:
         self._started = time.monotonic()
         self._first_trained_at: float | None = None  # this process's first trained step
         self._last_eval_at: float | None = None  # this process's last evaluation after a trained step
-        self._submitted_eval_step: int | None = None  # the newest step handed to ``evaluations``
         self.learner: GRPOLearner | LeadLearner | None = None
         self.tied_embeddings = False
         self.tokenizer: Any = None
@@ -272,11 +270,11 @@ class TrainerService:
             nursery.start_soon(self.evaluations.run)
             task_status.started()
             if self.counters.last_eval is None and self.eval_tasks:  # the starting point, as step 0's line
-                await self._submit_evaluation()
+                await self.evaluations.submit_copy(self.step, self.learner.inference_model)
             while self.options.max_steps is None or self.step < self.options.max_steps:
                 await self._one_step()
-            if self.eval_tasks and self._submitted_eval_step != self.step:  # the run's last policy, measured
-                await self._submit_evaluation()
+            if self.eval_tasks and self.evaluations.submitted_step != self.step:  # the run's last policy, measured
+                await self.evaluations.submit_copy(self.step, self.learner.inference_model)
             log.info("trainer reached step %d (--steps); serving checkpoints until stopped", self.step)
             await trio.sleep_forever()
 
@@ -348,7 +346,7 @@ class TrainerService:
             step, self.options, since_eval_s=None if self._last_eval_at is None else now - self._last_eval_at,
             since_first_step_s=now - self._first_trained_at)
         if evaluated:  # measured in the background (BackgroundEvaluations): its own line when done
-            await self._submit_evaluation()
+            await self.evaluations.submit_copy(self.step, self.learner.inference_model)
             self._last_eval_at = time.monotonic()
         train_s = time.monotonic() - started
         self.counters.train_s += train_s
@@ -412,15 +410,6 @@ class TrainerService:
         """One line in one write to a file opened for appending: the loop's and the evaluations'
         lines never interleave."""
         append_durably(self.directory / METRICS_FILE, json.dumps(line))
-
-    async def _submit_evaluation(self) -> None:
-        self.evaluations.submit(self.step, await trio.to_thread.run_sync(self._policy_copy))
-        self._submitted_eval_step = self.step
-
-    def _policy_copy(self) -> torch.nn.Module:
-        """The policy as it is now, for an evaluation that runs while the trainer goes on."""
-        assert self.learner is not None
-        return copy.deepcopy(self.learner.inference_model()).requires_grad_(False)
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         engine = TorchEngine(model, max_batch_rows=256)
