@@ -161,14 +161,19 @@ class LocalSwarm:
             raise TimeoutError(f"{exc}; the nodes' last log lines:\n{self.log_tails()}") from None
 
     def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` of each running node's log."""
+        """Each running node's warnings (the last ``lines`` of them: a ban, a failed step) and the
+        last ``lines`` of its log. Why the warnings: a stall is often decided long before the tail
+        (a CI failure showed two nodes resetting each other's streams, but not why)."""
         tails = []
         for name, node in self.nodes.items():
             try:
-                tail = (node.home / "node.log").read_text(errors="replace").splitlines()[-lines:]
+                log_lines = (node.home / "node.log").read_text(errors="replace").splitlines()
             except OSError as exc:
-                tail = [f"(no log: {exc})"]
-            tails.append("\n".join([f"--- {name}", *tail]))
+                log_lines = [f"(no log: {exc})"]
+            tail = log_lines[-lines:]
+            earlier = [line for line in log_lines[:-lines] if " WARNING " in line or " ERROR " in line][-lines:]
+            tails.append("\n".join([f"--- {name}", *(["(warnings before the tail:)", *earlier, "(the tail:)"]
+                                                      if earlier else []), *tail]))
         return "\n".join(tails)
 
     def converged(self, names: Iterable[str] | None = None) -> bool:

@@ -33,6 +33,7 @@ from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP_PROTOCOL
 
+from intellect_node.node.swarm.loop_lag import LoopDeadline
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.stream_table import RequestStream, Slot, SlotPolicy, StreamTable
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL, SHARDS_PROTOCOL
@@ -204,6 +205,10 @@ class StreamGuard:
             return
         if slot.evicted:  # its place went to a newcomer; slow is not proven hostile, so no charge
             log.debug("%s: evicted a slow request of %s from %s", protocol, slot.peer, slot.ip)
+        elif slot.stalled_here():  # our loop stalled through its deadline: cut, but not the peer's fault
+            table.counts["stalled_here"] += 1
+            log.info("%s: cut a stream of %s after this node's loop stalled %.1f s (not charged)",
+                     protocol, slot.peer, slot.stall_seen())
         elif not slot.complete:
             table.counts["request"] += 1
             detail = f"{protocol}: no complete request within {policy.request_s:g} s"
@@ -235,12 +240,14 @@ class StreamGuard:
 
     async def _first_byte(self, stream: INetStream, protocol: str, policy: SlotPolicy) -> INetStream:
         assert policy.first_byte_s is not None
-        with trio.move_on_after(policy.first_byte_s):
-            try:
-                first = await stream.read(1)
-            except Exception:  # reset or closed before a byte: the handler sees the same end
-                first = b""
-            return PrefetchedStream(stream, first)  # type: ignore[return-value]
+        deadline = LoopDeadline(policy.first_byte_s)  # a stall of our loop is not the dialer's delay
+        while wait := deadline.next_wait():
+            with trio.move_on_after(wait):
+                try:
+                    first = await stream.read(1)
+                except Exception:  # reset or closed before a byte: the handler sees the same end
+                    first = b""
+                return PrefetchedStream(stream, first)  # type: ignore[return-value]
         raise _FirstByteMissing(protocol)
 
     def _contained(self, protocol: str, handler: Handler) -> Handler:

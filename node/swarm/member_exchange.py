@@ -93,7 +93,7 @@ class MemberExchange:
 
     async def pull_from_random_peer(self) -> None:
         """One exchange (anti-entropy) with a random connected peer, bounded."""
-        connected = self.host.get_connected_peers()
+        connected = [peer for peer in self.host.get_connected_peers() if not self.scores.is_banned(peer.to_base58())]
         if connected:
             with trio.move_on_after(STREAM_TIMEOUT_S * 2):
                 await self.exchange(random.choice(connected))

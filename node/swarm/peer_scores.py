@@ -4,6 +4,15 @@ Every refused network input is counted by its ``reason`` (the labels of ``intell
 charged to the peer that delivered it. A peer whose penalty passes the ban threshold is banned: the
 node disconnects it, blacklists it in gossip and ignores its streams. Penalties decay, so an honest
 peer with a clock hiccup or a flaky link recovers.
+
+Two kinds of ban (specs/wire.md section 5). A peer that was ever charged for input no honest peer
+sends (forged or malformed: ``PROVEN_COST`` points or more), or that a verdict proved a cheat, is
+banned for the run, and the ban is written to ``ban_log`` so it survives a restart. A peer that
+reached the threshold only by what an honest peer does when it, or we, are slow (timeouts, streams
+closed unanswered, slots held) is banned for now: until its points decay below half the threshold,
+and never written down. Before that split, a node whose loop stalled under load could charge an
+honest peer's streams as timeouts (tests/test_loop_lag.py) up to a ban it kept for good, across
+restarts, and two peers resetting each other's streams charged each other's unanswered ones.
 """
 
 from __future__ import annotations
@@ -52,6 +61,10 @@ PENALTIES: dict[str, float] = {
     "unanswered": 1.0,
 }
 DEFAULT_PENALTY = 10.0
+# Forged or malformed input: a peer charged this much for one input is not an honest peer in trouble.
+PROVEN_COST = 25.0
+# A ban for now is lifted once the peer's decayed points fall below this share of the threshold.
+LIFT_SHARE = 0.5
 
 
 @dataclass
@@ -59,12 +72,15 @@ class PeerScores:
     ban_threshold: float = 100.0
     half_life_s: float = 600.0
     on_ban: Callable[[str], None] | None = None
+    on_lift: Callable[[str], None] | None = None  # a ban for now ended
     # one JSON line per ban, appended (fsynced) as it happens and read back by ``restore``: a
     # proven cheat stays banned for the run across restarts
     ban_log: Path | None = None
     rejections: Counter[str] = field(default_factory=Counter)
     _penalty: dict[str, tuple[float, float]] = field(default_factory=dict)  # peer -> (points, at)
     banned: set[str] = field(default_factory=set)
+    banned_for_now: set[str] = field(default_factory=set)  # the part of ``banned`` that will be lifted
+    _proven: set[str] = field(default_factory=set)  # charged at least once with PROVEN_COST or more
 
     def penalty(self, peer_id: str, now: float | None = None) -> float:
         points, at = self._penalty.get(peer_id, (0.0, 0.0))
@@ -77,18 +93,32 @@ class PeerScores:
         cost = PENALTIES.get(reason, DEFAULT_PENALTY)
         log.log(logging.INFO if cost else logging.DEBUG, "rejected input from %s: %s %s",
                 peer_id or "unknown peer", reason, detail[:200])
-        if peer_id is None or peer_id in self.banned or not cost:
+        if peer_id is None or not cost:
             return
+        # A banned peer gathers no more points (a ban for now must be able to end: two peers that
+        # ban each other would otherwise keep charging each other's unanswered streams), unless it
+        # sends forged or malformed input: then a ban for now becomes a ban for the run.
+        if peer_id in self.banned and (peer_id not in self.banned_for_now or cost < PROVEN_COST):
+            return
+        if cost >= PROVEN_COST:
+            self._proven.add(peer_id)
         now = time.monotonic()
         points = self.penalty(peer_id, now) + cost
         self._penalty[peer_id] = (points, now)
-        if points >= self.ban_threshold:
-            self.ban(peer_id, f"penalty {points:.0f}, last reason {reason}")
+        if points < self.ban_threshold:
+            return
+        why = f"penalty {points:.0f}, last reason {reason}"
+        if peer_id in self._proven:
+            self.ban(peer_id, why)
+        elif peer_id not in self.banned:
+            self._ban_for_now(peer_id, why)
 
     def ban(self, peer_id: str, why: str) -> None:
-        """The one ban path: by points past the threshold, or at once for a proven cheat."""
-        if peer_id in self.banned:
+        """The ban for the run: a proven cheat, or points past the threshold with forged or malformed
+        input among them. Written to ``ban_log``; a ban for now becomes this one."""
+        if peer_id in self.banned and peer_id not in self.banned_for_now:
             return
+        self.banned_for_now.discard(peer_id)
         self.banned.add(peer_id)
         log.warning("banned peer %s: %s", peer_id, why)
         if self.ban_log is not None:
@@ -99,8 +129,32 @@ class PeerScores:
         if self.on_ban is not None:
             self.on_ban(peer_id)
 
+    def _ban_for_now(self, peer_id: str, why: str) -> None:
+        self.banned.add(peer_id)
+        self.banned_for_now.add(peer_id)
+        log.warning("banned peer %s for now (until its points halve; nothing it sent was forged): %s", peer_id, why)
+        if self.on_ban is not None:
+            self.on_ban(peer_id)
+
     def is_banned(self, peer_id: str) -> bool:
+        if peer_id in self.banned_for_now:
+            self._lift_if_due(peer_id)
         return peer_id in self.banned
+
+    def lift_due(self) -> list[str]:
+        """Lift every ban for now whose points have decayed below the lift line (the node's upkeep
+        calls it each second, so a lifted peer's gossip comes back without waiting for its stream)."""
+        return [peer_id for peer_id in list(self.banned_for_now) if self._lift_if_due(peer_id)]
+
+    def _lift_if_due(self, peer_id: str) -> bool:
+        if self.penalty(peer_id) >= self.ban_threshold * LIFT_SHARE:
+            return False
+        self.banned_for_now.discard(peer_id)
+        self.banned.discard(peer_id)
+        log.info("lifted the ban for now of %s", peer_id)
+        if self.on_lift is not None:
+            self.on_lift(peer_id)
+        return True
 
     def restore(self, max_lines: int = 1_000_000) -> int:
         """Read the bans of earlier runs of this node from ``ban_log`` (without ``on_ban``: the

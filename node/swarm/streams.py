@@ -7,35 +7,52 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
+from intellect_node.node.swarm.loop_lag import LoopDeadline
 from intellect_node.protocol.errors import Stalled, Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, frame, frame_length
 
 
-async def _read_exactly(stream: INetStream, count: int, *, opening: bool = False) -> bytes:
-    """``count`` bytes; Truncated if the stream ends first (Unanswered if ``opening`` and it
-    ended before the first byte)."""
-    buffer = bytearray()
-    while len(buffer) < count:
-        try:
-            chunk = await stream.read(count - len(buffer))
-            how = ""
-        except Exception as exc:  # libp2p signals EOF and resets with several exception types
-            chunk, how = b"", f" ({type(exc).__name__})"
-        if not chunk:
-            if opening and not buffer:
-                raise Unanswered(f"stream ended before its first byte{how}")
-            raise Truncated(f"stream ended after {len(buffer)} of {count} bytes{how}")
-        buffer += chunk
-    return bytes(buffer)
+class _FrameReader:
+    """One frame read in steps that may be cancelled and resumed: the bytes read so far are kept."""
+
+    def __init__(self, stream: INetStream, limit: int) -> None:
+        self.stream, self.limit = stream, limit
+        self.buffer = bytearray()
+        self.length: int | None = None  # the payload's, once the header is read
+
+    async def read(self) -> bytes:
+        if self.length is None:
+            await self._fill(HEADER.size)
+            self.length = frame_length(bytes(self.buffer), self.limit)
+            del self.buffer[:]
+        await self._fill(self.length)
+        return bytes(self.buffer)
+
+    async def _fill(self, count: int) -> None:
+        """Read until ``count`` bytes are buffered; Truncated if the stream ends first (Unanswered
+        if it ended before the frame's first byte)."""
+        while len(self.buffer) < count:
+            try:
+                chunk = await self.stream.read(count - len(self.buffer))
+                how = ""
+            except Exception as exc:  # libp2p signals EOF and resets with several exception types
+                chunk, how = b"", f" ({type(exc).__name__})"
+            if not chunk:
+                if self.length is None and not self.buffer:
+                    raise Unanswered(f"stream ended before its first byte{how}")
+                raise Truncated(f"stream ended after {len(self.buffer)} of {count} bytes{how}")
+            self.buffer += chunk
 
 
 async def read_frame(stream: INetStream, limit: int, timeout_s: float) -> bytes:
-    """One frame's payload; Oversize before reading a too-long payload, Stalled past the deadline,
-    Unanswered if the stream ends before the frame's first byte."""
-    with trio.move_on_after(timeout_s) as scope:
-        length = frame_length(await _read_exactly(stream, HEADER.size, opening=True), limit)
-        return await _read_exactly(stream, length) if length else b""
-    assert scope.cancelled_caught
+    """One frame's payload; Oversize before reading a too-long payload, Unanswered if the stream
+    ends before the frame's first byte, Stalled once the peer had ``timeout_s`` of this loop's
+    time (a stall of our own loop is given back: ``loop_lag``)."""
+    reader = _FrameReader(stream, limit)
+    deadline = LoopDeadline(timeout_s)
+    while wait := deadline.next_wait():
+        with trio.move_on_after(wait):
+            return await reader.read()
     raise Stalled(f"no complete frame within {timeout_s:g} s")
 
 

@@ -1,8 +1,8 @@
 """``Upkeep``: what a node must keep doing so that its state stays true: members whose adverts
 expired are dropped, the peer cache reaches disk within ``PEER_CACHE_SAVE_S`` after it changes (a
 crash skips the save at shutdown; a cache a few changes behind costs a restart nothing), written
-in a worker thread (two fsyncs must not stall the node's event loop), and a banned peer's gossip
-and connection go as soon as the ban is decided.
+in a worker thread (two fsyncs must not stall the node's event loop), a banned peer's gossip
+and connection go as soon as the ban is decided, and a ban for now is lifted once it is due.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from intellect_node.node.home.durable import write_durably
 from intellect_node.node.swarm.membership import MemberView
 from intellect_node.node.swarm.peer_cache import PeerCache
+from intellect_node.node.swarm.peer_scores import PeerScores
 
 log = logging.getLogger(__name__)
 UPKEEP_S = 1.0
@@ -25,8 +26,10 @@ PEER_CACHE_SAVE_S = 30.0
 
 
 class Upkeep:
-    def __init__(self, host: IHost, pubsub: Pubsub, view: MemberView, peer_cache: PeerCache) -> None:
+    def __init__(self, host: IHost, pubsub: Pubsub, view: MemberView, peer_cache: PeerCache,
+                 scores: PeerScores) -> None:
         self.host = host
+        self.scores = scores
         self.pubsub = pubsub
         self.view = view
         self.peer_cache = peer_cache
@@ -47,6 +50,13 @@ class Upkeep:
         self.pubsub.blacklisted_peers.add(peer)
         self._to_disconnect.send_nowait(peer)
 
+    def on_lift(self, peer_id: str) -> None:
+        """A ban for now ended (``PeerScores``' lift hook): the peer's gossip is welcome again."""
+        try:
+            self.pubsub.blacklisted_peers.discard(ID.from_base58(peer_id))
+        except ValueError:
+            return
+
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._disconnect_banned, nursery)
@@ -55,6 +65,7 @@ class Upkeep:
                 await trio.sleep(UPKEEP_S)
                 for peer_id in self.view.prune():
                     log.info("member %s left (advert expired)", peer_id)
+                self.scores.lift_due()
                 if self.peer_cache.dirty and trio.current_time() - saved_at >= PEER_CACHE_SAVE_S:
                     saved_at = trio.current_time()
                     await trio.to_thread.run_sync(write_durably, self.peer_cache.path, self.peer_cache.encoded())
