@@ -15,10 +15,15 @@ how late it woke. Its cost is four wake-ups a second per process, whatever the n
 
 from __future__ import annotations
 
+import logging
+
 import trio
 from trio.lowlevel import RunVar, spawn_system_task
 
+log = logging.getLogger(__name__)
 TICK_S = 0.25
+# A stall this long is logged: the node's peers waited for it (a loaded machine, work on the loop).
+LOGGED_STALL_S = 2.0
 # Lateness below this is the scheduler's ordinary jitter, not a stall.
 JITTER_S = 0.02
 # A deadline is extended by at most this many times its own length: a loop stalled for minutes is
@@ -43,6 +48,9 @@ class LoopLag:
                 late = trio.current_time() - self._due
                 if late > JITTER_S:
                     self._stalled_s += late
+                if late >= LOGGED_STALL_S:
+                    log.info("this node's event loop stalled %.1f s (a loaded machine, or long work on the loop); "
+                             "deadlines on peers were extended by it", late)
         finally:
             self._due = None
 
