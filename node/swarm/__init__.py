@@ -27,8 +27,8 @@ What those parts stand on:
 - ``stream_table``: one table of inbound streams per protocol: caps, request deadlines, eviction of
   the slowest incomplete request for a newcomer (specs/guards.md G3, G4).
 - ``streams``: length-prefixed frames over raw libp2p streams, with limits and deadlines.
-- ``loop_lag``: how long this process's event loop stalled, and deadlines on peers that give the
-  stall back (a loaded node must not blame, and ban, the peers it was too slow to read).
+- ``loop_deadline``: deadlines on peers that a stall of this node's own event loop does not run
+  out (a loaded node must not blame, and ban, the peers it was too slow to read).
 - ``gossip``: gossipsub topics per run, with validators that drop and charge bad input.
 - ``mesh_router``: ``SteadyGossipSub``, the gossipsub router with the spec's mesh upkeep (no
   per-heartbeat grafting churn) and a fixed gossip fan-out, so a node's cost does not grow with N.

@@ -33,7 +33,7 @@ from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID as STOP_PROTOCOL
 
-from intellect_node.node.swarm.loop_lag import LoopDeadline
+from intellect_node.node.swarm.loop_deadline import LATE_S, LoopDeadline, late_by
 from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.node.swarm.stream_table import RequestStream, Slot, SlotPolicy, StreamTable
 from intellect_node.protocol.framing import DIALBACK_PROTOCOL, MEMBERS_PROTOCOL, ROLLOUTS_PROTOCOL, SHARDS_PROTOCOL
@@ -205,10 +205,9 @@ class StreamGuard:
             return
         if slot.evicted:  # its place went to a newcomer; slow is not proven hostile, so no charge
             log.debug("%s: evicted a slow request of %s from %s", protocol, slot.peer, slot.ip)
-        elif slot.stalled_here():  # our loop stalled through its deadline: cut, but not the peer's fault
+        elif late_by(slot.scope.deadline) > LATE_S:  # our loop stalled through its deadline: not the peer's fault
             table.counts["stalled_here"] += 1
-            log.info("%s: cut a stream of %s after this node's loop stalled %.1f s (not charged)",
-                     protocol, slot.peer, slot.stall_seen())
+            log.debug("%s: cut a stream of %s whose deadline ran late (not charged)", protocol, slot.peer)
         elif not slot.complete:
             table.counts["request"] += 1
             detail = f"{protocol}: no complete request within {policy.request_s:g} s"

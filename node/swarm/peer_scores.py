@@ -11,7 +11,7 @@ banned for the run, and the ban is written to ``ban_log`` so it survives a resta
 reached the threshold only by what an honest peer does when it, or we, are slow (timeouts, streams
 closed unanswered, slots held) is banned for now: until its points decay below half the threshold,
 and never written down. Before that split, a node whose loop stalled under load could charge an
-honest peer's streams as timeouts (tests/test_loop_lag.py) up to a ban it kept for good, across
+honest peer's streams as timeouts (tests/test_loop_deadline.py) up to a ban it kept for good, across
 restarts, and two peers resetting each other's streams charged each other's unanswered ones.
 """
 

@@ -37,7 +37,6 @@ from intellect_node.node.swarm.discovery import Discovery
 from intellect_node.node.swarm.gossip import build_pubsub, install_validator
 from intellect_node.node.swarm.guard import StreamGuard
 from intellect_node.node.swarm.host import build_host, claim_listen_addrs, listen_addrs
-from intellect_node.node.swarm.loop_lag import loop_lag
 from intellect_node.node.swarm.member_exchange import MemberExchange
 from intellect_node.node.swarm.membership import AdvertRecordValidator, MemberView, member_summary
 from intellect_node.node.swarm.nat.traversal import NatTraversal
@@ -123,7 +122,6 @@ class Node:
         install_validator(self.pubsub, topic, (NodeAdvert,), self.members.on_gossip, self.scores)
         announcing = self.announcements.install()
         claim_socket_path(self.config.layout.control_socket)  # before supervision: a second node must not retry
-        loop_lag()  # measuring this loop's stalls from the start: deadlines on peers give them back
         try:
             async with self.host.run(listen_addrs=listen), trio.open_nursery() as nursery:
                 async with background_trio_service(self.pubsub), background_trio_service(self.router), \

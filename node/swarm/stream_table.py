@@ -26,13 +26,10 @@ from typing import Any
 import trio
 from libp2p.abc import INetStream
 
-from intellect_node.node.swarm.loop_lag import loop_lag
 from intellect_node.protocol.framing import HEADER
 
 # A stream that has read nothing yet still ranks by its age: rates use at least this many seconds.
 MIN_AGE_S = 0.001
-# A deadline that ran while our loop stalled for more than this share of it blames no one.
-STALL_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -55,14 +52,11 @@ class SlotPolicy:
 class Slot:
     """One admitted stream: who, from where, since when, how much of its request arrived."""
 
-    __slots__ = ("complete", "evicted", "ip", "need", "opened", "peer", "policy", "received", "scope", "_head",
-                 "_lag", "_stalled_at_open")
+    __slots__ = ("complete", "evicted", "ip", "need", "opened", "peer", "policy", "received", "scope", "_head")
 
     def __init__(self, peer: str, ip: str, policy: SlotPolicy) -> None:
         self.peer, self.ip, self.policy = peer, ip, policy
         self.opened = trio.current_time()
-        self._lag = loop_lag()
-        self._stalled_at_open = self._lag.stalled_s()
         self.received = 0
         self.need: int | None = None  # the request frame's length with its header, once the header is read
         self.complete = policy.request_s is None  # nothing to wait for: never in its request
@@ -88,16 +82,6 @@ class Slot:
         if self.need is not None and self.received >= self.need:
             self.complete = True
             self.scope.deadline = self._deadline()
-
-    def stall_seen(self) -> float:
-        """How long this node's loop stalled since the stream opened."""
-        return self._lag.stalled_s() - self._stalled_at_open
-
-    def stalled_here(self) -> bool:
-        """Whether the deadline that ended this stream ran while our loop stalled for more than a
-        tenth of it: then the peer did not have its time (``loop_lag``), and is not charged."""
-        limit = self.policy.stream_s if self.complete else self.policy.request_s
-        return limit is not None and self.stall_seen() > limit * STALL_SHARE
 
     def rate(self, now: float) -> float:
         """Request bytes per second since the stream opened: the slowest goes first."""

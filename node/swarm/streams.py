@@ -7,7 +7,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
-from intellect_node.node.swarm.loop_lag import LoopDeadline
+from intellect_node.node.swarm.loop_deadline import LoopDeadline
 from intellect_node.protocol.errors import Stalled, Truncated, Unanswered
 from intellect_node.protocol.framing import HEADER, frame, frame_length
 
@@ -46,8 +46,8 @@ class _FrameReader:
 
 async def read_frame(stream: INetStream, limit: int, timeout_s: float) -> bytes:
     """One frame's payload; Oversize before reading a too-long payload, Unanswered if the stream
-    ends before the frame's first byte, Stalled once the peer had ``timeout_s`` of this loop's
-    time (a stall of our own loop is given back: ``loop_lag``)."""
+    ends before the frame's first byte, Stalled once ``timeout_s`` ran out on time (a deadline a
+    stall of our own loop made late is given back: ``loop_deadline``)."""
     reader = _FrameReader(stream, limit)
     deadline = LoopDeadline(timeout_s)
     while wait := deadline.next_wait():
