@@ -155,6 +155,7 @@ def test_a_peer_only_slow_is_banned_for_now_and_lifted(tmp_path) -> None:
     for _ in range(21):
         scores.reject(slow, "timeout")  # 5 points each: past 100
     assert scores.is_banned(slow) and slow in scores.banned_for_now
+    assert not scores.is_banned_for_the_run(slow)  # what it delivered and was accepted stays
     scores.reject(slow, "unanswered")  # a banned peer gathers no more points from being slow
     assert not log_path.exists()  # never written down: a restart forgets it
     assert PeerScores(ban_log=log_path).restore() == 0
@@ -170,7 +171,7 @@ def test_forged_input_makes_any_ban_one_for_the_run(tmp_path) -> None:
     scores.reject(forger, "malformed")  # 25: never an honest peer's
     for _ in range(16):
         scores.reject(forger, "timeout")
-    assert scores.is_banned(forger) and forger not in scores.banned_for_now
+    assert scores.is_banned(forger) and forger not in scores.banned_for_now and scores.is_banned_for_the_run(forger)
     for _ in range(21):
         scores.reject(slow, "timeout")
     assert slow in scores.banned_for_now

@@ -81,6 +81,7 @@ def test_trusted_cheat_verdict_bans_the_worker() -> None:
     node, _, _ = listening()
     node.deliver(verdict(ALICE, accepted=(), rejected=((1, "toploc"),)), ALICE)
     assert WORKER.peer_id in node.scores.banned
+    assert node.scores.is_banned_for_the_run(WORKER.peer_id)  # its accepted groups and waiting batches go too
 
 
 def test_stale_rejection_is_no_cheat_and_bans_nobody() -> None:

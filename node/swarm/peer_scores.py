@@ -141,6 +141,12 @@ class PeerScores:
             self._lift_if_due(peer_id)
         return peer_id in self.banned
 
+    def is_banned_for_the_run(self, peer_id: str) -> bool:
+        """Banned for forged or malformed input or a proven cheat: what it delivered and was accepted
+        is dropped too. A peer banned for now was only slow: what it delivered was checked on its
+        own merits and stays."""
+        return peer_id in self.banned and peer_id not in self.banned_for_now
+
     def lift_due(self) -> list[str]:
         """Lift every ban for now whose points have decayed below the lift line (the node's upkeep
         calls it each second, so a lifted peer's gossip comes back without waiting for its stream)."""

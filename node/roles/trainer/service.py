@@ -288,7 +288,7 @@ class TrainerService:
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
         banned = [key for key, g in self.pool.groups.items()
-                  if g.policy_step >= oldest and self.node.scores.is_banned(g.worker)]
+                  if g.policy_step >= oldest and self.node.scores.is_banned_for_the_run(g.worker)]
         if stale or banned:
             self.counters.stale_groups += len(stale)
             self.counters.banned_groups += len(banned)

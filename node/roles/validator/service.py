@@ -281,7 +281,7 @@ class ValidatorService:
             if signed is None:
                 return
             waiting = self._waiting[digest] = WaitingBatch.of(signed)
-        if self.node.scores.is_banned(waiting.worker):
+        if self.node.scores.is_banned_for_the_run(waiting.worker):
             self._drop(digest, "banned_worker")  # e.g. the good counter delivered beside a burnt one
             return
         if waiting.expiry_ms <= time.time() * 1000:
