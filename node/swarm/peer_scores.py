@@ -119,20 +119,21 @@ class PeerScores:
         if peer_id in self.banned and peer_id not in self.banned_for_now:
             return
         self.banned_for_now.discard(peer_id)
-        self.banned.add(peer_id)
-        log.warning("banned peer %s: %s", peer_id, why)
         if self.ban_log is not None:
             try:
                 append_durably(self.ban_log, json.dumps({"peer_id": peer_id, "why": why[:200], "at": time.time()}))
             except OSError as exc:
                 log.warning("could not record the ban of %s: %s", peer_id, exc)
-        if self.on_ban is not None:
-            self.on_ban(peer_id)
+        self._impose(peer_id, why)
 
     def _ban_for_now(self, peer_id: str, why: str) -> None:
-        self.banned.add(peer_id)
         self.banned_for_now.add(peer_id)
-        log.warning("banned peer %s for now (until its points halve; nothing it sent was forged): %s", peer_id, why)
+        self._impose(peer_id, f"for now (until its points halve; nothing it sent was forged): {why}")
+
+    def _impose(self, peer_id: str, why: str) -> None:
+        """What both kinds of ban do: the peer is banned, logged, and ``on_ban`` cuts it off."""
+        self.banned.add(peer_id)
+        log.warning("banned peer %s: %s", peer_id, why)
         if self.on_ban is not None:
             self.on_ban(peer_id)
 
