@@ -71,18 +71,31 @@ def test_the_share_is_taken_against_what_the_worker_shows_it_makes_in_a_step() -
 
 def test_window_and_threshold_come_from_the_run_spec() -> None:
     judge = Judge(rule=DeliveryRule(window_steps=4, min_share=0.75))
-    for step in range(1, 7):  # six steps lost whole, then honest delivery
-        judge.run(step, {"w": 8}, {"w": 0})
+    for step in range(1, 7):  # six steps lost whole, then honest delivery ("other" delivers throughout)
+        judge.run(step, {"w": 8, "other": 8}, {"w": 0, "other": 4})
     for step in range(7, 14):
-        judge.run(step, {"w": 8}, {"w": 4})
+        judge.run(step, {"w": 8, "other": 8}, {"w": 4, "other": 4})
     # steps 1 .. 10 are settled (11 .. 13 are in the window); only the newest four count, all delivered
     assert sorted(judge.ledger.steps["w"]) == [7, 8, 9, 10]
     assert judge.ledger.share("w") == 1.0 and judge.ledger.standing("w")
     for step in (14, 15, 16, 17):  # 14 and 15 lost whole; step 17 settles 14
-        judge.run(step, {"w": 8}, {"w": 0 if step in (14, 15) else 4})
+        judge.run(step, {"w": 8, "other": 8}, {"w": 0 if step in (14, 15) else 4, "other": 4})
     assert judge.ledger.share("w") == 0.75 and judge.ledger.standing("w")  # at the threshold: standing
-    judge.run(18, {"w": 8}, {"w": 4})  # settles 15: two of the four steps lost
+    judge.run(18, {"w": 8, "other": 8}, {"w": 4, "other": 4})  # settles 15: two of the four steps lost
     assert judge.ledger.share("w") == 0.5 and not judge.ledger.standing("w")
+
+
+def test_a_step_nobody_delivered_to_is_noted_for_no_one() -> None:
+    """A restarted trainer trains its pooled steps in a second: a step it moved past before anyone
+    could deliver (every committed worker's ``d`` 0) says nothing of who withholds (seen: an honest
+    worker's [0 of step 1, 8 of step 2] cost its standing and two five-minute bridges). A step that
+    someone delivered to counts for all."""
+    ledger = DeliveryLedger(None, DeliveryRule(window_steps=4, min_share=0.75), WINDOW)
+    ledger.record([("a", 1, 16, 0), ("b", 1, 16, 0)])
+    ledger.record([("a", 2, 16, 8), ("b", 2, 16, 0)])
+    assert ledger.steps == {"a": {2: (16, 8)}, "b": {2: (16, 0)}}
+    assert ledger.standing("a") and ledger.trained_per_step("a") == 8
+    assert not ledger.standing("b")
 
 
 def test_an_honest_worker_that_loses_groups_to_churn_keeps_its_standing() -> None:
@@ -127,6 +140,46 @@ def test_a_steady_honest_worker_loses_nothing_and_a_churned_one_keeps_its_cap() 
                 assert all(judge.ledger.admits(worker, step, c) for c in range(made)), (worker, step)
     assert judge.ledger.trained_per_step("steady") == judge.ledger.trained_per_step("churned") == 12
     assert judge.ledger.standing("churned")
+
+
+def test_a_worker_whose_steps_change_length_keeps_its_standing_and_its_cap_follows() -> None:
+    """A short step after a trainer's restart, then whole ones (seen in tests/test_trainer_role.py:
+    ledger [(16, 4), (16, 16)] read 0.625 at the median and the only worker's groups waited for a
+    bridge step), and steps that grow fourfold (a slower trainer): standing never lapses; the cap
+    is the largest at which the share holds, at most the median step's count."""
+    assert delivery.standing_cap([(16, 4), (16, 16)], 0.75) == 8  # (4 + 8) / (8 + 8)
+    assert delivery_share([(16, 4), (16, 16)]) == 0.625 and delivery_share([(16, 4), (16, 16)], 8) == 0.75
+    judge = Judge()
+    caps = []
+    for step in range(1, 60):
+        made = 4 if step < 20 else 16
+        judge.run(step, {"w": 32}, {"w": made})
+        if step > WINDOW + 1:
+            assert judge.ledger.standing("w"), (step, judge.ledger.steps["w"])
+            caps.append(judge.ledger.trained_per_step("w"))
+    assert min(caps) == 4 and caps[-1] == 16
+    assert caps == sorted(caps)  # it rises with the window, never dips below the short steps' count
+    assert [c for c in range(32) if judge.ledger.admits("w", 59, c)] == list(range(16))
+    assert judge.ledger.fills("w")  # back at its median: its surplus may fill a starved batch again
+
+
+def test_a_cap_lowered_below_the_median_admits_only_under_it() -> None:
+    """The surplus of a worker whose share holds only at a lowered cap does not fill batches: a
+    picker that delivers one group unlooked-at, a pick on top in half its steps and gives up a
+    step now and then gains no way into training that the median-only rule kept shut."""
+    ledger = DeliveryLedger(None, DeliveryRule(window_steps=4, min_share=0.75), WINDOW)
+    for step, picker, steady in ((1, 2, 2), (2, 2, 2), (3, 1, 2), (4, 0, 1)):
+        ledger.record([("picker", step, 4, picker), ("steady", step, 4, steady)])
+    # picker 2, 2, 1, 0: 0.625 at its median 2, 0.75 at 1; steady 2, 2, 2, 1: 0.875 at 2
+    assert ledger.trained_per_step("picker") == 1 and ledger.standing("picker") and not ledger.fills("picker")
+    assert [c for c in range(4) if ledger.admits("picker", WINDOW + 5, c)] == [0]
+    assert ledger.trained_per_step("steady") == 2 and ledger.fills("steady")
+    assert not ledger.fills("never-seen") and not ledger.standing("never-seen")
+    ledger.record([("picker", 5, 4, 2), ("steady", 5, 4, 2)])  # window 2, 1, 0, 2: still 0.625 at 2
+    assert not ledger.fills("picker")
+    ledger.record([("picker", 6, 4, 2), ("steady", 6, 4, 2)])  # window 1, 0, 2, 2: the cache was dropped
+    ledger.record([("picker", 7, 4, 2), ("steady", 7, 4, 2)])  # window 0, 2, 2, 2: 0.75 at 2, its median
+    assert ledger.trained_per_step("picker") == 2 and ledger.fills("picker")
 
 
 def test_a_topup_picker_keeps_standing_but_its_picks_above_the_median_are_not_trained() -> None:

@@ -24,7 +24,6 @@ from tests.support.trainer_runs import ENV, TASKS, TIMING, published_steps, read
 # longer than one delivery's retries (about 16 s) and than the worker needs to use up the counters it
 # committed for the step: what it made meanwhile must reach the trainer when it is back
 TRAINER_DOWN_S = 20.0
-RESUME_S = 420.0  # longer than a bridge step's wait while counters are owed (60 s x BRIDGE_OWED_FACTOR)
 
 
 @pytest.fixture
@@ -55,11 +54,10 @@ def test_trainer_killed_mid_run_resumes_without_losing_accepted_groups(swarm: Lo
     restarted = swarm.start("trainer", [*trainer_args[:4], "--bootstrap", swarm.nodes["worker"].addr,
                                         *trainer_args[4:]], ENV)
     assert restarted.peer_id == trainer.peer_id  # same key: still the run's manifest authority
-    # Up to RESUME_S: when the restarted trainer runs through its pooled steps at once, the worker's
-    # first settled steps can read as a short one and a full one ([1, 16, 4], [2, 16, 16] in one run:
-    # a share of 0.625 against 0.75), its groups are withheld, and the trainer moves on by a bridge step
-    # (five minutes while counters are owed). That dip is issue 50's standing weakness, not a loss.
-    swarm.wait_until(lambda: len(published_steps(home)) >= len(before) + 3, timeout_s=RESUME_S, poll_s=0.5)
+    # When the restarted trainer runs through its pooled steps at once, the worker's first settled
+    # steps can read as a short one and a whole one ([1, 16, 4], [2, 16, 16] in one run): it keeps its
+    # standing at a lowered cap (specs/rollouts.md, "Delivery standing" 2.), so no five-minute bridge
+    swarm.wait_until(lambda: len(published_steps(home)) >= len(before) + 3, timeout_s=240, poll_s=0.5)
     swarm.kill("trainer")
 
     after = published_steps(home)

@@ -281,7 +281,7 @@ class TrainerService:
     async def _usable(self) -> tuple[list[TrainingGroup], list[TrainingGroup]]:
         """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``):
         those the delivery ledger admits (standing, and under the worker's step cap), then the
-        surplus of workers with standing (specs/rollouts.md, "Delivery standing": the rest stay
+        surplus of workers whose cap is their median (specs/rollouts.md, "Delivery standing": the rest stay
         pooled); staler ones, and those of a worker banned since they were accepted (a cheat proven
         later in the same window), leave the pool (noted in the ledger first, off the trio loop: it
         fsyncs)."""
@@ -295,7 +295,7 @@ class TrainerService:
             await trio.to_thread.run_sync(self._write_ledger, {"step": self.step, "stale": stale, "banned": banned})
             self.pool.discard(stale + banned)
         delivery = self.validator.delivery
-        return self.pool.admitted_then_surplus(delivery.admits, fills=delivery.standing)
+        return self.pool.admitted_then_surplus(delivery.admits, fills=delivery.fills)
 
     async def _gather(self) -> list[TrainingGroup] | None:
         """The next step's groups, or None when it is due to be a bridge step."""
@@ -466,8 +466,8 @@ class ArrivalClock:
 
 def batch_candidates(admitted: list[TrainingGroup], surplus: list[TrainingGroup],
                      admitted_idle_s: float) -> list[TrainingGroup]:
-    """What the next step may take, in order: the admitted groups, and the standing workers' surplus
-    behind them once no admitted group arrived for ``SURPLUS_AFTER_S``. Without that, a step the
+    """What the next step may take, in order: the admitted groups, and the surplus of workers whose
+    cap is their median behind them once no admitted group arrived for ``SURPLUS_AFTER_S``. Without that, a step the
     admitted groups cannot fill waits while the workers, done with their share of it, pace one batch
     above their cap every 10 s, each resetting ``groups_to_take``'s starvation clock (the tiny demo
     stalled 30-170 s at a time, busy 0.30)."""

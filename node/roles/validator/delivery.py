@@ -4,13 +4,14 @@ Committed assignments make picking unpaid (each committed counter never delivere
 0), but a group a worker chose to deliver is still sound work: accepted, and without this trained
 on, so a worker with many keys would still choose which samples shape the policy. A judge
 therefore keeps, per worker, what its last ``window_steps`` settled commitments asked and got
-(committed ``N``, delivered ``d``: the dense counters credited) and trains on a worker's groups
-only while it has standing:
+(committed ``N``, delivered ``d``: the dense counters credited; a step nobody delivered to is
+noted for no one) and trains on a worker's groups only while it has standing:
 
 - at least one settled commitment (a key made for one pick has none while its group can be
   trained: its commitment settles only when its step leaves the window);
-- a delivery share ``sum(min(d, cap)) / sum(min(N, cap))`` of at least ``min_share``, where
-  ``cap`` is the ``d`` of the worker's median step (the upper one, with an even count).
+- a delivery share ``sum(min(d, cap)) / sum(min(N, cap))`` of at least ``min_share`` at some
+  ``cap`` from 1 up to the ``d`` of the worker's median step (the upper one, with an even count);
+  its ``cap`` is the largest such.
 
 Why the cap: an honest worker commits about twice what it makes in a step (a commitment that runs
 out stalls the step; node/roles/inference/commitments.py), so its raw share ``d / N`` is about a half
@@ -18,8 +19,19 @@ whatever it does, and a picker's is too. What separates them is how ``d`` varies
 worker delivers what it makes until the step moves on, about the same each step (in whole batches,
 so a slow one's steps read 4, 8, 4, 4: hence the median, which a long or a short step does not
 move), while a picker stops at the first task it dislikes, so its ``d`` follows its tasks and its
-share falls to about the chance that the next task pleases it. A step
-lost to churn (``d`` 0) costs an honest worker ``1 / window_steps`` of its share.
+share falls to about the chance that the next task pleases it, at every cap (at a cap of one
+group it is exactly that chance). A step lost to churn (``d`` 0) costs an honest worker
+``1 / window_steps`` of its share.
+
+Why the largest cap at or under the median, not the median alone: an honest worker's steps change
+length with the trainer's (a trainer that restarts, or slows, or gains workers), and while its
+window holds short steps and long ones about half and half, the median is a long step's count and
+the short steps read as withholding: at the median alone, ledger ``[(16, 4), (16, 16)]`` (a short
+step after a trainer's restart, then a whole one) reads 0.625 and the only worker's groups waited
+five minutes for a bridge step. Lowering the cap until the share holds keeps its standing (cap 8
+there) and trains fewer of its groups a step until the window settles. A picker gains nothing the
+threshold did not already concede: its share at a cap of one group is the chance its next task
+pleases it, and it is no higher at any larger cap.
 
 The step cap: of a worker with standing, only a step's counters below ``cap`` are trained on. The
 share counts nothing above ``cap``, so a worker could deliver its median step's worth unlooked-at
@@ -61,6 +73,7 @@ class DeliveryLedger:
         self.path, self.rule = path, rule
         self.open_through = async_window + 1  # the open steps: groups trained without standing
         self.steps: dict[str, dict[int, tuple[int, int]]] = {}
+        self._caps: dict[str, tuple[int, int]] = {}  # worker -> (cap, median), until the next settlement
         self._lock = threading.Lock()  # settled from the judge's worker thread, read on the trio loop
         if path is not None and path.exists():
             self._load(path)
@@ -74,20 +87,35 @@ class DeliveryLedger:
     def trained_per_step(self, worker: str) -> int:
         """How many of a step's groups (counters ``0 .. n - 1``) of ``worker`` may be trained on:
         its ``cap`` while it has standing, else none."""
-        with self._lock:
-            entries = list(self.steps.get(worker, {}).values())
-        share = delivery_share(entries)
-        return median_delivered(entries) if share is not None and share >= self.rule.min_share else 0
+        return self._cap_and_median(worker)[0]
 
     def standing(self, worker: str) -> bool:
-        share = self.share(worker)
-        return share is not None and share >= self.rule.min_share
+        return self.trained_per_step(worker) > 0
+
+    def fills(self, worker: str) -> bool:
+        """Whether the worker's surplus may fill a starved batch: only while its ``cap`` is its
+        median step's count. A ``cap`` lowered below it admits the counters under it and nothing
+        more: a picker whose share holds only at a lower cap (its picks above it) gains no way
+        into training that the median-only rule did not give it."""
+        cap, median = self._cap_and_median(worker)
+        return cap > 0 and cap == median
+
+    def _cap_and_median(self, worker: str) -> tuple[int, int]:
+        with self._lock:
+            if worker not in self.steps:
+                return 0, 0
+            if worker not in self._caps:
+                entries = list(self.steps[worker].values())
+                self._caps[worker] = (standing_cap(entries, self.rule.min_share), median_delivered(entries))
+            return self._caps[worker]
 
     def share(self, worker: str) -> float | None:
-        """The worker's delivery share over its window (None: no settled commitment)."""
+        """The worker's delivery share over its window at its ``cap`` (without standing: at a cap of
+        one group); None: no settled commitment."""
+        cap = self.trained_per_step(worker)
         with self._lock:
             entries = list(self.steps.get(worker, {}).values())
-        return delivery_share(entries)
+        return delivery_share(entries, max(cap, 1))
 
     def status(self) -> dict[str, int]:
         with self._lock:
@@ -98,10 +126,24 @@ class DeliveryLedger:
     # ---- what settlement tells it ------------------------------------------------------------
 
     def record(self, settled: Iterable[tuple[str, int, int, int]]) -> None:
-        """Add settled commitments ``(worker, step, committed, delivered)``; keep each worker's
-        newest ``window_steps``, at most MAX_WORKERS workers; then write the ledger."""
+        """Add settled commitments ``(worker, step, committed, delivered)``, all of the steps being
+        closed (the book settles every commitment of a step at once); keep each worker's newest
+        ``window_steps``, at most MAX_WORKERS workers; then write the ledger.
+
+        A step that no worker delivered a group of is not noted for anyone: the trainer moved past
+        it before anyone could (a restarted trainer trains its pooled steps in a second), or this
+        judge heard nobody then; either way it says nothing of who withholds. Only where every
+        committed worker withheld at once does it hide a withheld step, and a swarm in which no
+        honest worker delivered anything has no standing to protect."""
+        settled = list(settled)
+        delivered_at: dict[int, int] = {}
+        for _, step, _, delivered in settled:
+            delivered_at[step] = delivered_at.get(step, 0) + delivered
         with self._lock:
+            self._caps.clear()
             for worker, step, committed, delivered in settled:
+                if not delivered_at[step]:
+                    continue
                 entries = self.steps.setdefault(worker, {})
                 entries[step] = (committed, min(delivered, committed))
                 for old in sorted(entries)[:-self.rule.window_steps]:
@@ -141,20 +183,33 @@ class DeliveryLedger:
         except (OSError, ValueError, TypeError) as exc:
             log.warning("unreadable delivery ledger %s (every worker starts without standing): %s", path.name, exc)
             return
-        self.steps = steps
-        self._trim()
+        with self._lock:
+            self.steps, self._caps = steps, {}
+            self._trim()
 
 
-def delivery_share(entries: Iterable[tuple[int, int]]) -> float | None:
-    """``sum(min(d, cap)) / sum(min(N, cap))`` over (committed N, delivered d), ``cap`` the median
-    ``d`` (the upper one of an even count: two steps, one lost, read as a half); None without
-    entries, 0 when the median step delivered nothing."""
+def delivery_share(entries: Iterable[tuple[int, int]], cap: int | None = None) -> float | None:
+    """``sum(min(d, cap)) / sum(min(N, cap))`` over (committed N, delivered d), ``cap`` by default
+    the median ``d`` (``median_delivered``); None without entries, 0 when ``cap`` is 0."""
     entries = list(entries)
     if not entries:
         return None
-    cap = median_delivered(entries)
+    cap = median_delivered(entries) if cap is None else cap
     asked = sum(min(n, cap) for n, _ in entries)
     return sum(min(d, cap) for _, d in entries) / asked if asked else 0.0
+
+
+def standing_cap(entries: Iterable[tuple[int, int]], min_share: float) -> int:
+    """The worker's ``cap``: the largest ``cap`` from 1 up to its median ``d`` at which its share is at
+    least ``min_share``; 0 (no standing) when there is none. A scan down from the median: the
+    share is not monotone in ``cap`` when commitments differ in size, and an honest worker's holds
+    at the median, the first one tried."""
+    entries = list(entries)
+    for cap in range(median_delivered(entries), 0, -1):
+        share = delivery_share(entries, cap)
+        if share is not None and share >= min_share:
+            return cap
+    return 0
 
 
 def median_delivered(entries: list[tuple[int, int]]) -> int:
