@@ -182,6 +182,41 @@ def test_a_cap_lowered_below_the_median_admits_only_under_it() -> None:
     assert ledger.trained_per_step("picker") == 2 and ledger.fills("picker")
 
 
+def test_the_cap_is_the_largest_that_holds_found_without_trying_each() -> None:
+    """``standing_cap`` against trying every cap from the median down, on random windows (honest,
+    picking and mixed-size commitments), and on a window of huge counts."""
+    def by_scan(entries, min_share):
+        for cap in range(delivery.median_delivered(entries), 0, -1):
+            if delivery_share(entries, cap) >= min_share:
+                return cap
+        return 0
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        entries = []
+        for _ in range(rng.randint(1, 16)):
+            committed = rng.choice((1, 2, 4, 16, 24, rng.randint(1, 60)))
+            entries.append((committed, rng.randint(0, committed) if rng.random() < 0.7 else committed))
+        min_share = rng.choice((0.5, 0.6, 0.75, 0.9, 1.0))
+        assert delivery.standing_cap(entries, min_share) == by_scan(entries, min_share), (entries, min_share)
+    huge = [(2**20, 2**20)] * 8 + [(2**20, 3)] * 7 + [(2**20, 0)]  # a median of a million groups
+    cap = delivery.standing_cap(huge, 0.75)
+    assert 3 < cap < 2**20 and delivery_share(huge, cap) >= 0.75 > delivery_share(huge, cap + 1)
+
+
+def test_a_lower_cap_buys_a_picker_nothing_the_threshold_did_not_concede() -> None:
+    """Its share at a cap of one group is the fraction of steps in which its first task pleased it;
+    a picker pleased half the time has no cap at all, one pleased 15 times in 16 trains at most the
+    counters before its first dislike, under a cap below its median."""
+    half = [(24, d) for d in (0, 1, 0, 3, 0, 2, 1, 0, 0, 5, 1, 0, 2, 0, 0, 1)]  # 8 of 16 steps: d >= 1
+    assert delivery.standing_cap(half, 0.75) == 0
+    assert delivery_share(half, 1) == 0.5
+    mostly = [(24, d) for d in (9, 1, 0, 3, 12, 2, 7, 4, 6, 5, 1, 8, 2, 11, 3, 1)]  # 15 of 16: d >= 1
+    cap = delivery.standing_cap(mostly, 0.75)
+    assert 1 <= cap < delivery.median_delivered(mostly)
+    assert delivery_share(mostly, cap) >= 0.75 > delivery_share(mostly, cap + 1)
+
+
 def test_a_topup_picker_keeps_standing_but_its_picks_above_the_median_are_not_trained() -> None:
     """It delivers half of what it makes unlooked-at, then goes on only while it likes the next
     task (a third of them): its share is whole (nothing above the median counts), so it keeps

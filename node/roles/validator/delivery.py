@@ -56,6 +56,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 
 from intellect_node.node.home.durable import write_durably
@@ -201,14 +202,31 @@ def delivery_share(entries: Iterable[tuple[int, int]], cap: int | None = None) -
 
 def standing_cap(entries: Iterable[tuple[int, int]], min_share: float) -> int:
     """The worker's ``cap``: the largest ``cap`` from 1 up to its median ``d`` at which its share is at
-    least ``min_share``; 0 (no standing) when there is none. A scan down from the median: the
-    share is not monotone in ``cap`` when commitments differ in size, and an honest worker's holds
-    at the median, the first one tried."""
+    least ``min_share``; 0 (no standing) when there is none.
+
+    Not a scan of every cap (a run spec allows a million groups a step, and this runs on the
+    trainer's loop): between two neighbouring values of the window's ``d`` and ``N`` each
+    ``min(x, cap)`` is either constant or ``cap``, so the share is a ratio of two linear functions
+    of ``cap``, monotone there. From the top interval down: its top cap holds, or, if the share
+    falls across it, the largest cap that holds is found by bisection; else the next one down.
+    An honest worker's share holds at its median, the first cap tried."""
     entries = list(entries)
-    for cap in range(median_delivered(entries), 0, -1):
+    median = median_delivered(entries)
+    points = sorted({v for pair in entries for v in pair if 0 < v < median} | {0, median})
+
+    def holds(cap: int) -> bool:
         share = delivery_share(entries, cap)
-        if share is not None and share >= min_share:
-            return cap
+        return share is not None and share >= min_share
+
+    for low, high in reversed(list(pairwise(points))):
+        if holds(high):
+            return high
+        if high - low > 1 and holds(low + 1):  # the share falls across (low, high]: bisect
+            good, bad = low + 1, high
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                good, bad = (middle, bad) if holds(middle) else (good, middle)
+            return good
     return 0
 
 
