@@ -219,26 +219,31 @@ class Sample:
     ok: bool
     note: str = ""
     published_s: float | None = None  # from the hand-over until the origin held the step signed
+    followers_s: tuple[float, ...] = ()  # from the hand-over until each follower held it, in order
 
 
-def wait_all(swarm: Swarm, step: int, bound_s: float) -> tuple[float, float | None]:
-    """When every follower's step directory is complete, and when the origin's was (its store
-    renames the step's directory in once hashed, signed and, for a delta, encoded)."""
+def wait_all(swarm: Swarm, step: int, bound_s: float) -> tuple[list[float], float | None]:
+    """When each follower's step directory turned complete (sorted), and when the origin's did (its
+    store renames the step's directory in once hashed, signed and, for a delta, encoded): the spread
+    says whether followers wait on the links and the origin or on each other for the cores."""
     assert swarm.origin is not None
     dirs = [swarm.step_dir(node, step) for node in swarm.followers]
     origin_dir = swarm.step_dir(swarm.origin, step)
-    published = None
+    published, arrived = None, {}
     deadline = time.monotonic() + bound_s
-    while not all(d.is_dir() for d in dirs):
+    while len(arrived) < len(dirs):
         if published is None and origin_dir.is_dir():
             published = time.monotonic()
+        arrived.update({i: time.monotonic() for i, d in enumerate(dirs) if i not in arrived and d.is_dir()})
+        if len(arrived) == len(dirs):
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(f"{swarm.label} step {step}: not on every follower within {bound_s:.0f} s; "
                                f"the nodes' last log lines:\n{swarm.swarm.log_tails()}")
         if (report := death_report(swarm.swarm.nodes.values())) is not None:
             raise RuntimeError(report)
         time.sleep(POLL_S)
-    return time.monotonic(), published
+    return sorted(arrived.values()), published
 
 
 def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: float,
@@ -254,8 +259,8 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
     fetched0, built0, uploaded0 = swarm.counters()
     start = time.monotonic()
     os.rename(staging, swarm.publish_dir / f"step-{step}.safetensors")
-    done, published_at = wait_all(swarm, step, bound_s)
-    seconds = done - start
+    arrivals, published_at = wait_all(swarm, step, bound_s)
+    seconds = arrivals[-1] - start
     time.sleep(STATUS_LAG_S)
     assert swarm.origin is not None
     deadline = time.monotonic() + 10
@@ -276,12 +281,14 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
     if want_format is not None and by_delta != len(swarm.followers):
         problems.append(f"{by_delta} of {len(swarm.followers)} followers built it from the delta")
     return Sample(kind, seconds, fetched1 - fetched0, uploaded1 - uploaded0, size, published.get("delta_size"),
-                  not problems, "; ".join(problems), None if published_at is None else published_at - start)
+                  not problems, "; ".join(problems), None if published_at is None else published_at - start,
+                  tuple(t - start for t in arrivals))
 
 
 def show(rate: float, repeat: int | str, sample: Sample) -> None:
     body = f", body {sample.delta_size:,} B" if sample.delta_size else ""
     origin = "" if sample.published_s is None else f" (origin published at {sample.published_s:.2f} s)"
+    origin += f" (followers at {', '.join(f'{t:.2f}' for t in sample.followers_s)} s)" if sample.followers_s else ""
     print(f"  {rate:g} Mbit/s {sample.kind:6s} repeat {repeat}: {sample.seconds:7.2f} s{origin}; followers fetched "
           f"{sample.fetched / 1e6:8.2f} MB ({sample.fetched / sample.size:.3f} checkpoints), origin uploaded "
           f"{sample.uploaded / 1e6:8.2f} MB{body}; {'ok' if sample.ok else 'WRONG: ' + sample.note}", flush=True)
