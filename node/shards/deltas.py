@@ -148,9 +148,10 @@ def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memo
 def _write_checked(base: Checkpoint, checkpoint: Checkpoint, change: Change) -> None:
     """The result in the partial checkpoint's file: the base copied in (in the kernel), the change
     written through one mapping, and every shard hashed from that same mapping, its pages already
-    in place, against the signed manifest. No msync: ``store.finalize`` fsyncs the file before the
-    step is complete. (Reading each shard's window of the base and writing it back with pread and
-    pwrite cost 1.5-2.5x the system time with 4 followers at once on 2 cores.)"""
+    in place, against the signed manifest. No msync: ``store.finalize``'s fsync writes the pages
+    out after the step is complete (a restart hashes it again if that did not finish). (Reading
+    each shard's window of the base and writing it back with pread and pwrite cost 1.5-2.5x the
+    system time with 4 followers at once on 2 cores.)"""
     manifest = checkpoint.manifest
     try:
         shutil.copyfile(base.data_path, checkpoint.data_path)
