@@ -43,7 +43,11 @@ def test_demo_swarm_learns_toy_reversal(tmp_path, demo_model) -> None:
     assert summary["eval_accuracy_start"] <= 0.6
     assert summary["eval_accuracy_best"] >= summary["eval_accuracy_start"] + MARGIN, summary
     assert summary["task_reward_last5"] >= summary["task_reward_first5"] + REWARD_GAIN, summary
-    assert summary["rejected_groups"] == 0  # honest workers only: no false rejections
+    # honest workers only: nothing refused as wrong; an honest group past the pair's tolerance but
+    # inside twice it is set aside as inconclusive (not trained on, nobody charged: specs/validation.md,
+    # "Two bounds"), which the precision tail makes rare, not impossible (1 of ~700 in a CI run here)
+    assert set(summary["rejections"]) - {"stale_step"} <= {"inconclusive"}, summary
+    assert summary["rejections"].get("inconclusive", 0) <= max(1, summary["accepted_groups"] // 100), summary
     assert summary["accepted_groups"] > 0
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == STEPS
