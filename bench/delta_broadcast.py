@@ -44,6 +44,7 @@ FULL median at that rate; ``ok`` needs the ratio and every check.
     sudo .venv/bin/python bench/delta_broadcast.py            # 269 MB policy at 100 and 20 Mbit/s, 3 repeats
     sudo .venv/bin/python bench/delta_broadcast.py --quick    # 19 MB policy at 20 Mbit/s, 1 repeat (about 80 s)
     sudo .venv/bin/python bench/delta_broadcast.py --rate 20 --repeats 5
+    sudo .venv/bin/python bench/delta_broadcast.py --rate 100 --followers 1   # one node's step, no shared disk
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from tests.support.shards_swarm import shard_status  # noqa: E402
 
 TARGET = 10.0
 MIB = 1 << 20
-FOLLOWERS = 4
+FOLLOWERS = 4  # the issue's figure; --followers 1 shows one node's own step, off a disk shared by four
 LORA_RANK, LORA_ALPHA = 8, 16
 CONVERGE_S = 180.0
 POLL_S = 0.05
@@ -295,7 +296,7 @@ def show(rate: float, repeat: int | str, sample: Sample) -> None:
 
 
 def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: dict[str, torch.Tensor],
-             repeats: int, fraction: float, shard_mib: int) -> list[Sample]:
+             repeats: int, fraction: float, shard_mib: int, followers: int = FOLLOWERS) -> list[Sample]:
     """One switch at ``rate``, both swarms on it, ``repeats`` x (FULL, SPARSE, LORA)."""
     env = {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard_mib * MIB)}
     base_path = work / "base.safetensors"
@@ -306,7 +307,7 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
     samples: list[Sample] = []
     full, deltas = new_swarm(work, "full"), new_swarm(work, "deltas")
     swarms = [full, deltas]
-    with LimitedSwitch(hosts=1 + FOLLOWERS, mbit=rate) as net:
+    with LimitedSwitch(hosts=1 + followers, mbit=rate) as net:
         try:
             start_swarm(net, full, 4001, env, {"INTELLECT_NODE_SHARDS_MAX_DELTA_FRACTION": "0"})
             start_swarm(net, deltas, 4002, env, {})
@@ -355,6 +356,8 @@ def main() -> None:
     parser.add_argument("--sparse-fraction", type=float, default=0.01,
                         help="elements a SPARSE step moves by one ulp (default 0.01)")
     parser.add_argument("--shard-mib", type=int, default=None, help="shard size (default 16, quick 4)")
+    parser.add_argument("--followers", type=int, default=FOLLOWERS,
+                        help=f"followers per swarm, 1 to 8 (default {FOLLOWERS}: the issue's figure)")
     args = parser.parse_args()
     reason = unavailable_reason(("ip", "tc"))
     if reason is not None:
@@ -363,12 +366,13 @@ def main() -> None:
     rates = args.rate or ([20.0] if args.quick else [100.0, 20.0])
     repeats = max(1, min(args.repeats or (1 if args.quick else 3), 20))
     shard_mib = args.shard_mib or (4 if args.quick else 16)
-    if not all(0.1 <= r <= 10_000 for r in rates) or not 0 < args.sparse_fraction <= 0.2:
-        sys.exit("rates of 0.1 to 10000 Mbit/s and a sparse fraction in (0, 0.2]")
+    if not all(0.1 <= r <= 10_000 for r in rates) or not 0 < args.sparse_fraction <= 0.2 \
+            or not 1 <= args.followers <= 8:
+        sys.exit("rates of 0.1 to 10000 Mbit/s, a sparse fraction in (0, 0.2] and 1 to 8 followers")
     shapes = policy_shapes(QUICK_SHAPE if args.quick else FULL_SHAPE)
     base = base_policy(shapes, seed=7)
     weights = sum(t.numel() for t in base.values())
-    print(f"policy: {weights / 1e6:.1f} M bf16 weights ({2 * weights / 1e6:.1f} MB), {FOLLOWERS} followers, "
+    print(f"policy: {weights / 1e6:.1f} M bf16 weights ({2 * weights / 1e6:.1f} MB), {args.followers} followers, "
           f"shards of {shard_mib} MiB, SPARSE moves {args.sparse_fraction:.2%} of elements, LORA rank {LORA_RANK} "
           f"on q_proj/v_proj; {repeats} repeats at {', '.join(f'{r:g}' for r in rates)} Mbit/s", flush=True)
     began = time.monotonic()
@@ -377,7 +381,8 @@ def main() -> None:
     (ROOT / "out").mkdir(exist_ok=True)
     for rate in rates:
         with tempfile.TemporaryDirectory(prefix="bench-delta-broadcast-", dir=ROOT / "out") as tmp:
-            samples = run_rate(Path(tmp), rate, shapes, base, repeats, args.sparse_fraction, shard_mib)
+            samples = run_rate(Path(tmp), rate, shapes, base, repeats, args.sparse_fraction, shard_mib,
+                               args.followers)
         all_ok &= all(s.ok for s in samples)
         medians = {}
         for kind in ("full", "sparse", "lora"):
