@@ -50,7 +50,8 @@ accepted; what decides whether it shapes the policy is the trainer's delivery st
 run with the real judge (``CommitmentBook`` with its ``DeliveryLedger``, ``verify_batch``) and the
 trainer's pool (``GroupPool.newest_first`` with the ledger's ``admits``, then the surplus of the
 workers whose cap is their median as the trainer takes it once no admitted group arrives; ``batch``
-groups a step, stale groups dropped). Every party has the same compute a step (``--per-step`` groups generated):
+groups a step, stale groups dropped). Every party has the same compute a step (``--per-step``
+groups generated):
 
 - ``honest``: one key, commits twice what it makes (as the worker's size rule does) before each
   beacon, delivers all it makes; ``churned`` the same, but loses one step whole and one group;
@@ -451,7 +452,8 @@ class InfluenceRun:
             oldest = step - self.sim.judge.run.spec.async_window
             pool.discard([k for k, g in pool.groups.items() if g.policy_step < oldest])
             # the surplus of workers whose cap is their median fills what the admitted groups do not
-            # once none arrived for SURPLUS_AFTER_S (node/roles/trainer/service.py): here every step's deliveries are in
+            # once none arrived for SURPLUS_AFTER_S (node/roles/trainer/service.py): here every step's
+            # deliveries are in
             admitted = pool.newest_first(self.ledger.admits) if gate else pool.newest_first()
             surplus = pool.newest_first(self.ledger.admits, fills=self.ledger.fills)[len(admitted):] if gate else []
             taken = (admitted + surplus)[:self.batch]

@@ -10,9 +10,9 @@ Directory names come only from the configured run id (checked against the run-id
 integer step, never from a peer's string, so nothing can be written outside the data directory.
 A partial file may hold unverified bytes in shards not yet marked; the ``verified`` list (one byte
 per shard, replaced atomically) says which ranges may be served. Completion is one directory
-rename, with an ``unsynced`` marker inside until the file's fsync (run in the background: four
-followers fsyncing a 269 MB step on one disk held each step back 0.8 s) has finished; a restart
-hashes a marked directory again before it trusts it, so a half checkpoint never looks complete,
+rename, with an ``unsynced`` marker inside until the file's fsync (run in the background: a
+follower's delta step waited ~0.3 s for it on a 269 MB policy, more for larger models) has
+finished; a restart hashes a marked directory again before it trusts it, so a half checkpoint never looks complete,
 even after kill -9 or power loss. On restart every shard marked verified is hashed again before it
 is trusted (a resume never re-downloads a good shard and never keeps a torn one).
 """
@@ -189,6 +189,7 @@ class ShardStore:
         partial = self._dir(manifest.step, partial=True)
         self._remove(partial)
         write_durably(path / VERIFIED_FILE, bytes(verified))
+        (path / UNSYNCED_FILE).unlink()  # a partial directory has its verified file instead
         os.rename(path, partial)
         return partial, verified
 

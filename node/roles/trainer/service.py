@@ -281,10 +281,10 @@ class TrainerService:
     async def _usable(self) -> tuple[list[TrainingGroup], list[TrainingGroup]]:
         """Pooled groups inside the async window, newest policy first (``GroupPool.newest_first``):
         those the delivery ledger admits (standing, and under the worker's step cap), then the
-        surplus of workers whose cap is their median (specs/rollouts.md, "Delivery standing": the rest stay
-        pooled); staler ones, and those of a worker banned since they were accepted (a cheat proven
-        later in the same window), leave the pool (noted in the ledger first, off the trio loop: it
-        fsyncs)."""
+        surplus of workers whose cap is their median (specs/rollouts.md, "Delivery standing": the
+        rest stay pooled); staler ones, and those of a worker banned since they were accepted (a
+        cheat proven later in the same window), leave the pool (noted in the ledger first, off the
+        trio loop: it fsyncs)."""
         oldest = self.step - self.options.async_level
         stale = [key for key, g in self.pool.groups.items() if g.policy_step < oldest]
         banned = [key for key, g in self.pool.groups.items()
@@ -466,11 +466,11 @@ class ArrivalClock:
 
 def batch_candidates(admitted: list[TrainingGroup], surplus: list[TrainingGroup],
                      admitted_idle_s: float) -> list[TrainingGroup]:
-    """What the next step may take, in order: the admitted groups, and the surplus of workers whose
-    cap is their median behind them once no admitted group arrived for ``SURPLUS_AFTER_S``. Without that, a step the
-    admitted groups cannot fill waits while the workers, done with their share of it, pace one batch
-    above their cap every 10 s, each resetting ``groups_to_take``'s starvation clock (the tiny demo
-    stalled 30-170 s at a time, busy 0.30)."""
+    """What the next step may take, in order: the admitted groups, and behind them, once no admitted
+    group arrived for ``SURPLUS_AFTER_S``, the surplus of workers whose cap is their median. Without
+    that, a step the admitted groups cannot fill waits while the workers, done with their share of
+    it, pace one batch above their cap every 10 s, each resetting ``groups_to_take``'s starvation
+    clock (the tiny demo stalled 30-170 s at a time, busy 0.30)."""
     return admitted + surplus if admitted_idle_s >= SURPLUS_AFTER_S else admitted
 
 
