@@ -222,7 +222,7 @@ class LoopbackMember:
         self.group.values[self.name], self.group.hashes[self.name] = values, state_hash
         self.group.barrier.wait(timeout=600)
         shared, sums, hashes = self.group.result
-        return Averaged(round_, self.group.size, shared, sums, hashes, 0.0, 0)
+        return Averaged(round_, self.group.size, shared, sums, hashes, 0.0, 0, 1)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ def test_fp16_rounds_between_real_peers_are_bit_identical_and_move_two_bytes_eac
     first = make_peer(tmp_path, "p0", s)
     peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
     try:
-        sent = rounds_in_step(peers, 2)
+        sent, attempted = rounds_in_step(peers, 2)
         # 4 bytes per element and round (measured: 8.0003 over two rounds); a reducer's last reply
-        # (2 bytes for each element it reduced) may be counted with its next round instead
+        # (2 bytes for each element it reduced) may be counted with its next round instead; a
+        # retried attempt sends again
         elements = first.layout.elements
-        assert 2 * 3 * elements <= sent <= 2 * (4 * elements + 4096), (sent, elements)
+        assert 2 * 3 * elements <= sent <= attempted * (4 * elements + 4096), (sent, elements, attempted)
     finally:
         for p in peers:
             p.client.close()

@@ -239,12 +239,12 @@ def test_sparse_rounds_between_real_peers_are_bit_identical_and_small(tmp_path) 
     first = make_peer(tmp_path, "p0", s)
     peers = [first, make_peer(tmp_path, "p1", s, tuple(first.client.maddrs))]
     try:
-        sent = rounds_in_step(peers, 3)
+        sent, attempted = rounds_in_step(peers, 3)
         assert all(p.residual.abs().max() > 0 for p in peers)  # what was not sent is carried
         # int4 moves 1.5 bytes per element and round (half up, one back); 16 of 4096 per chunk, a
         # few bytes each way per value plus 2 bytes of counts per chunk, is far below
         elements = first.layout.elements
-        assert 0 < sent < 3 * 1.5 * elements / 20, (sent, elements)
+        assert 0 < sent < attempted * 1.5 * elements / 20, (sent, elements, attempted)
     finally:
         for p in peers:
             p.client.close()

@@ -37,7 +37,7 @@ def test_three_peers_end_rounds_bit_identical(tmp_path) -> None:
     first = make_peer(tmp_path, "p0", s)
     peers = [first] + [make_peer(tmp_path, f"p{i}", s, tuple(first.client.maddrs)) for i in (1, 2)]
     initial = first.state.params.clone()
-    sent = 0
+    sent = attempted = 0
     try:
         for expected_round in (0, 1):
             records = run_rounds_together(peers)
@@ -46,12 +46,15 @@ def test_three_peers_end_rounds_bit_identical(tmp_path) -> None:
             assert len({r.state_hash for r in records}) == 1
             assert all(r.hash_agreement for r in records) and all(r.round == expected_round for r in records)
             sent += sum(r.allreduce_bytes for r in records)
+            assert all(r.allreduce_attempts >= 1 for r in records), records
+            attempted += max(r.allreduce_attempts for r in records)
         # packed: each element goes up (int8, or int4 for small parts) from the n-1 peers that do not
         # reduce it and comes back to them (scaled int16, or int8): at most 3 (n-1) bytes per element
         # and round, plus a tag per part, where fp32 takes 8 (n-1); a reducer's last replies may
-        # land after its own round ended (counted with its next round)
+        # land after its own round ended (counted with its next round); an attempt that fails on a
+        # loaded machine is retried and sends again (measured: 245,354 bytes where two attempts bound 181,376)
         elements = first.layout.elements
-        assert 2 * elements <= sent <= 2 * (3 * 2 * elements + 4096), sent
+        assert 2 * elements <= sent <= attempted * (3 * 2 * elements + 4096), (sent, attempted)
         params = [p.state.params for p in peers]
         assert all(torch.equal(params[0], other) for other in params[1:])
         assert all(torch.equal(peers[0].state.momentum, p.state.momentum) for p in peers[1:])

@@ -45,6 +45,7 @@ class Child:
         self.averager: Any = None
         self.rounds = 0
         self.sent_reported = 0
+        self.attempts_reported = 0
         self.stop = threading.Event()
 
     @property
@@ -129,7 +130,8 @@ class Child:
         return {"type": "averaged", "round": m["round"], "group_size": group, "exponents": shared.numpy().tobytes(),
                 "sums": sums.numpy().astype("<i4").tobytes(),
                 "peer_hashes": {str(peer): p["state_hash"] for peer, p in gathered.items()},
-                "seconds": time.monotonic() - started, "sent_bytes": self._sent_since_last_reply()}
+                "seconds": time.monotonic() - started, "sent_bytes": self._sent_since_last_reply(),
+                "attempts": self._attempts_since_last_reply()}
 
     def _sent_since_last_reply(self) -> int:
         """Packed bytes sent since the last reply: a reducer may still be streaming replies to others
@@ -137,6 +139,12 @@ class Child:
         total = self.averager.sent.value
         sent, self.sent_reported = total - self.sent_reported, total
         return sent
+
+    def _attempts_since_last_reply(self) -> int:
+        """All-reduce attempts begun in this round's step: a retried attempt sends its bytes again."""
+        total = self.averager.attempts.value
+        attempts, self.attempts_reported = total - self.attempts_reported, total
+        return attempts
 
     def close(self) -> None:
         for part in (self.averager, self.dht):

@@ -67,6 +67,7 @@ class Averaged:
     peer_hashes: dict[str, bytes]
     seconds: float
     sent_bytes: int  # packed tensor bytes this member's averager sent since the last round's reply, framing excluded
+    attempts: int  # all-reduce attempts this member began in the round (hivemind retries a failed one)
 
 
 class AveragerClient:
@@ -242,7 +243,7 @@ class AveragerClient:
             raise AveragerError(f"round {round_} not averaged: {reply['error']}")
         return Averaged(round_, reply["group_size"], torch.frombuffer(bytearray(reply["exponents"]), dtype=torch.int8),
                         torch.frombuffer(bytearray(reply["sums"]), dtype=torch.int32), reply["peer_hashes"],
-                        reply["seconds"], reply["sent_bytes"])
+                        reply["seconds"], reply["sent_bytes"], reply["attempts"])
 
 
 def _le_bytes(t: torch.Tensor) -> bytes:

@@ -244,6 +244,7 @@ class ExactAverager(DecentralizedAverager):
         global ALLOWLIST, CHUNKS, SENT, AGREEMENT, SPARSE_K
         ALLOWLIST, CHUNKS, AGREEMENT, SPARSE_K = allowlist, layout.chunks, layout_digest, sparse_k
         self.sent = SENT = mp.Value("q", 0)
+        self.attempts = mp.Value("q", 0)  # all-reduce attempts begun (hivemind retries a failed one in its step)
         self.refused_parts = mp.Value("q", 0)  # parts refused by this member as a reducer (BoundedReducer)
         self.refused_replies = mp.Value("q", 0)  # reducers' replies this member refused (grid.sums_error)
         self.shared: dict[bytes, torch.Tensor] = {}  # group id -> the shared exponents of its attempt
@@ -255,6 +256,8 @@ class ExactAverager(DecentralizedAverager):
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
         """One attempt, applied only if every member's side completed (``commit``)."""
         key = commit_key(self.prefix, group_info.group_id)
+        with self.attempts.get_lock():
+            self.attempts.value += 1
         try:
             gathered = await self._checked_allreduce(group_info, min_vector_size, **kwargs)
             digests = self.digests.pop(group_info.group_id)

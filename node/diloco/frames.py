@@ -203,4 +203,4 @@ def average_request(elements: int) -> dict[str, Check]:
 def averaged_reply(elements: int, chunks: int) -> dict[str, Check]:
     return {"round": integer(0, 2**32 - 1), "group_size": integer(1, 256), "exponents": blob(chunks, chunks),
             "sums": blob(4 * elements, 4 * elements), "peer_hashes": peer_hashes, "seconds": number(0.0, 1e6),
-            "sent_bytes": integer(0, 2**50)}
+            "sent_bytes": integer(0, 2**50), "attempts": integer(0, 2**32)}

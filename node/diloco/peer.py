@@ -72,6 +72,7 @@ class RoundRecord:
     train_s: float
     allreduce_s: float
     allreduce_bytes: int  # packed tensor bytes this peer sent in the round's all-reduce (framing excluded)
+    allreduce_attempts: int  # attempts its all-reduce took (a failed one is retried, its bytes sent again)
     group_size: int
     solo: bool
     hash_agreement: bool | None
@@ -82,7 +83,8 @@ class RoundRecord:
         agree = {True: "agree", False: "DIVERGED", None: "-"}[self.hash_agreement]
         return (f"round {self.round} | steps {self.inner_steps} | loss {self.loss:.4f} | "
                 f"{self.tokens_per_s:,.0f} tok/s | "
-                f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes / 2**20:.2f} MiB | "
+                f"all-reduce {self.allreduce_s:.2f}s {self.allreduce_bytes / 2**20:.2f} MiB"
+                f"{f' ({self.allreduce_attempts} attempts)' if self.allreduce_attempts > 1 else ''} | "
                 f"peers {self.group_size}{' (solo)' if self.solo else ''} | hash {self.state_hash[:12]} {agree}")
 
 
@@ -97,6 +99,7 @@ class Outcome:
     error: str
     agreement: bool | None
     sent: int
+    attempts: int
     seconds: float
 
 
@@ -211,13 +214,13 @@ class DilocoPeer:
             result = self.client.average(r, x, before, s.round_timeout_s, self.identity)
             agreement = all(h == before for h in result.peer_hashes.values())
             return Outcome(x, result.exponents, result.sums, result.group_size, "", agreement, result.sent_bytes,
-                           time.perf_counter() - started)
+                           result.attempts, time.perf_counter() - started)
         except AveragerError as exc:  # a group of one: keep training, say so (specs/diloco.md section 1)
             if self.stopping.is_set():
                 raise Stopped(f"stopped in round {r} while averaging") from None
             log.warning("round %d: %s; applying this peer's own pseudo-gradient", r, exc)
             shared, own = own_contribution(x, s)
-            return Outcome(x, shared, own, 1, str(exc)[:500], None, 0, time.perf_counter() - started)
+            return Outcome(x, shared, own, 1, str(exc)[:500], None, 0, 0, time.perf_counter() - started)
 
     def _apply(self, outcome: Outcome) -> bytes:
         """The outer step with the group's average, the residual and the checkpoint; the state hash."""
@@ -235,8 +238,8 @@ class DilocoPeer:
                 waited_s: float) -> RoundRecord:
         tokens = self.round_tokens
         return RoundRecord(round_, self.settings.H, sum(losses) / len(losses), tokens, tokens / max(train_s, 1e-9),
-                           train_s, waited_s, outcome.sent, outcome.group, bool(outcome.error), outcome.agreement,
-                           digest.hex(), outcome.error)
+                           train_s, waited_s, outcome.sent, outcome.attempts, outcome.group, bool(outcome.error),
+                           outcome.agreement, digest.hex(), outcome.error)
 
     def run_round(self, on_progress: Callable[[dict[str, Any]], None] | None = None) -> RoundRecord | None:
         """One round: with ``overlap``, the delayed variant below; else train, average, step (blocking)."""

@@ -131,18 +131,22 @@ class Overlays:
         self.thread.join(10)
 
 
-def rounds_in_step(peers: list[DilocoPeer], rounds: int) -> int:
+def rounds_in_step(peers: list[DilocoPeer], rounds: int) -> tuple[int, int]:
     """Run ``rounds`` rounds of ``peers`` together, asserting each ends with every peer in one
-    group at one state hash and the runs bit-identical; the all-reduce bytes all of them sent."""
-    sent = 0
+    group at one state hash and the runs bit-identical; the all-reduce bytes all of them sent,
+    and the attempts those rounds took (a round's attempts: the most any member began; an
+    attempt that fails on a loaded machine is retried and sends its bytes again)."""
+    sent = attempted = 0
     for expected_round in range(rounds):
         records = run_rounds_together(peers)
         assert all(not isinstance(r, BaseException) for r in records), records
         assert [r.group_size for r in records] == [len(peers)] * len(peers)
         assert all(r.round == expected_round for r in records)
         assert len({r.state_hash for r in records}) == 1 and all(r.hash_agreement for r in records)
+        assert all(r.allreduce_attempts >= 1 for r in records), records
         sent += sum(r.allreduce_bytes for r in records)
+        attempted += max(r.allreduce_attempts for r in records)
     for peer in peers[1:]:
         assert torch.equal(peers[0].state.params, peer.state.params)
         assert torch.equal(peers[0].state.momentum, peer.state.momentum)
-    return sent
+    return sent, attempted
