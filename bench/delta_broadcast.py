@@ -45,6 +45,7 @@ FULL median at that rate; ``ok`` needs the ratio and every check.
     sudo .venv/bin/python bench/delta_broadcast.py --quick    # 19 MB policy at 20 Mbit/s, 1 repeat (about 80 s)
     sudo .venv/bin/python bench/delta_broadcast.py --rate 20 --repeats 5
     sudo .venv/bin/python bench/delta_broadcast.py --rate 100 --followers 1   # one node's step, no shared disk
+    sudo .venv/bin/python bench/delta_broadcast.py --rate 100 --work-dir /dev/shm   # every home in memory
 """
 
 from __future__ import annotations
@@ -358,6 +359,9 @@ def main() -> None:
     parser.add_argument("--shard-mib", type=int, default=None, help="shard size (default 16, quick 4)")
     parser.add_argument("--followers", type=int, default=FOLLOWERS,
                         help=f"followers per swarm, 1 to 8 (default {FOLLOWERS}: the issue's figure)")
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "out",
+                        help="where every node's home goes (default out/, this disk; a tmpfs such as /dev/shm "
+                             "takes the one disk that the followers share on one machine out of the figure)")
     args = parser.parse_args()
     reason = unavailable_reason(("ip", "tc"))
     if reason is not None:
@@ -378,9 +382,9 @@ def main() -> None:
     began = time.monotonic()
     results: dict[float, dict[str, float]] = {}
     all_ok = True
-    (ROOT / "out").mkdir(exist_ok=True)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
     for rate in rates:
-        with tempfile.TemporaryDirectory(prefix="bench-delta-broadcast-", dir=ROOT / "out") as tmp:
+        with tempfile.TemporaryDirectory(prefix="bench-delta-broadcast-", dir=args.work_dir) as tmp:
             samples = run_rate(Path(tmp), rate, shapes, base, repeats, args.sparse_fraction, shard_mib,
                                args.followers)
         all_ok &= all(s.ok for s in samples)
