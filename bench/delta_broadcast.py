@@ -22,10 +22,16 @@ step), all real ``intellect-node`` processes:
   (``node.shards.deltas.merge_adapter`` on a copy of the base file, as
   ``node/roles/trainer/lora_publish.write_merged`` does).
 
-Each repeat publishes FULL, then SPARSE, then LORA, so load (the machine's, the links') hits all
-three alike. The policy is synthetic bf16 shaped like SmolLM2-135M (30 layers, hidden 576,
-intermediate 1536, 9 query and 3 key/value heads, vocabulary 49152, tied embeddings: 134.5 M
-weights, 269 MB), written by the trainer's ``write_safetensors``.
+A run ships one kind of step, and a follower copies the base of the next delta while the swarm
+works (specs/deltas.md 5a: the frozen base after an adapter, else the newest step). So the delta
+swarm first ships LORA steps (a LoRA run, its base pinned from the first adapter), each
+``STEP_GAP_S`` after the last follower held the one before (a real run's steps are a minute or more
+apart), then SPARSE steps (a full fine-tuning run on the last merged policy), each right after a
+FULL step of the other swarm, so load (the machine's, the links') hits both alike. The first SPARSE
+step after the adapters has another base than the one copied ahead: shown, not counted. The policy is synthetic bf16
+shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9 query and 3 key/value heads,
+vocabulary 49152, tied embeddings: 134.5 M weights, 269 MB), written by the trainer's
+``write_safetensors``.
 
 The clock starts when the step's file is renamed into the origin's publish directory (so the
 origin's hashing, signing and delta encoding count) and stops when the last follower's step
@@ -84,6 +90,7 @@ FOLLOWERS = 4  # the issue's figure; --followers 1 shows one node's own step, of
 LORA_RANK, LORA_ALPHA = 8, 16
 CONVERGE_S = 180.0
 POLL_S = 0.05
+STEP_GAP_S = 5.0  # between LORA steps: the swarm's generation between two real steps, shortened
 STATUS_LAG_S = 0.6  # the status file is rewritten every 0.5 s
 # SmolLM2-135M: hidden, intermediate, layers, query heads, key/value heads, vocabulary
 FULL_SHAPE = (576, 1536, 30, 9, 3, 49152)
@@ -181,15 +188,17 @@ class Swarm:
     def step_dir(self, node: NodeProcess, step: int) -> Path:
         return node.home / "shards" / self.swarm.run_id / f"{step:012d}"
 
-    def counters(self) -> tuple[int, int, int]:
-        """(bytes the followers fetched: shards + delta bodies, delta steps they built, origin upload)."""
-        fetched = built = 0
+    def counters(self) -> tuple[int, int, int, int]:
+        """(bytes the followers fetched: shards + delta bodies, delta steps they built, of those on a
+        base copied ahead, origin upload)."""
+        fetched = built = copied = 0
         for node in self.followers:
             status = shard_status(node)
             fetched += status.get("fetched_bytes", 0) + status.get("delta_bytes", 0)
             built += status.get("delta_steps", 0)
+            copied += status.get("delta_copied_ahead", 0)
         assert self.origin is not None
-        return fetched, built, shard_status(self.origin).get("uploaded_bytes", 0)
+        return fetched, built, copied, shard_status(self.origin).get("uploaded_bytes", 0)
 
 
 def new_swarm(root: Path, label: str) -> Swarm:
@@ -222,6 +231,7 @@ class Sample:
     note: str = ""
     published_s: float | None = None  # from the hand-over until the origin held the step signed
     followers_s: tuple[float, ...] = ()  # from the hand-over until each follower held it, in order
+    copied_ahead: int = 0  # followers that built it on a base copied ahead (specs/deltas.md 5a)
 
 
 def wait_all(swarm: Swarm, step: int, bound_s: float) -> tuple[list[float], float | None]:
@@ -258,7 +268,7 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
     size = staging.stat().st_size
     if adapter is not None:  # the trainer writes the adapter beside the checkpoint before handing it over
         (swarm.publish_dir / f"step-{step}.base-0.lora").write_bytes(adapter)
-    fetched0, built0, uploaded0 = swarm.counters()
+    fetched0, built0, copied0, uploaded0 = swarm.counters()
     start = time.monotonic()
     os.rename(staging, swarm.publish_dir / f"step-{step}.safetensors")
     arrivals, published_at = wait_all(swarm, step, bound_s)
@@ -270,7 +280,7 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{swarm.label} step {step}: a status file does not say complete")
         time.sleep(0.1)
-    fetched1, built1, uploaded1 = swarm.counters()
+    fetched1, built1, copied1, uploaded1 = swarm.counters()
     published = shard_status(swarm.origin).get("steps", {}).get(str(step), {})
     want_format = {"sparse": DELTA_FORMAT, "lora": "lora/v1"}.get(kind)
     same = all(sha256(swarm.step_dir(node, step) / "checkpoint.safetensors") == digest for node in swarm.followers)
@@ -284,11 +294,11 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
         problems.append(f"{by_delta} of {len(swarm.followers)} followers built it from the delta")
     return Sample(kind, seconds, fetched1 - fetched0, uploaded1 - uploaded0, size, published.get("delta_size"),
                   not problems, "; ".join(problems), None if published_at is None else published_at - start,
-                  tuple(t - start for t in arrivals))
+                  tuple(t - start for t in arrivals), copied1 - copied0)
 
 
 def show(rate: float, repeat: int | str, sample: Sample) -> None:
-    body = f", body {sample.delta_size:,} B" if sample.delta_size else ""
+    body = f", body {sample.delta_size:,} B, {sample.copied_ahead} on a copy ahead" if sample.delta_size else ""
     origin = "" if sample.published_s is None else f" (origin published at {sample.published_s:.2f} s)"
     origin += f" (followers at {', '.join(f'{t:.2f}' for t in sample.followers_s)} s)" if sample.followers_s else ""
     print(f"  {rate:g} Mbit/s {sample.kind:6s} repeat {repeat}: {sample.seconds:7.2f} s{origin}; followers fetched "
@@ -298,7 +308,7 @@ def show(rate: float, repeat: int | str, sample: Sample) -> None:
 
 def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: dict[str, torch.Tensor],
              repeats: int, fraction: float, shard_mib: int, followers: int = FOLLOWERS) -> list[Sample]:
-    """One switch at ``rate``, both swarms on it, ``repeats`` x (FULL, SPARSE, LORA)."""
+    """One switch at ``rate``, both swarms on it: ``repeats`` LORA, then 1 + ``repeats`` x (FULL, SPARSE)."""
     env = {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard_mib * MIB)}
     base_path = work / "base.safetensors"
     write_safetensors(base, base_path)
@@ -321,27 +331,34 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
             show(rate, "-", first)
             print("    (the frozen base, fetched in full by every follower of the delta swarm; not counted)",
                   flush=True)
-            current, step = base, 0
-            for r in range(repeats):
-                step += 1
-                current, changed = sparse_step(current, fraction, seed=1000 * r + 1)
-                source = work / "sparse.safetensors"
-                write_safetensors(current, source)
-                sample = publish_and_time(full, r + 1, source, "full", bound_s)
-                show(rate, r + 1, sample)
-                samples.append(sample)
-                sample = publish_and_time(deltas, step, source, "sparse", bound_s)
-                sample.note = sample.note or f"{changed:,} elements ({changed / (size / 2):.2%}) one ulp"
-                show(rate, r + 1, sample)
-                samples.append(sample)
+            step = 0
+            for r in range(repeats):  # a LoRA run's steps, on the frozen base (pinned from its first adapter)
                 step += 1
                 body = adapter_body(index, shapes, seed=1000 * r + 2)
                 source = work / "merged.safetensors"
                 write_merged(base_path, body, source)
+                time.sleep(STEP_GAP_S)
                 sample = publish_and_time(deltas, step, source, "lora", bound_s, adapter=body)
                 show(rate, r + 1, sample)
                 samples.append(sample)
-                current = load_file(str(source))  # the next sparse step moves the merged policy
+            current = load_file(str(source))  # then a full fine-tuning run moves the last merged policy
+            for r in range(-1, repeats):  # FULL and SPARSE one after the other
+                step += 1
+                current, changed = sparse_step(current, fraction, seed=1000 * (r + 1) + 1)
+                source = work / "sparse.safetensors"
+                write_safetensors(current, source)
+                if r >= 0:
+                    sample = publish_and_time(full, r + 1, source, "full", bound_s)
+                    show(rate, r + 1, sample)
+                    samples.append(sample)
+                sample = publish_and_time(deltas, step, source, "sparse", bound_s)
+                sample.note = sample.note or f"{changed:,} elements ({changed / (size / 2):.2%}) one ulp"
+                show(rate, "-" if r < 0 else r + 1, sample)
+                if r < 0:
+                    print("    (the first sparse step after the adapters: its base is not the frozen base that "
+                          "followers copied ahead; not counted)", flush=True)
+                    continue
+                samples.append(sample)
         finally:
             for s in swarms:
                 s.swarm.stop_all()

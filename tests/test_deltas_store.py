@@ -4,6 +4,7 @@ the signed checkpoint, or one that does not decode, leaves no trace and no step 
 
 import dataclasses
 import random
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -13,10 +14,12 @@ import torch
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, write_safetensors
+from intellect_node.node.shards.copy_ahead import next_base
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
-from intellect_node.node.shards.store import PARTIAL, ShardStore
+from intellect_node.node.shards.store import COPY_AHEAD, PARTIAL, ShardStore
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import MAGIC, VERSION, delta_hash
+from intellect_node.protocol.lora import LORA_FORMAT
 from intellect_node.protocol.manifest import CheckpointManifest, DeltaRef
 
 RUN = "delta-store"
@@ -190,3 +193,92 @@ def test_two_hundred_steps_with_misses_joiners_restarts_and_dense_steps_stay_exa
     assert how["lossy"].count("full") > how["steady"].count("full")  # a miss costs one full step, then deltas
     assert how["joiner"][0] == "full" and how["joiner"][1:].count("delta") >= 80
     assert how["restarting"].count("delta") >= 180
+
+
+def _copies(store: ShardStore) -> list[Path]:
+    return sorted(p for p in store.root.iterdir() if p.name.startswith(COPY_AHEAD))
+
+
+def test_a_base_copied_ahead_is_moved_in_and_the_build_gives_the_signed_bytes(stores, tmp_path):
+    trainer, follower = stores
+    base = follower.checkpoints[0]
+    assert follower.copy_ahead(base)
+    [copy] = _copies(follower)
+    assert copy.read_bytes() == base.data_path.read_bytes()
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    built = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope, base, body)
+    assert built.on_copy_ahead and built.data_path.read_bytes() == published.data_path.read_bytes()
+    assert _copies(follower) == []  # moved in, not copied again
+    assert base.data_path.read_bytes() == copy_bytes(trainer, 0)  # the base itself untouched
+    # no copy of step 1 was made: the next build copies its base as before
+    published, envelope, body = publish(trainer, tmp_path, 2)
+    again = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope, built, body)
+    assert not again.on_copy_ahead and again.data_path.read_bytes() == published.data_path.read_bytes()
+
+
+def copy_bytes(store: ShardStore, step: int) -> bytes:
+    return store.checkpoints[step].data_path.read_bytes()
+
+
+def test_a_damaged_copy_is_caught_by_the_shard_hashes_and_leaves_nothing(stores, tmp_path):
+    trainer, follower = stores
+    base = follower.checkpoints[0]
+    assert follower.copy_ahead(base)
+    [copy] = _copies(follower)
+    with open(copy, "r+b") as f:  # a disk fault, or anything else that wrote there meanwhile
+        f.seek(copy.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x40]))
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    signed = codec.decode(envelope, CheckpointManifest)
+    with pytest.raises(DeltaFailed) as failed:
+        build_from_delta(follower, signed, envelope, base, body)
+    assert failed.value.reason == "delta_mismatch"
+    assert 1 not in follower.checkpoints and _copies(follower) == []
+    assert not any(p.name.endswith(PARTIAL) for p in follower.root.iterdir())
+    built = build_from_delta(follower, signed, envelope, base, body)  # the next try copies the base itself
+    assert not built.on_copy_ahead and built.data_path.read_bytes() == published.data_path.read_bytes()
+
+
+def test_one_copy_at_most_only_with_room_for_a_step_beside_it_and_none_after_a_restart(stores, tmp_path,
+                                                                                       monkeypatch):
+    trainer, follower = stores
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    one = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope, follower.checkpoints[0],
+                           body)
+    assert follower.copy_ahead(follower.checkpoints[0]) and follower.copy_ahead(one)
+    [copy] = _copies(follower)  # the newer replaced the older
+    assert copy.read_bytes() == one.data_path.read_bytes() and f"{1:012d}" in copy.name
+    # a copy of step 1 is not a copy of step 0: a build on step 0 copies it itself
+    assert not follower.take_copy(follower.checkpoints[0], tmp_path / "elsewhere")
+    follower.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
+    assert _copies(follower) == [] and sorted(follower.checkpoints) == [0, 1]
+    size = one.manifest.total_size
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size - 1))
+    assert not follower.copy_ahead(follower.checkpoints[1]) and _copies(follower) == []
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
+    assert follower.copy_ahead(follower.checkpoints[1]) and len(_copies(follower)) == 1
+
+
+def test_the_next_base_is_the_newest_step_or_the_frozen_base_of_its_adapter(stores, tmp_path):
+    trainer, follower = stores
+    assert next_base(follower) is follower.checkpoints[0]
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    one = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope, follower.checkpoints[0],
+                           body)
+    assert next_base(follower) is one  # a sparse delta applies to its parent
+    # step 2 shipped as an adapter on the frozen step 0: the next adapter applies to step 0 again
+    staged = tmp_path / "staged-adapter"
+    write_safetensors(weights(2), staged)
+    adapter = bytes(64)
+    manifest = dataclasses.replace(
+        build_manifest(staged, run_id=RUN, step=2, parent_step=1, shard_size=SHARD),
+        delta=DeltaRef(format=LORA_FORMAT, base_step=0, base_hash=follower.checkpoints[0].manifest.checkpoint_hash,
+                       size=len(adapter), hash=delta_hash(adapter)))
+    envelope = codec.encode(manifest, TRAINER, lifetime_s=600)
+    follower.add_published(staged, codec.decode(envelope, CheckpointManifest), envelope, delta=adapter)
+    assert next_base(follower) is follower.checkpoints[0]
+    follower.prune(1, pinned=frozenset())  # the frozen base gone: nothing to copy ahead
+    assert next_base(follower) is None

@@ -83,6 +83,8 @@ def test_followers_build_every_step_from_deltas_and_a_joiner_catches_up(tmp_path
         for follower in followers:
             status = shard_status(follower)
             assert status["delta_steps"] == 4, status
+            # each step's base was copied while the test waited (specs/deltas.md 5a), and moved in
+            assert status["delta_copied_ahead"] == 4, status
             assert status["fetched_bytes"] <= total * 1.05  # step 0 only: every later step came as a delta
             assert status["delta_bytes"] < 4 * total / 50
         # the origin's status file is rewritten every 0.5 s: followers can hold a small step before it says so
@@ -95,6 +97,7 @@ def test_followers_build_every_step_from_deltas_and_a_joiner_catches_up(tmp_path
         wait_until(lambda: all_hold([*followers, joiner], 5), 120)
         assert {file_sha256(n, 5) for n in [*followers, joiner]} == {digest}
         assert shard_status(joiner)["delta_steps"] >= 1
+        assert shard_status(joiner)["delta_copied_ahead"] == shard_status(joiner)["delta_steps"]
     finally:
         swarm.stop_all()
 

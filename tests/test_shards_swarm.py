@@ -13,6 +13,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from intellect_node.node.demo.local_swarm import NodeProcess, wait_until
 from intellect_node.node.shards.checkpoint import build_manifest
 from intellect_node.node.shards.server import pack_bits
+from intellect_node.node.shards.store import COPY_AHEAD
 from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.protocol import codec
 from intellect_node.protocol.keys import announcements_topic, members_topic
@@ -207,8 +208,12 @@ def test_killed_relay_restarted_fetcher_and_retention(tmp_path):
         everyone = [swarm.origin, *swarm.fetchers()]
         for node in everyone:
             assert sorted(shard_status(node)["steps"]) == ["2", "3", "4"]
-            assert sorted(p.name for p in (node.home / "shards" / "shards-crash").iterdir()) == \
-                [f"{s:012d}" for s in (2, 3, 4)]
+            names = sorted(p.name for p in (node.home / "shards" / "shards-crash").iterdir())
+            copies = [name for name in names if name.startswith(COPY_AHEAD)]
+            assert [name for name in names if name not in copies] == [f"{s:012d}" for s in (2, 3, 4)]
+            # a follower keeps at most one base copied for the next delta (specs/deltas.md 5a), the newest step's
+            assert len(copies) <= 1 and all(c.startswith(f"{COPY_AHEAD}{4:012d}-") for c in copies), copies
+            assert node is not swarm.origin or not copies  # the publisher builds nothing from deltas
         wait_until(lambda: [m["policy_step"] for m in swarm.origin.status()["members"]] == [4] * 5, 60)
     finally:
         swarm.stop_all()

@@ -18,6 +18,7 @@ import trio
 
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
+from intellect_node.node.shards.copy_ahead import CopyAhead
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta
 from intellect_node.node.shards.fetcher import http_endpoint
 from intellect_node.node.shards.store import Checkpoint, ManifestDecoder, ShardStore
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 class DeltaFollower:
     def __init__(self, node: NodeContext, config: ShardConfig, store: ShardStore, client: ShardClient,
                  streams: ShardStreamClient, counters: dict[str, Any], decode_manifest: ManifestDecoder,
-                 trainer: str | None) -> None:
+                 trainer: str | None, copies: CopyAhead | None = None) -> None:
         self.node, self.config, self.store, self.client, self.streams = node, config, store, client, streams
+        self.copies = copies  # the base copied ahead (specs/deltas.md 5a); None on the publisher
         self.counters, self.decode_manifest, self.trainer = counters, decode_manifest, trainer
         self.run_id = node.config.run_id
 
@@ -51,6 +53,8 @@ class DeltaFollower:
         if body is None:
             self.counters["delta_unavailable"] += 1
             return None
+        if self.copies is not None:
+            await self.copies.settled(base)
         try:
             checkpoint = await trio.to_thread.run_sync(build_from_delta, self.store, signed, envelope, base, body)
         except DeltaFailed as exc:
@@ -63,6 +67,7 @@ class DeltaFollower:
         checkpoint.bump()  # built in a worker thread: waiters are woken here, on trio's thread
         self.counters["delta_steps"] += 1
         self.counters["delta_bytes"] += len(body)
+        self.counters["delta_copied_ahead"] += checkpoint.on_copy_ahead
         return checkpoint
 
     async def base_manifest(self, ref: DeltaRef) -> tuple[codec.Signed[CheckpointManifest], bytes] | None:

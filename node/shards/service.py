@@ -34,6 +34,7 @@ from intellect_node.node.config.base import ConfigError
 from intellect_node.node.shards.client import ShardClient
 from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
+from intellect_node.node.shards.copy_ahead import CopyAhead
 from intellect_node.node.shards.delta_follower import DeltaFollower
 from intellect_node.node.shards.deltas import usable_base
 from intellect_node.node.shards.discovery import StepDiscovery
@@ -89,12 +90,14 @@ class ShardService:
         self.progress = CheckpointProgress()
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
-                         "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0}
+                         "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0,
+                         "delta_copied_ahead": 0}
         self.provider = ShardProvider(node)
         self.discovery = StepDiscovery(node, config, self.store, self.book, self.client, self.streams,
                                        trainer=self.trainer, decode_manifest=self.decode_manifest, accept=self._accept)
+        self.copies = None if config.is_publisher else CopyAhead(self.store)
         self.deltas = DeltaFollower(node, config, self.store, self.client, self.streams, self.counters,
-                                    self.decode_manifest, self.trainer)
+                                    self.decode_manifest, self.trainer, self.copies)
         self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
                           if config.is_publisher else None)
         self.complaints = ShardComplaints(node, self.book, on_change=self.status_file.mark_dirty)
@@ -167,6 +170,9 @@ class ShardService:
                     await nursery.start(self._fetch, checkpoint)
             nursery.start_soon(self._intake_loop)
             nursery.start_soon(self.discovery.run)
+            if self.copies is not None:
+                nursery.start_soon(self.copies.run)
+                self.copies.after_completion()
             nursery.start_soon(self.status_file.run)
             if self.publisher is not None:
                 nursery.start_soon(self.publisher.run)
@@ -287,6 +293,8 @@ class ShardService:
             self.node.update_advert(policy_step=newest.step)
         self.status_file.mark_dirty()
         self._wake_completion_waiters()
+        if self.copies is not None:
+            self.copies.after_completion()
 
     def published(self, checkpoint: Checkpoint) -> None:
         """The publisher holds ``checkpoint`` complete and gossiped it: provide it, wake the waiters."""
