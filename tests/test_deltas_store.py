@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import trio
+import trio.testing
 
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, write_safetensors
-from intellect_node.node.shards.copy_ahead import next_base
+from intellect_node.node.shards.copy_ahead import CopyAhead, next_base
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.store import COPY_AHEAD, PARTIAL, ShardStore
 from intellect_node.protocol import codec
@@ -282,3 +284,22 @@ def test_the_next_base_is_the_newest_step_or_the_frozen_base_of_its_adapter(stor
     assert next_base(follower) is follower.checkpoints[0]
     follower.prune(1, pinned=frozenset())  # the frozen base gone: nothing to copy ahead
     assert next_base(follower) is None
+
+
+async def test_the_copy_ahead_follows_each_completion_and_a_build_waits_for_it(stores, tmp_path):
+    trainer, follower = stores
+    copies = CopyAhead(follower)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(copies.run)
+        for step in (1, 2):
+            base = follower.checkpoints[step - 1]
+            copies.after_completion()  # what the service does when a step completes here
+            await trio.testing.wait_all_tasks_blocked()  # the copy has begun (or finished) in its thread
+            await copies.settled(base)
+            [copy] = _copies(follower)
+            assert f"{step - 1:012d}" in copy.name and copy.read_bytes() == base.data_path.read_bytes()
+            published, envelope, body = publish(trainer, tmp_path, step)
+            built = await trio.to_thread.run_sync(build_from_delta, follower,
+                                                  codec.decode(envelope, CheckpointManifest), envelope, base, body)
+            assert built.on_copy_ahead and built.data_path.read_bytes() == published.data_path.read_bytes()
+        nursery.cancel_scope.cancel()

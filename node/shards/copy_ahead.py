@@ -67,7 +67,9 @@ class CopyAhead:
                 continue
             self._copying, self._copied = base, trio.Event()
             try:
-                await trio.to_thread.run_sync(self.store.copy_ahead, base)
+                # a stopping node does not wait for a copy (minutes for a large policy); one
+                # left half-made is a ``.tmp`` that the next copy or a restart deletes
+                await trio.to_thread.run_sync(self.store.copy_ahead, base, abandon_on_cancel=True)
             finally:
                 self._copying = None
                 self._copied.set()
