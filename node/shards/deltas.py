@@ -97,7 +97,8 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     checkpoint = store.begin(signed, envelope)
     try:
         change, changed = _decoded(manifest, body)
-        checkpoint.on_copy_ahead = _write_checked(store, base, checkpoint, change)
+        checkpoint.on_copy_ahead = _place_base(store, base, checkpoint)
+        _write_checked(checkpoint, change)
         store.write_delta(checkpoint, body)
         for index in range(manifest.shard_count):
             checkpoint.verified[index] = 1
@@ -145,21 +146,26 @@ def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memo
     return changed
 
 
-def _write_checked(store: ShardStore, base: Checkpoint, checkpoint: Checkpoint, change: Change) -> bool:
-    """The result in the partial checkpoint's file: the base moved in where a copy of it was made
-    ahead (specs/deltas.md 5a; True), else copied in (in the kernel), the change
+def _place_base(store: ShardStore, base: Checkpoint, checkpoint: Checkpoint) -> bool:
+    """The base's bytes as the partial checkpoint's file: a copy made ahead moved in
+    (specs/deltas.md 5a; True), else a copy made now (in the kernel)."""
+    if store.take_copy(base, checkpoint.data_path):
+        return True
+    try:
+        shutil.copyfile(base.data_path, checkpoint.data_path)
+    except OSError as exc:  # the base was pruned meanwhile: fetch in full
+        raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
+    return False
+
+
+def _write_checked(checkpoint: Checkpoint, change: Change) -> None:
+    """The result in the partial checkpoint's file, which holds the base's bytes: the change
     written through one mapping, and every shard hashed from that same mapping, its pages already
     in place, against the signed manifest. No msync: ``store.finalize``'s fsync writes the pages
     out after the step is complete (a restart hashes it again if that did not finish). (Reading
     each shard's window of the base and writing it back with pread and pwrite cost 1.5-2.5x the
     system time with 4 followers at once on 2 cores.)"""
     manifest = checkpoint.manifest
-    taken = store.take_copy(base, checkpoint.data_path)
-    if not taken:
-        try:
-            shutil.copyfile(base.data_path, checkpoint.data_path)
-        except OSError as exc:  # the base was pruned meanwhile: fetch in full
-            raise DeltaFailed("delta_no_base", f"base step {base.step} is gone: {exc}") from None
     fd = os.open(checkpoint.data_path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size != manifest.total_size:
@@ -182,4 +188,3 @@ def _write_checked(store: ShardStore, base: Checkpoint, checkpoint: Checkpoint, 
             raise failure
     finally:
         os.close(fd)
-    return taken

@@ -12,9 +12,10 @@ A partial file may hold unverified bytes in shards not yet marked; the ``verifie
 per shard, replaced atomically) says which ranges may be served. Completion is one directory
 rename, with an ``unsynced`` marker inside until the file's fsync (run in the background: a
 follower's delta step waited ~0.3 s for it on a 269 MB policy, more for larger models) has
-finished; a restart hashes a marked directory again before it trusts it, so a half checkpoint never looks complete,
-even after kill -9 or power loss. On restart every shard marked verified is hashed again before it
-is trusted (a resume never re-downloads a good shard and never keeps a torn one).
+finished; a restart hashes a marked directory again before it trusts it, so a half checkpoint
+never looks complete, even after kill -9 or power loss. On restart every shard marked verified is
+hashed again before it is trusted (a resume never re-downloads a good shard and never keeps a torn
+one).
 """
 
 from __future__ import annotations
