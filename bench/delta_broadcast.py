@@ -28,10 +28,10 @@ swarm first ships LORA steps (a LoRA run, its base pinned from the first adapter
 ``STEP_GAP_S`` after the last follower held the one before (a real run's steps are a minute or more
 apart), then SPARSE steps (a full fine-tuning run on the last merged policy), each right after a
 FULL step of the other swarm, so load (the machine's, the links') hits both alike. The first SPARSE
-step after the adapters has another base than the one copied ahead: shown, not counted. The policy is synthetic bf16
-shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9 query and 3 key/value heads,
-vocabulary 49152, tied embeddings: 134.5 M weights, 269 MB), written by the trainer's
-``write_safetensors``.
+step after the adapters has another base than the one copied ahead: shown, not counted. The
+policy is synthetic bf16 shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9
+query and 3 key/value heads, vocabulary 49152, tied embeddings: 134.5 M weights, 269 MB), written
+by the trainer's ``write_safetensors``.
 
 The clock starts when the step's file is renamed into the origin's publish directory (so the
 origin's hashing, signing and delta encoding count) and stops when the last follower's step
