@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from intellect_node.node.shards.checkpoint import build_manifest, write_safetensors
+from intellect_node.protocol import deltas as deltas_codec
 from intellect_node.protocol.deltas import (
     HEAD_SIZE,
     MAGIC,
@@ -90,6 +91,26 @@ def test_gap_widths(tmp_path, gap):
     write_safetensors(base_tensors, tmp_path / "base.safetensors")
     manifest = build_manifest(tmp_path / "result.safetensors", run_id=RUN, step=1, parent_step=0, shard_size=SHARD)
     assert round_trip(manifest, (tmp_path / "base.safetensors").read_bytes(), result)[1] == result
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 18])
+def test_changes_found_across_compare_chunks_are_every_change_in_order(tmp_path, monkeypatch, chunk):
+    """The encoder compares a tensor a chunk at a time; a change on either side of a chunk's edge,
+    in its first or last element, or in a chunk of nothing else is found once, in order."""
+    monkeypatch.setattr(deltas_codec, "COMPARE_CHUNK", chunk)
+
+    def change(result):
+        flat = result["model.embed_tokens.weight"].view(-1)
+        for at in (0, 6, 7, 63, 64, 65, 500, flat.numel() - 1):
+            flat[at] = flat[at] + 1
+        result["model.layers.0.mlp.up_proj.weight"][-1, -1] = 7.0
+    manifest, base, result = files(tmp_path, change)
+    body, rebuilt = round_trip(manifest, base, result)
+    assert rebuilt == result
+    records = decode_delta(body, manifest.tensors, manifest.total_size)
+    embed = next(r for r in records if r.entry.name == "model.embed_tokens.weight")
+    assert embed.positions.tolist() == [0, 6, 7, 63, 64, 65, 500, 300 * 64 - 1]
+    assert sum(len(r.positions) for r in records) == 9
 
 
 def test_a_change_denser_than_the_file_encodes_to_nothing(tmp_path):

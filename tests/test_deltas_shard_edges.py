@@ -19,7 +19,7 @@ from intellect_node.node.shards.checkpoint import build_manifest, hash_shards
 from intellect_node.node.shards.deltas import adapter_delta, build_from_delta, make_delta, usable_base
 from intellect_node.node.shards.store import ShardStore
 from intellect_node.protocol import codec
-from intellect_node.protocol.deltas import HEAD_SIZE, apply_delta, decode_delta, encode_delta
+from intellect_node.protocol.deltas import DEFLATE_LEVEL, HEAD_SIZE, apply_delta, decode_delta, encode_delta
 from intellect_node.protocol.lora import encode_adapter, merged_weight
 from intellect_node.protocol.manifest import CheckpointManifest
 
@@ -137,7 +137,7 @@ def test_an_encoding_bounded_by_an_adapters_size_ships_the_same_bytes_or_stops(t
     body = encode_delta(manifest.tensors, base, result)
     assert body is not None and body[9] == 1  # deflated, in several records
     raw = zlib.decompress(body[HEAD_SIZE:])
-    assert body[HEAD_SIZE:] == zlib.compress(raw, 6)  # deflated record by record, the same stream
+    assert body[HEAD_SIZE:] == zlib.compress(raw, DEFLATE_LEVEL)  # deflated record by record, the same stream
     assert encode_delta(manifest.tensors, base, result, max_body=len(body)) == body
     assert encode_delta(manifest.tensors, base, result, max_body=len(body) - 1) is None
     trainer, _, _ = seeded(tmp_path, base_path)
