@@ -15,10 +15,11 @@ import trio
 import trio.testing
 
 from intellect_node.crypto.identity import Identity
+from intellect_node.node.shards import store as store_module
 from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, write_safetensors
 from intellect_node.node.shards.copy_ahead import CopyAhead, next_base
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
-from intellect_node.node.shards.store import COPY_AHEAD, PARTIAL, ShardStore
+from intellect_node.node.shards.store import COPY_AHEAD, PARTIAL, UNSYNCED_FILE, ShardStore
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import MAGIC, VERSION, delta_hash
 from intellect_node.protocol.lora import LORA_FORMAT
@@ -82,6 +83,48 @@ def test_a_chain_of_deltas_gives_the_trainers_exact_bytes(stores, tmp_path):
         assert built.complete and built.data_path.read_bytes() == published.data_path.read_bytes()
         assert built.delta_path.read_bytes() == body  # kept, to serve to the next followers
         assert sum(built.verified) == built.manifest.shard_count
+
+
+def synced() -> None:
+    """Wait for the store's background syncs queued so far (one thread, first in first out)."""
+    store_module._STEP_DIR_SYNCER.submit(lambda: None).result(timeout=60)
+
+
+def test_nothing_waits_on_the_disk_and_a_restart_checks_what_had_not_reached_it(stores, tmp_path):
+    """A published step and a step built from its delta are complete at once and made durable in
+    the background (data, manifest and delta body); a restart before that finished hashes the data
+    again and keeps the delta body only if it is the one the manifest signs, so a crash can never
+    have a node serve a torn body (its followers would charge it)."""
+    trainer, follower = stores
+    published, envelope, body = publish(trainer, tmp_path, 1)
+    assert published.complete and body is not None
+    signed = codec.decode(envelope, type(published.manifest))
+    built = build_from_delta(follower, signed, envelope, usable_base(follower, signed.message), body)
+    assert built.complete
+    synced()
+    for step_dir in (published.directory, built.directory):
+        assert sorted(p.name for p in step_dir.iterdir()) == ["checkpoint.safetensors", "delta.bin", "manifest.ine"]
+
+    # a crash before the sync: the body whole is kept; torn or cut short it is deleted, the step kept
+    for damage in (lambda b: b, lambda b: b[:-1], lambda b: b[:-1] + bytes([b[-1] ^ 1]), lambda b: b""):
+        (built.directory / UNSYNCED_FILE).touch()
+        built.delta_path.write_bytes(damage(body))
+        reopened = ShardStore(tmp_path / "follower", RUN)
+        reopened.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
+        again = reopened.checkpoints[1]
+        assert again.complete and again.data_path.read_bytes() == published.data_path.read_bytes()
+        assert not (again.directory / UNSYNCED_FILE).exists()
+        assert again.delta_path.exists() == (damage(body) == body)
+        if not again.delta_path.exists():
+            built.delta_path.write_bytes(body)
+
+    # the publisher's data torn before its sync: the step resumes as a partial fetch, never served whole
+    (published.directory / UNSYNCED_FILE).touch()
+    with open(published.data_path, "r+b") as f:
+        f.write(b"\0" * 64)
+    reopened = ShardStore(tmp_path / "trainer", RUN)
+    reopened.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
+    assert not reopened.checkpoints[1].complete and reopened.checkpoints[0].complete
 
 
 def test_dense_changes_publish_no_delta(stores, tmp_path):

@@ -94,7 +94,7 @@ def build_from_delta(store: ShardStore, signed: Signed[CheckpointManifest], enve
     """Step ``signed``'s checkpoint, complete, from ``base`` and ``body`` (whose hash the caller
     checked against the manifest). ``DeltaFailed`` leaves nothing behind: the caller fetches in full."""
     manifest = signed.message
-    checkpoint = store.begin(signed, envelope)
+    checkpoint = store.begin(signed, envelope, durable=False)
     try:
         change, changed = _decoded(manifest, body)
         checkpoint.on_copy_ahead = _place_base(store, base, checkpoint)

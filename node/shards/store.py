@@ -10,12 +10,14 @@ Directory names come only from the configured run id (checked against the run-id
 integer step, never from a peer's string, so nothing can be written outside the data directory.
 A partial file may hold unverified bytes in shards not yet marked; the ``verified`` list (one byte
 per shard, replaced atomically) says which ranges may be served. Completion is one directory
-rename, with an ``unsynced`` marker inside until the file's fsync (run in the background: a
-follower's delta step waited ~0.3 s for it on a 269 MB policy, more for larger models) has
-finished; a restart hashes a marked directory again before it trusts it, so a half checkpoint
-never looks complete, even after kill -9 or power loss. On restart every shard marked verified is
-hashed again before it is trusted (a resume never re-downloads a good shard and never keeps a torn
-one).
+rename, with an ``unsynced`` marker inside until the step's files are fsynced in the background (a
+follower's delta step waited ~0.3 s for that on a 269 MB policy, more for larger models); a step
+built from a delta and a step published here write their manifest and delta body without an
+fsync of their own, and that sync covers them. A restart hashes a marked directory again (and
+drops a kept delta body that is not the signed one) before it trusts it, so a half checkpoint
+never looks complete, even after kill -9 or power loss. On restart every shard marked verified
+is hashed again before it is trusted (a resume never re-downloads a good shard and never keeps a
+torn one).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import trio
 from intellect_node.node.home.durable import fsync_directory, fsync_file, write_durably
 from intellect_node.node.shards.checkpoint import hash_range
 from intellect_node.protocol.codec import Signed, decode
+from intellect_node.protocol.deltas import delta_hash
 from intellect_node.protocol.errors import Rejected
 from intellect_node.protocol.manifest import CheckpointManifest
 from intellect_node.protocol.messages import RUN_ID_PATTERN
@@ -184,6 +187,7 @@ class ShardStore:
         hashed again. All right: it is synced now and stays complete. Else it turns partial with
         its good shards marked verified: the resume fetches only the rest."""
         verified = self._recheck(path, manifest, claimed=bytes([1]) * manifest.shard_count)
+        self._drop_torn_delta(path, manifest)
         if all(verified):
             self._make_durable(path)
             return path, verified
@@ -195,6 +199,22 @@ class ShardStore:
         (path / UNSYNCED_FILE).unlink()  # a partial directory has its verified file instead
         os.rename(path, partial)
         return partial, verified
+
+    @staticmethod
+    def _drop_torn_delta(path: Path, manifest: CheckpointManifest) -> None:
+        """Delete a delta body kept beside a step whose sync had not finished, unless it is the one
+        the signed manifest names: served torn, its holder would be charged by every follower."""
+        kept, ref = path / DELTA_FILE, manifest.delta
+        if not kept.exists():
+            return
+        try:
+            with open(kept, "rb") as f:
+                body = f.read(ref.size + 1) if ref is not None else b""
+        except OSError:
+            body = b""
+        if ref is None or len(body) != ref.size or delta_hash(body) != ref.hash:
+            log.warning("step %d's delta body did not reach the disk whole: deleted, the step is kept", manifest.step)
+            kept.unlink(missing_ok=True)
 
     def _recheck(self, path: Path, manifest: CheckpointManifest, claimed: bytes | None = None) -> bytearray:
         """The shards ``claimed`` verified (by default: the ``verified`` file) whose bytes hash right."""
@@ -221,8 +241,10 @@ class ShardStore:
 
     # ---- fetching --------------------------------------------------------------------------
 
-    def begin(self, signed: Signed[CheckpointManifest], envelope: bytes) -> Checkpoint:
-        """A new partial checkpoint: manifest written, data file allocated (sparse), nothing verified."""
+    def begin(self, signed: Signed[CheckpointManifest], envelope: bytes, *, durable: bool = True) -> Checkpoint:
+        """A new partial checkpoint: manifest written, data file allocated (sparse), nothing verified.
+        ``durable=False`` for a step built at once (from a delta): its files are written without an
+        fsync on the step's path, and ``finalize``'s background sync makes them durable."""
         manifest = signed.message
         free = shutil.disk_usage(self.root).free
         if manifest.total_size > free:
@@ -230,11 +252,12 @@ class ShardStore:
         directory = self._dir(manifest.step, partial=True)
         self._remove(directory)
         directory.mkdir(mode=0o700)
-        write_durably(directory / MANIFEST_FILE, envelope)
+        write = write_durably if durable else _write
+        write(directory / MANIFEST_FILE, envelope)
         with open(directory / DATA_FILE, "wb") as f:
             f.truncate(manifest.total_size)
         checkpoint = Checkpoint(manifest, envelope, directory, bytearray(manifest.shard_count))
-        write_durably(directory / VERIFIED_FILE, bytes(checkpoint.verified))
+        write(directory / VERIFIED_FILE, bytes(checkpoint.verified))
         self.checkpoints[manifest.step] = checkpoint
         return checkpoint
 
@@ -258,8 +281,9 @@ class ShardStore:
                 log.info("step %d was dropped while its verified shards were saved", checkpoint.step)
 
     def write_delta(self, checkpoint: Checkpoint, body: bytes) -> None:
-        """Keep the delta body that made ``checkpoint`` (before ``finalize``: one rename covers both)."""
-        write_durably(checkpoint.directory / DELTA_FILE, body)
+        """Keep the delta body that made ``checkpoint`` (before ``finalize``: one rename covers both,
+        and its background sync makes the body durable with the data)."""
+        _write(checkpoint.directory / DELTA_FILE, body)
 
     def discard(self, checkpoint: Checkpoint) -> None:
         """Forget a partial checkpoint and delete its directory (a delta that did not give it)."""
@@ -288,10 +312,12 @@ class ShardStore:
         return _STEP_DIR_SYNCER.submit(self._make_durable, final)
 
     def _make_durable(self, directory: Path) -> None:
-        """fsync a complete step's data file and the rename that completed it, then drop its marker
-        (a step pruned meanwhile is simply gone)."""
+        """fsync a complete step's files (data, manifest, a delta body kept) and the rename that
+        completed it, then drop its marker (a step pruned meanwhile is simply gone)."""
         try:
-            fsync_file(directory / DATA_FILE)
+            for name in (DATA_FILE, MANIFEST_FILE, DELTA_FILE):
+                if name != DELTA_FILE or (directory / name).exists():
+                    fsync_file(directory / name)
             fsync_directory(self.root)
             (directory / UNSYNCED_FILE).unlink()
         except FileNotFoundError:
@@ -364,17 +390,18 @@ class ShardStore:
         tmp = self.root / f"publish-{manifest.step:012d}.dir.tmp"
         self._remove(tmp)
         tmp.mkdir(mode=0o700)
-        write_durably(tmp / MANIFEST_FILE, envelope)
+        _write(tmp / MANIFEST_FILE, envelope)
         if delta is not None:
-            write_durably(tmp / DELTA_FILE, delta)
+            _write(tmp / DELTA_FILE, delta)
+        (tmp / UNSYNCED_FILE).touch()  # synced in the background, as a completed fetch is
         os.rename(staged, tmp / DATA_FILE)
         final = self._dir(manifest.step, partial=False)
         self._remove(final)
         os.rename(tmp, final)
-        fsync_directory(self.root)
         checkpoint = Checkpoint(manifest, envelope, final, bytearray([1]) * manifest.shard_count, origin=True,
                                 completed_at=time.time())
         self.checkpoints[manifest.step] = checkpoint
+        _STEP_DIR_SYNCER.submit(self._make_durable, final)
         return checkpoint
 
     def replace_envelope(self, checkpoint: Checkpoint, envelope: bytes) -> None:
@@ -410,3 +437,10 @@ class ShardStore:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """A file in a step directory that is not complete yet, or whose completion's sync is still to
+    run (its ``unsynced`` marker is in place): nothing waits on the disk here."""
+    with open(path, "wb") as f:
+        f.write(data)
