@@ -37,8 +37,8 @@ HEAD_SIZE = _HEAD.size  # 18: the smallest body
 GAP_WIDTHS = (1, 2, 4, 8)
 _HASH_DOMAIN = b"intellect-node/delta/v1\x00"
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-# deflate's level 2: a fifth of level 6's time on a step's differences for 8% more bytes (bench/HISTORY.md,
-# "The publisher's encode"); the encode is on every step's path, the bytes cross each link once
+# deflate's level 2: a fifth to a third of level 6's time on a step's gaps and differences for 1-8% more
+# bytes (bench/HISTORY.md, "The publisher's encode"); the encode is on every step's path
 DEFLATE_LEVEL = 2
 COMPARE_CHUNK = 1 << 18  # elements compared at a time: their mask (256 KiB) stays in the cache
 
@@ -72,7 +72,7 @@ def _changes(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (``new - old``, wrapping), compared ``COMPARE_CHUNK`` elements at a time into one reused mask.
     Comparing a whole tensor at once writes a mask as large as the tensor (a fresh allocation the
     size of the policy's element count, faulted in page by page) and reads it back from memory:
-    three times slower on a 269 MB policy (bench/HISTORY.md, "The publisher's encode")."""
+    two to three times slower on a 269 MB policy (bench/HISTORY.md, "The publisher's encode")."""
     mask = np.empty(min(COMPARE_CHUNK, len(old)), dtype=bool)
     positions: list[np.ndarray] = []
     differences: list[np.ndarray] = []
