@@ -187,7 +187,7 @@ class ShardStore:
         hashed again. All right: it is synced now and stays complete. Else it turns partial with
         its good shards marked verified: the resume fetches only the rest."""
         verified = self._recheck(path, manifest, claimed=bytes([1]) * manifest.shard_count)
-        self._drop_torn_delta(path, manifest)
+        _drop_torn_delta(path, manifest)
         if all(verified):
             self._make_durable(path)
             return path, verified
@@ -199,22 +199,6 @@ class ShardStore:
         (path / UNSYNCED_FILE).unlink()  # a partial directory has its verified file instead
         os.rename(path, partial)
         return partial, verified
-
-    @staticmethod
-    def _drop_torn_delta(path: Path, manifest: CheckpointManifest) -> None:
-        """Delete a delta body kept beside a step whose sync had not finished, unless it is the one
-        the signed manifest names: served torn, its holder would be charged by every follower."""
-        kept, ref = path / DELTA_FILE, manifest.delta
-        if not kept.exists():
-            return
-        try:
-            with open(kept, "rb") as f:
-                body = f.read(ref.size + 1) if ref is not None else b""
-        except OSError:
-            body = b""
-        if ref is None or len(body) != ref.size or delta_hash(body) != ref.hash:
-            log.warning("step %d's delta body did not reach the disk whole: deleted, the step is kept", manifest.step)
-            kept.unlink(missing_ok=True)
 
     def _recheck(self, path: Path, manifest: CheckpointManifest, claimed: bytes | None = None) -> bytearray:
         """The shards ``claimed`` verified (by default: the ``verified`` file) whose bytes hash right."""
@@ -444,3 +428,19 @@ def _write(path: Path, data: bytes) -> None:
     run (its ``unsynced`` marker is in place): nothing waits on the disk here."""
     with open(path, "wb") as f:
         f.write(data)
+
+
+def _drop_torn_delta(path: Path, manifest: CheckpointManifest) -> None:
+    """Delete a delta body kept beside a step whose sync had not finished, unless it is the one
+    the signed manifest names: served torn, its holder would be charged by every follower."""
+    kept, ref = path / DELTA_FILE, manifest.delta
+    if not kept.exists():
+        return
+    try:
+        with open(kept, "rb") as f:
+            body = f.read(ref.size + 1) if ref is not None else b""
+    except OSError:
+        body = b""
+    if ref is None or len(body) != ref.size or delta_hash(body) != ref.hash:
+        log.warning("step %d's delta body did not reach the disk whole: deleted, the step is kept", manifest.step)
+        kept.unlink(missing_ok=True)
