@@ -329,22 +329,6 @@ def test_the_next_base_is_the_newest_step_or_the_frozen_base_of_its_adapter(stor
     assert next_base(follower) is None
 
 
-def test_a_run_that_ships_its_steps_in_full_is_not_copied_ahead(stores, tmp_path):
-    """One full step may be the base of a first delta; two in a row say the run ships none."""
-    trainer, follower = stores
-    assert next_base(follower) is follower.checkpoints[0]
-    full, envelope, body = publish(trainer, tmp_path, 1, fraction=0.0)  # deltas off: step 1 in full
-    assert body is None
-    follower.add_published(_copy(full.data_path, tmp_path / "f1"), codec.decode(envelope, CheckpointManifest),
-                           envelope)
-    assert next_base(follower) is None
-    published, envelope, body = publish(trainer, tmp_path, 2)  # the run turns to deltas again
-    assert body is not None
-    built = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope,
-                             follower.checkpoints[1], body)
-    assert next_base(follower) is built
-
-
 async def test_the_copy_ahead_follows_each_completion_and_a_build_waits_for_it(stores, tmp_path):
     trainer, follower = stores
     copies = CopyAhead(follower)

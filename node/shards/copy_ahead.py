@@ -19,13 +19,10 @@ from intellect_node.protocol.lora import LORA_FORMAT
 def next_base(store: ShardStore) -> Checkpoint | None:
     """The base the next delta will most likely name: the frozen base where the newest complete
     step is an adapter (adapters always apply to it), else the newest complete step (a sparse
-    delta applies to its parent). None where the two newest complete steps both shipped in full: a
-    run that does not ship deltas (a dense fp32 policy, deltas switched off) would have every
-    follower copy the checkpoint each step for nothing."""
-    complete = sorted((c for c in store.held() if c.complete), key=lambda c: c.step)
-    if not complete or (len(complete) > 1 and all(c.manifest.delta is None for c in complete[-2:])):
+    delta applies to its parent)."""
+    newest = store.newest_complete()
+    if newest is None:
         return None
-    newest = complete[-1]
     ref = newest.manifest.delta
     if ref is None or ref.format != LORA_FORMAT:
         return newest
