@@ -236,7 +236,7 @@ class ShardStore:
         directory = self._dir(manifest.step, partial=True)
         self._remove(directory)
         directory.mkdir(mode=0o700)
-        write = write_durably if durable else _write
+        write = write_durably if durable else Path.write_bytes  # a pending sync covers the plain write
         write(directory / MANIFEST_FILE, envelope)
         with open(directory / DATA_FILE, "wb") as f:
             f.truncate(manifest.total_size)
@@ -267,7 +267,7 @@ class ShardStore:
     def write_delta(self, checkpoint: Checkpoint, body: bytes) -> None:
         """Keep the delta body that made ``checkpoint`` (before ``finalize``: one rename covers both,
         and its background sync makes the body durable with the data)."""
-        _write(checkpoint.directory / DELTA_FILE, body)
+        (checkpoint.directory / DELTA_FILE).write_bytes(body)
 
     def discard(self, checkpoint: Checkpoint) -> None:
         """Forget a partial checkpoint and delete its directory (a delta that did not give it)."""
@@ -374,9 +374,9 @@ class ShardStore:
         tmp = self.root / f"publish-{manifest.step:012d}.dir.tmp"
         self._remove(tmp)
         tmp.mkdir(mode=0o700)
-        _write(tmp / MANIFEST_FILE, envelope)
+        (tmp / MANIFEST_FILE).write_bytes(envelope)  # no fsync: the background sync below covers it
         if delta is not None:
-            _write(tmp / DELTA_FILE, delta)
+            (tmp / DELTA_FILE).write_bytes(delta)
         (tmp / UNSYNCED_FILE).touch()  # synced in the background, as a completed fetch is
         os.rename(staged, tmp / DATA_FILE)
         final = self._dir(manifest.step, partial=False)
@@ -421,13 +421,6 @@ class ShardStore:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """A file in a step directory that is not complete yet, or whose completion's sync is still to
-    run (its ``unsynced`` marker is in place): nothing waits on the disk here."""
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 def _drop_torn_delta(path: Path, manifest: CheckpointManifest) -> None:
