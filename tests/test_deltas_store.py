@@ -17,9 +17,9 @@ import trio.testing
 from intellect_node.crypto.identity import Identity
 from intellect_node.node.shards import store as store_module
 from intellect_node.node.shards.checkpoint import build_manifest, hash_shards, write_safetensors
-from intellect_node.node.shards.copy_ahead import CopyAhead, next_base
+from intellect_node.node.shards.copy_ahead import COPY_AHEAD, CopyAhead, copy_base, next_base, take_copy
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta, make_delta, usable_base
-from intellect_node.node.shards.store import COPY_AHEAD, PARTIAL, UNSYNCED_FILE, ShardStore
+from intellect_node.node.shards.store import PARTIAL, UNSYNCED_FILE, ShardStore
 from intellect_node.protocol import codec
 from intellect_node.protocol.deltas import MAGIC, VERSION, delta_hash
 from intellect_node.protocol.lora import LORA_FORMAT
@@ -247,7 +247,7 @@ def _copies(store: ShardStore) -> list[Path]:
 def test_a_base_copied_ahead_is_moved_in_and_the_build_gives_the_signed_bytes(stores, tmp_path):
     trainer, follower = stores
     base = follower.checkpoints[0]
-    assert follower.copy_ahead(base)
+    assert copy_base(follower, base)
     [copy] = _copies(follower)
     assert copy.read_bytes() == base.data_path.read_bytes()
     published, envelope, body = publish(trainer, tmp_path, 1)
@@ -268,7 +268,7 @@ def copy_bytes(store: ShardStore, step: int) -> bytes:
 def test_a_damaged_copy_is_caught_by_the_shard_hashes_and_leaves_nothing(stores, tmp_path):
     trainer, follower = stores
     base = follower.checkpoints[0]
-    assert follower.copy_ahead(base)
+    assert copy_base(follower, base)
     [copy] = _copies(follower)
     with open(copy, "r+b") as f:  # a disk fault, or anything else that wrote there meanwhile
         f.seek(copy.stat().st_size // 2)
@@ -292,19 +292,19 @@ def test_one_copy_at_most_only_with_room_for_a_step_beside_it_and_none_after_a_r
     published, envelope, body = publish(trainer, tmp_path, 1)
     one = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope, follower.checkpoints[0],
                            body)
-    assert follower.copy_ahead(follower.checkpoints[0]) and follower.copy_ahead(one)
+    assert copy_base(follower, follower.checkpoints[0]) and copy_base(follower, one)
     [copy] = _copies(follower)  # the newer replaced the older
     assert copy.read_bytes() == one.data_path.read_bytes() and f"{1:012d}" in copy.name
     # a copy of step 1 is not a copy of step 0: a build on step 0 copies it itself
-    assert not follower.take_copy(follower.checkpoints[0], tmp_path / "elsewhere")
+    assert not take_copy(follower, follower.checkpoints[0], tmp_path / "elsewhere")
     follower.reopen(lambda raw: codec.decode(raw, CheckpointManifest))
     assert _copies(follower) == [] and sorted(follower.checkpoints) == [0, 1]
     size = one.manifest.total_size
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size - 1))
-    assert not follower.copy_ahead(follower.checkpoints[1]) and _copies(follower) == []
+    assert not copy_base(follower, follower.checkpoints[1]) and _copies(follower) == []
     monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2 * size))
-    assert follower.copy_ahead(follower.checkpoints[1]) and len(_copies(follower)) == 1
+    assert copy_base(follower, follower.checkpoints[1]) and len(_copies(follower)) == 1
 
 
 def test_the_next_base_is_the_newest_step_or_the_frozen_base_of_its_adapter(stores, tmp_path):
@@ -327,6 +327,44 @@ def test_the_next_base_is_the_newest_step_or_the_frozen_base_of_its_adapter(stor
     assert next_base(follower) is follower.checkpoints[0]
     follower.prune(1, pinned=frozenset())  # the frozen base gone: nothing to copy ahead
     assert next_base(follower) is None
+
+
+def test_a_run_that_ships_its_steps_in_full_is_not_copied_ahead(stores, tmp_path):
+    """One full step may be the base of a first delta; two in a row say the run ships none."""
+    trainer, follower = stores
+    assert next_base(follower) is follower.checkpoints[0]
+    full, envelope, body = publish(trainer, tmp_path, 1, fraction=0.0)  # deltas off: step 1 in full
+    assert body is None
+    follower.add_published(_copy(full.data_path, tmp_path / "f1"), codec.decode(envelope, CheckpointManifest),
+                           envelope)
+    assert next_base(follower) is None
+    published, envelope, body = publish(trainer, tmp_path, 2)  # the run turns to deltas again
+    assert body is not None
+    built = build_from_delta(follower, codec.decode(envelope, CheckpointManifest), envelope,
+                             follower.checkpoints[1], body)
+    assert next_base(follower) is built
+
+
+async def test_a_copy_no_delta_will_want_is_deleted_at_the_next_completion(stores, tmp_path):
+    """A copy made while the run shipped deltas is a checkpoint's worth of disk once it stops."""
+    trainer, follower = stores
+    copies = CopyAhead(follower)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(copies.run)
+        copies.after_completion()
+        await trio.testing.wait_all_tasks_blocked()
+        await copies.settled(follower.checkpoints[0])
+        assert [p.name[len(COPY_AHEAD):][:12] for p in _copies(follower)] == [f"{0:012d}"]
+        (follower.root / f"{COPY_AHEAD}{0:012d}-half.tmp").write_bytes(b"x")  # a copy a crash left half-made
+        full, envelope, _ = publish(trainer, tmp_path, 1, fraction=0.0)
+        follower.add_published(_copy(full.data_path, tmp_path / "f1"),
+                               codec.decode(envelope, CheckpointManifest), envelope)
+        copies.after_completion()
+        with trio.fail_after(10):
+            while _copies(follower):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert sorted(follower.checkpoints) == [0, 1]
 
 
 async def test_the_copy_ahead_follows_each_completion_and_a_build_waits_for_it(stores, tmp_path):

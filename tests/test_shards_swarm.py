@@ -12,8 +12,8 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from intellect_node.node.demo.local_swarm import NodeProcess, wait_until
 from intellect_node.node.shards.checkpoint import build_manifest
+from intellect_node.node.shards.copy_ahead import COPY_AHEAD
 from intellect_node.node.shards.server import pack_bits
-from intellect_node.node.shards.store import COPY_AHEAD
 from intellect_node.node.swarm.gossip import build_pubsub
 from intellect_node.protocol import codec
 from intellect_node.protocol.keys import announcements_topic, members_topic

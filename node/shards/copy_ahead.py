@@ -4,25 +4,38 @@ Why: a follower builds a step from a delta by copying its base file, applying th
 hashing the result; the copy is the largest part (a 269 MB base: 0.1-0.3 s of a node's own, over
 a second with four nodes on 2 cores; a 7B bf16 policy is 14 GB), and it needs nothing from the
 delta. Made when a step completes here, it leaves the path from a trainer's step to the workers
-generating on it; the build then moves the copy in (``ShardStore.take_copy``). The copy is never
-trusted: the build hashes every shard of its result against the signed manifest.
+generating on it; the build then moves the copy in (``take_copy``). The copy is never trusted:
+the build hashes every shard of its result against the signed manifest. A run whose steps ship in
+full wants no copy: none is made, and one made before is deleted (a full checkpoint's worth of disk).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+from pathlib import Path
+
 import trio
 
+from intellect_node.node.home.durable import fsync_file
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.protocol.lora import LORA_FORMAT
+
+log = logging.getLogger(__name__)
+COPY_AHEAD = "copy-ahead-"  # a base copied for the next delta; never a step (a restart deletes it)
 
 
 def next_base(store: ShardStore) -> Checkpoint | None:
     """The base the next delta will most likely name: the frozen base where the newest complete
     step is an adapter (adapters always apply to it), else the newest complete step (a sparse
-    delta applies to its parent)."""
-    newest = store.newest_complete()
-    if newest is None:
+    delta applies to its parent). None where the two newest complete steps both shipped in full: a
+    run that ships no deltas (a dense fp32 policy, deltas switched off) would have every follower
+    copy the whole checkpoint each step for nothing."""
+    complete = sorted((c for c in store.held() if c.complete), key=lambda c: c.step)
+    if not complete or (len(complete) > 1 and all(c.manifest.delta is None for c in complete[-2:])):
         return None
+    newest = complete[-1]
     ref = newest.manifest.delta
     if ref is None or ref.format != LORA_FORMAT:
         return newest
@@ -30,6 +43,48 @@ def next_base(store: ShardStore) -> Checkpoint | None:
     if base is None or not base.complete or base.manifest.checkpoint_hash != ref.base_hash:
         return None
     return base
+
+
+def copy_base(store: ShardStore, base: Checkpoint) -> bool:
+    """Copy complete ``base``'s data file for the next delta built on it, deleting any other such
+    copy; False where the disk has no room for it and a step beside it, or the base went meanwhile.
+    Blocking (a worker thread)."""
+    ready = _copy_path(store, base)
+    if ready.exists():
+        return True
+    drop_copies(store)
+    if shutil.disk_usage(store.root).free < 2 * base.manifest.total_size:
+        return False
+    partial = store.root / (ready.name + ".tmp")
+    try:
+        shutil.copyfile(base.data_path, partial)
+        fsync_file(partial)  # its blocks allocated and written now: the step's build overwrites them in place
+        os.rename(partial, ready)
+    except OSError as exc:  # pruned, or the disk filled meanwhile: the build copies then
+        log.info("no copy of step %d ahead: %s", base.step, exc)
+        partial.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def drop_copies(store: ShardStore) -> None:
+    """Delete every copy made ahead (and a half-made one). Blocking (a worker thread)."""
+    for old in store.root.glob(COPY_AHEAD + "*"):
+        old.unlink(missing_ok=True)
+
+
+def take_copy(store: ShardStore, base: Checkpoint, target: Path) -> bool:
+    """Move a whole copy of ``base`` made ahead to ``target`` (a partial step's data file); False
+    where there is none (or another thread's new copy deleted it first)."""
+    try:
+        os.replace(_copy_path(store, base), target)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _copy_path(store: ShardStore, base: Checkpoint) -> Path:
+    return store.root / f"{COPY_AHEAD}{base.step:012d}-{base.manifest.checkpoint_hash.hex()[:16]}"
 
 
 def same_step(a: Checkpoint | None, b: Checkpoint) -> bool:
@@ -48,10 +103,10 @@ class CopyAhead:
         self._wake = trio.Event()
 
     def after_completion(self) -> None:
-        """A step became complete here: copy the next delta's likely base (from trio's thread)."""
+        """A step became complete here: copy the next delta's likely base, or drop the copy where
+        none is wanted (from trio's thread)."""
         self._wanted = next_base(self.store)
-        if self._wanted is not None:
-            self._wake.set()
+        self._wake.set()
 
     async def settled(self, base: Checkpoint) -> None:
         """Return once no copy of ``base`` is under way (the build then takes it, whole)."""
@@ -63,13 +118,16 @@ class CopyAhead:
             await self._wake.wait()
             self._wake = trio.Event()
             base, self._wanted = self._wanted, None
-            if base is None or not base.complete or self.store.checkpoints.get(base.step) is not base:
+            if base is None:
+                await trio.to_thread.run_sync(drop_copies, self.store)
+                continue
+            if not base.complete or self.store.checkpoints.get(base.step) is not base:
                 continue
             self._copying, self._copied = base, trio.Event()
             try:
                 # a stopping node does not wait for a copy (minutes for a large policy); one
                 # left half-made is a ``.tmp`` that the next copy or a restart deletes
-                await trio.to_thread.run_sync(self.store.copy_ahead, base, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(copy_base, self.store, base, abandon_on_cancel=True)
             finally:
                 self._copying = None
                 self._copied.set()

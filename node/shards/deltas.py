@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from intellect_node.node.shards.checkpoint import hash_bytes
+from intellect_node.node.shards.copy_ahead import take_copy
 from intellect_node.node.shards.store import Checkpoint, ShardStore
 from intellect_node.protocol.codec import Signed
 from intellect_node.protocol.deltas import (
@@ -149,7 +150,7 @@ def merge_adapter(adapter: Adapter, tensors: Sequence[TensorEntry], target: memo
 def _place_base(store: ShardStore, base: Checkpoint, checkpoint: Checkpoint) -> bool:
     """The base's bytes as the partial checkpoint's file: a copy made ahead moved in
     (specs/deltas.md 5a; True), else a copy made now (in the kernel)."""
-    if store.take_copy(base, checkpoint.data_path):
+    if take_copy(store, base, checkpoint.data_path):
         return True
     try:
         shutil.copyfile(base.data_path, checkpoint.data_path)

@@ -44,7 +44,6 @@ from intellect_node.protocol.messages import RUN_ID_PATTERN
 
 log = logging.getLogger(__name__)
 PARTIAL = ".partial"
-COPY_AHEAD = "copy-ahead-"  # a base copied for the next delta (specs/deltas.md 5a); never a step
 MANIFEST_FILE = "manifest.ine"
 DATA_FILE = "checkpoint.safetensors"
 VERIFIED_FILE = "verified"
@@ -308,40 +307,6 @@ class ShardStore:
             return
         except OSError as exc:  # the marker stays: a restart hashes the step again
             log.warning("could not sync %s to disk: %s", directory.name, exc)
-
-    def copy_ahead(self, base: Checkpoint) -> bool:
-        """Copy complete ``base``'s data file for the next delta built on it (specs/deltas.md 5a),
-        deleting any other such copy; False where the disk has no room for it and a step beside it,
-        or the base went meanwhile. Blocking (a worker thread)."""
-        ready = self._copy_path(base)
-        if ready.exists():
-            return True
-        for old in self.root.glob(COPY_AHEAD + "*"):
-            self._remove(old)
-        if shutil.disk_usage(self.root).free < 2 * base.manifest.total_size:
-            return False
-        partial = self.root / (ready.name + ".tmp")
-        try:
-            shutil.copyfile(base.data_path, partial)
-            fsync_file(partial)  # its blocks allocated and written now: the step's build overwrites them in place
-            os.rename(partial, ready)
-        except OSError as exc:  # pruned, or the disk filled meanwhile: the build copies then
-            log.info("no copy of step %d ahead: %s", base.step, exc)
-            self._remove(partial)
-            return False
-        return True
-
-    def take_copy(self, base: Checkpoint, target: Path) -> bool:
-        """Move a whole copy of ``base`` made ahead to ``target`` (a partial step's data file);
-        False where there is none (or another thread's new copy deleted it first)."""
-        try:
-            os.replace(self._copy_path(base), target)
-        except FileNotFoundError:
-            return False
-        return True
-
-    def _copy_path(self, base: Checkpoint) -> Path:
-        return self.root / f"{COPY_AHEAD}{base.step:012d}-{base.manifest.checkpoint_hash.hex()[:16]}"
 
     def open_data(self, checkpoint: Checkpoint) -> int:
         """A read-only descriptor of the checkpoint's data file, wherever it is now. ``finalize``
