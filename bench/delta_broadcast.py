@@ -26,8 +26,12 @@ A run ships one kind of step, and a follower copies the base of the next delta w
 works (specs/deltas.md 5a: the frozen base after an adapter, else the newest step). So the delta
 swarm first ships LORA steps (a LoRA run, its base pinned from the first adapter), each
 ``STEP_GAP_S`` after the last follower held the one before (a real run's steps are a minute or more
-apart), then SPARSE steps (a full fine-tuning run on the last merged policy), each right after a
-FULL step of the other swarm, so load (the machine's, the links') hits both alike. The first SPARSE
+apart), then SPARSE steps (a full fine-tuning run on the last merged policy), each after a FULL step of
+the other swarm. Every step starts on a settled machine (``settle``: no node of either swarm still
+syncing a step or copying a base ahead, then every dirty page flushed), as a real run's steps, a
+minute or more apart on a disk of each node's own, would: ten nodes share one disk here, and right
+after a FULL step its four followers' syncs of 269 MB each held the next SPARSE step's origin up.
+The first SPARSE
 step after the adapters has another base than the one copied ahead: shown, not counted. The
 policy is synthetic bf16 shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9
 query and 3 key/value heads, vocabulary 49152, tied embeddings: 134.5 M weights, 269 MB), written
@@ -78,7 +82,9 @@ sys.path.insert(0, str(ROOT))
 
 from intellect_node.node.demo.local_swarm import LocalSwarm, NodeProcess, death_report  # noqa: E402
 from intellect_node.node.shards.checkpoint import read_tensor_index, write_safetensors  # noqa: E402
+from intellect_node.node.shards.copy_ahead import COPY_AHEAD  # noqa: E402
 from intellect_node.node.shards.deltas import merge_adapter  # noqa: E402
+from intellect_node.node.shards.store import UNSYNCED_FILE  # noqa: E402
 from intellect_node.protocol.deltas import DELTA_FORMAT  # noqa: E402
 from intellect_node.protocol.lora import decode_adapter, encode_adapter  # noqa: E402
 from tests.support.netns import LimitedSwitch, unavailable_reason  # noqa: E402
@@ -258,9 +264,33 @@ def wait_all(swarm: Swarm, step: int, bound_s: float) -> tuple[list[float], floa
     return sorted(arrived.values()), published
 
 
-def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: float,
+def settle(swarms: list[Swarm], bound_s: float = 120.0) -> None:
+    """Wait until no node of either swarm has a step waiting for its background fsync or a copy
+    ahead being made, then flush every dirty page. A real run's steps are a minute or more apart and
+    each node has its own disk; here ten nodes share one, and right after a FULL step four followers'
+    syncs of the whole checkpoint delayed the next SPARSE step's origin from 0.5 s to 0.97 s (14th
+    stop). Both kinds of step start on the same quiet disk."""
+    time.sleep(2 * POLL_S)  # a copy ahead starts in its thread just after the completion
+    nodes = [node for s in swarms for node in [s.origin, *s.followers] if node is not None]
+    deadline = time.monotonic() + bound_s
+    while any(background_work(node) for node in nodes):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the nodes' background syncs and copies did not finish within {bound_s:.0f} s")
+        time.sleep(POLL_S)
+    os.sync()
+
+
+def background_work(node: NodeProcess) -> bool:
+    """Whether a step directory still waits for its fsync or a copy ahead is being made (their
+    names: node/shards/store.py ``UNSYNCED_FILE``, node/shards/copy_ahead.py)."""
+    root = node.home / "shards"
+    return any(root.glob(f"*/*/{UNSYNCED_FILE}")) or any(root.glob(f"*/{COPY_AHEAD}*.tmp"))
+
+
+def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: float, everyone: list[Swarm],
                      adapter: bytes | None = None) -> Sample:
-    """Hand ``source`` (a copy) to the origin as step ``step`` and time it to the last follower."""
+    """Hand ``source`` (a copy) to the origin as step ``step`` once ``everyone`` is settled, and time
+    it to the last follower."""
     swarm.publish_dir.mkdir(parents=True, exist_ok=True)
     staging = swarm.publish_dir / f".writing-{step}"
     shutil.copyfile(source, staging)
@@ -268,6 +298,7 @@ def publish_and_time(swarm: Swarm, step: int, source: Path, kind: str, bound_s: 
     size = staging.stat().st_size
     if adapter is not None:  # the trainer writes the adapter beside the checkpoint before handing it over
         (swarm.publish_dir / f"step-{step}.base-0.lora").write_bytes(adapter)
+    settle(everyone)
     fetched0, built0, copied0, uploaded0 = swarm.counters()
     start = time.monotonic()
     os.rename(staging, swarm.publish_dir / f"step-{step}.safetensors")
@@ -327,7 +358,7 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
                 s.swarm.wait_until(s.swarm.converged, CONVERGE_S, poll_s=0.5)
             print(f"  {rate:g} Mbit/s: 10 nodes up, both swarms converged in {time.monotonic() - started:.0f} s",
                   flush=True)
-            first = publish_and_time(deltas, 0, base_path, "base", bound_s)
+            first = publish_and_time(deltas, 0, base_path, "base", bound_s, swarms)
             show(rate, "-", first)
             print("    (the frozen base, fetched in full by every follower of the delta swarm; not counted)",
                   flush=True)
@@ -338,7 +369,7 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
                 source = work / "merged.safetensors"
                 write_merged(base_path, body, source)
                 time.sleep(STEP_GAP_S)
-                sample = publish_and_time(deltas, step, source, "lora", bound_s, adapter=body)
+                sample = publish_and_time(deltas, step, source, "lora", bound_s, swarms, adapter=body)
                 show(rate, r + 1, sample)
                 samples.append(sample)
             current = load_file(str(source))  # then a full fine-tuning run moves the last merged policy
@@ -348,10 +379,10 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
                 source = work / "sparse.safetensors"
                 write_safetensors(current, source)
                 if r >= 0:
-                    sample = publish_and_time(full, r + 1, source, "full", bound_s)
+                    sample = publish_and_time(full, r + 1, source, "full", bound_s, swarms)
                     show(rate, r + 1, sample)
                     samples.append(sample)
-                sample = publish_and_time(deltas, step, source, "sparse", bound_s)
+                sample = publish_and_time(deltas, step, source, "sparse", bound_s, swarms)
                 sample.note = sample.note or f"{changed:,} elements ({changed / (size / 2):.2%}) one ulp"
                 show(rate, "-" if r < 0 else r + 1, sample)
                 if r < 0:
