@@ -31,9 +31,8 @@ the other swarm. Every step starts on a settled machine (``settle``: no node of 
 syncing a step or copying a base ahead, then every dirty page flushed), as a real run's steps, a
 minute or more apart on a disk of each node's own, would: ten nodes share one disk here, and right
 after a FULL step its four followers' syncs of 269 MB each held the next SPARSE step's origin up.
-The first SPARSE
-step after the adapters has another base than the one copied ahead: shown, not counted. The
-policy is synthetic bf16 shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9
+The first SPARSE step after the adapters has another base than the one copied ahead: shown, not
+counted. The policy is synthetic bf16 shaped like SmolLM2-135M (30 layers, hidden 576, intermediate 1536, 9
 query and 3 key/value heads, vocabulary 49152, tied embeddings: 134.5 M weights, 269 MB), written
 by the trainer's ``write_safetensors``.
 
