@@ -232,16 +232,19 @@ def gain_reached(lines: Lines, gain: float) -> tuple[float, float] | None:
     hit = next((line for line in measured[1:] if line["eval_accuracy"] >= start + gain), None)
     if hit is None:
         return None
-    trained = [line["wall_s"] for line in lines if line["step"] == hit["step"] and "task_reward" in line]
-    return (trained[-1] if trained else hit["wall_s"]), hit["wall_s"]
+    return trained_at(lines, hit["step"], hit["wall_s"]), hit["wall_s"]
+
+
+def trained_at(lines: Lines, step: int, otherwise: float) -> float:
+    """When the trainer finished ``step`` (its metrics line), else ``otherwise``."""
+    trained = [line["wall_s"] for line in lines if line["step"] == step and "task_reward" in line]
+    return trained[-1] if trained else otherwise
 
 
 def last_evaluated(lines: Lines) -> float:
     """When the trainer had the newest policy whose evaluation was reported (the end of its step):
     a run that never reached a gain had not reached it by then; its later steps were not judged."""
-    step = [line for line in lines if line.get("eval_measured")][-1]["step"]
-    trained = [line["wall_s"] for line in lines if line["step"] == step and "task_reward" in line]
-    return trained[-1] if trained else 0.0
+    return trained_at(lines, [line for line in lines if line.get("eval_measured")][-1]["step"], 0.0)
 
 
 def lora_headline(lora: Lines, full: Lines, full_name: str, model: str) -> None:
