@@ -102,6 +102,36 @@ def test_followers_build_every_step_from_deltas_and_a_joiner_catches_up(tmp_path
         swarm.stop_all()
 
 
+
+@pytest.mark.slow
+def test_the_trainer_sends_one_copy_of_each_delta_and_followers_pass_it_on(tmp_path):
+    """specs/deltas.md section 4: with ``delta_seed_copies = 1`` the trainer's uplink carries about
+    one body a step, not one per follower; every follower still builds every step from its delta."""
+    swarm = ShardSwarm(tmp_path, "deltas-relay", ENV)
+    try:
+        origin = swarm.start_origin({"INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": "1"})
+        followers = [swarm.start_fetcher(f"f{i}") for i in range(4)]
+        wait_until(swarm.swarm.converged, 60)
+        publish(swarm, 0)
+        wait_until(lambda: all_hold(followers, 0), 120)
+        steps = range(1, 4)
+        for step in steps:
+            digest = publish(swarm, step)
+            wait_until(lambda step=step: all_hold(followers, step), 120)
+            assert {file_sha256(f, step) for f in followers} == {digest}
+        statuses = [shard_status(f) for f in followers]
+        assert [s["delta_steps"] for s in statuses] == [len(steps)] * 4, statuses
+        assert all(s["delta_unavailable"] == 0 for s in statuses), statuses
+        # the origin's status file is rewritten every 0.5 s
+        wait_until(lambda: "3" in shard_status(origin).get("steps", {}), 30)
+        sent = shard_status(origin)["uploaded_deltas"]
+        # one copy a step, and one more where a step outlasted the hold (10 s): never one per follower
+        assert sent <= 2 * len(steps), sent
+        assert sum(s["delta_from_members"] for s in statuses) == 4 * len(steps) - sent
+        assert shard_status(origin)["uploads_refused"] >= 2 * len(steps)
+    finally:
+        swarm.stop_all()
+
 async def forged_delta_server(task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Answers every delta request with 200 and junk of the length asked for (the manifest's size
     is public, so a liar can match it); everything else 404."""

@@ -81,9 +81,12 @@ class ShardClient:
         raise Stalled(f"no answer from {endpoint.peer_id} within {head_timeout_s:g} s")
 
     async def get(self, endpoint: Endpoint, target: str, limit: int) -> bytes:
-        """A small body (a manifest); HttpStatus for anything but 200."""
+        """A small body (a manifest); HttpStatus for anything but 200 (its reason read under the
+        refusal's own bound, not ``limit``: a 409's list of holders may be longer than a tiny body)."""
         stream, response, rest = await self._request(endpoint, target, [], self.stall_s)
         try:
+            if response.status_code != 200:
+                await self._raise_status(stream, response, rest)
             length = _content_length(response, limit)
             chunks: list[bytes] = []
             with trio.CancelScope() as scope:
@@ -95,8 +98,6 @@ class ShardClient:
             body = b"".join(chunks)
         finally:
             await stream.aclose()
-        if response.status_code != 200:
-            raise HttpStatus(response.status_code, body)
         return body
 
     async def _raise_status(self, stream: trio.SocketStream, response: h11.Response, rest: bytes) -> NoReturn:

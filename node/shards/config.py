@@ -35,6 +35,9 @@ class ShardConfig:
     # this fraction of the checkpoint (specs/deltas.md); 0: full checkpoints only
     max_delta_fraction: float = 0.5
     delta_attempts: int = 3  # holders a follower tries for a delta before it fetches the step in full
+    # the trainer sends a step's delta body to this many members that serve, then names them to the
+    # rest (409), who take it from them: a tree, not one body per follower through its uplink
+    delta_seed_copies: int = 4
 
     def __post_init__(self) -> None:
         if self.trainer is not None and not re.fullmatch(PEER_ID_PATTERN, self.trainer):
@@ -48,6 +51,8 @@ class ShardConfig:
             raise ConfigError(f"max_delta_fraction: {self.max_delta_fraction} outside [0, 1]")
         if self.delta_attempts < 1:
             raise ConfigError("delta_attempts: must be at least 1")
+        if self.delta_seed_copies < 1:
+            raise ConfigError("delta_seed_copies: must be at least 1")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port: {self.http_port} is not a port")
 

@@ -3,15 +3,18 @@
 A manifest whose delta applies to a step held complete here is not fetched shard by shard:
 ``DeltaFollower.build`` gets the delta body (megabytes, not the checkpoint) from a member that
 holds the step, checks it against the signed manifest, builds the step from the base and checks
-every shard hash. ``None`` tells the service to fetch the step in full instead. A joiner that
-holds no base for the run's adapters gets the base's manifest from a holder with
-``base_manifest``, accepted only if it is the checkpoint the adapter names.
+every shard hash. ``None`` tells the service to fetch the step in full instead. The trainer
+sends a body to a few members only and names them to the rest (a 409, ``delta_relay``): a follower
+then takes it from those, and serves its own copy from when it checked it. A joiner that holds no
+base for the run's adapters gets the base's manifest from a holder with ``base_manifest``,
+accepted only if it is the checkpoint the adapter names.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -19,28 +22,34 @@ import trio
 from intellect_node.node.shards.client import HttpStatus, ShardClient
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.copy_ahead import CopyAhead
+from intellect_node.node.shards.delta_relay import HeldBodies
 from intellect_node.node.shards.deltas import DeltaFailed, build_from_delta
 from intellect_node.node.shards.fetcher import http_endpoint
+from intellect_node.node.shards.server import SEED_HOLD_S, SEED_HOLDERS
 from intellect_node.node.shards.store import Checkpoint, ManifestDecoder, ShardStore
 from intellect_node.node.shards.stream_client import ShardStreamClient
+from intellect_node.node.shards.stream_wire import json_object
 from intellect_node.node.swarm.streams import connection_path
 from intellect_node.protocol import codec, overlay_routes
 from intellect_node.protocol.deltas import delta_hash
-from intellect_node.protocol.errors import MalformedBody, Rejected
+from intellect_node.protocol.errors import InvalidValue, MalformedBody, Rejected
 from intellect_node.protocol.manifest import CheckpointManifest, DeltaRef
+from intellect_node.protocol.messages import PEER_ID_PATTERN
 
 if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
+RELAY_RETRY_S = (0.1, 1.0)  # after the trainer's 409: first pause between rounds, doubling to the last
 
 
 class DeltaFollower:
     def __init__(self, node: NodeContext, config: ShardConfig, store: ShardStore, client: ShardClient,
                  streams: ShardStreamClient, counters: dict[str, Any], decode_manifest: ManifestDecoder,
-                 trainer: str | None, copies: CopyAhead | None = None) -> None:
+                 trainer: str | None, copies: CopyAhead | None = None, held: HeldBodies | None = None) -> None:
         self.node, self.config, self.store, self.client, self.streams = node, config, store, client, streams
         self.copies = copies  # the base copied ahead (specs/deltas.md 5a); None on the publisher
+        self.held = held if held is not None else HeldBodies()  # served by this node's server meanwhile
         self.counters, self.decode_manifest, self.trainer = counters, decode_manifest, trainer
         self.run_id = node.config.run_id
 
@@ -53,9 +62,10 @@ class DeltaFollower:
         if body is None:
             self.counters["delta_unavailable"] += 1
             return None
-        if self.copies is not None:
-            await self.copies.settled(base)
+        self.held.hold(manifest.step, body)
         try:
+            if self.copies is not None:
+                await self.copies.settled(base)
             checkpoint = await trio.to_thread.run_sync(build_from_delta, self.store, signed, envelope, base, body)
         except DeltaFailed as exc:
             self.counters[exc.reason] += 1
@@ -64,6 +74,8 @@ class DeltaFollower:
         except OSError as exc:  # a disk error while building: the full fetch may still fit
             log.warning("building step %d from its delta failed (%s); fetching it in full", manifest.step, exc)
             return None
+        finally:
+            self.held.release(manifest.step)
         checkpoint.bump()  # built in a worker thread: waiters are woken here, on trio's thread
         self.counters["delta_steps"] += 1
         self.counters["delta_bytes"] += len(body)
@@ -92,7 +104,7 @@ class DeltaFollower:
             return signed, envelope
         return None
 
-    def _holders(self, step: int) -> list[tuple[str, tuple[str, ...]]]:
+    def _holders(self, step: int, trainer_too: bool = True) -> list[tuple[str, tuple[str, ...]]]:
         """Who may hold ``step``'s delta: members at that step or later (shuffled, so followers
         spread over them), then the trainer, which always does."""
         others, trainer = [], []
@@ -105,7 +117,21 @@ class DeltaFollower:
             elif advert.policy_step is not None and advert.policy_step >= step:
                 others.append((advert.peer_id, advert.addrs))
         random.shuffle(others)
-        return others[:self.config.delta_attempts - 1] + trainer if trainer else others[:self.config.delta_attempts]
+        if trainer and trainer_too:
+            return others[:self.config.delta_attempts - 1] + trainer
+        return others[:self.config.delta_attempts]
+
+    def _named(self, body: bytes) -> list[tuple[str, tuple[str, ...]]]:
+        """The holders a trainer's 409 names, with their advertised addresses (none where this
+        node has no advert: a connection held to it may still carry the request)."""
+        data = json_object(body, "a delta 409's body", frozenset({"holders"}))
+        holders = data["holders"]
+        if (not isinstance(holders, list) or len(holders) > SEED_HOLDERS
+                or not all(type(p) is str and re.fullmatch(PEER_ID_PATTERN, p) for p in holders)):
+            raise InvalidValue(f"a delta 409 names holders that are not up to {SEED_HOLDERS} peer ids")
+        addrs = {m.advert.peer_id: m.advert.addrs for m in self.node.view.members()}
+        return [(p, addrs.get(p, ())) for p in holders
+                if p not in (self.node.peer_id, self.trainer) and not self.node.scores.is_banned(p)]
 
     async def _get_whole(self, peer_id: str, addrs: tuple[str, ...], target: str, limit: int) -> bytes | None:
         """A whole body of at most ``limit`` bytes from ``peer_id``: over HTTP where it advertises
@@ -119,25 +145,56 @@ class DeltaFollower:
         return None
 
     async def _fetch_delta(self, manifest: CheckpointManifest) -> bytes | None:
-        """The delta body the manifest names, from the first holder whose bytes hash right."""
+        """The delta body the manifest names, from the first holder whose bytes hash right; after
+        the trainer's 409, from the holders it named, in rounds until a bounded time
+        (specs/deltas.md section 4)."""
         ref = manifest.delta
         assert ref is not None
         target = overlay_routes.target(self.run_id, "delta", manifest.step)
-        for peer_id, addrs in self._holders(manifest.step):
-            try:
-                body = await self._get_whole(peer_id, addrs, target, ref.size)
-                if body is None:
+        hold = max(SEED_HOLD_S, self.config.stall_s)
+        named: list[tuple[str, tuple[str, ...]]] = []
+        wrong: set[str] = set()  # sent a body that is not the signed one: not asked again
+        trainer_again = give_up = 0.0  # when the trainer may be asked again; set by its first 409
+        pause = RELAY_RETRY_S[0]
+        while True:
+            asked: set[str] = set()
+            candidates = named + self._holders(manifest.step, trainer_too=trio.current_time() >= trainer_again)
+            for peer_id, addrs in candidates:
+                if peer_id in asked or peer_id in wrong:
                     continue
-                if len(body) != ref.size:
-                    raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
-                if delta_hash(body) != ref.hash:
-                    self.counters["bad_deltas"] += 1
-                    self.node.scores.reject(peer_id, "bad_delta",
-                                            f"delta of step {manifest.step} does not match the signed manifest")
-                    continue
-                return body
-            except Rejected as exc:
-                self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
-            except (HttpStatus, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
-        return None
+                asked.add(peer_id)
+                try:
+                    body = await self._get_whole(peer_id, addrs, target, ref.size)
+                    if body is None:
+                        continue
+                    if len(body) != ref.size:
+                        raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
+                    if delta_hash(body) != ref.hash:
+                        wrong.add(peer_id)
+                        self.counters["bad_deltas"] += 1
+                        self.node.scores.reject(peer_id, "bad_delta",
+                                                f"delta of step {manifest.step} does not match the signed manifest")
+                        continue
+                    if peer_id != self.trainer:
+                        self.counters["delta_from_members"] += 1
+                    return body
+                except HttpStatus as exc:
+                    if exc.status != 409 or peer_id != self.trainer:
+                        log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
+                        continue
+                    try:
+                        named = self._named(exc.body)
+                    except Rejected as bad:
+                        self.node.scores.reject(peer_id, bad.reason, f"delta of step {manifest.step}: {bad}")
+                        continue
+                    trainer_again = trio.current_time() + hold
+                    give_up = give_up or trio.current_time() + 3 * hold
+                except Rejected as exc:
+                    wrong.add(peer_id)
+                    self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                    log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
+            if not give_up or trio.current_time() >= give_up:
+                return None  # no 409 to wait out, or waited long enough: the full fetch
+            await trio.sleep(pause)
+            pause = min(pause * 2, RELAY_RETRY_S[1])

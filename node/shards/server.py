@@ -26,6 +26,7 @@ import numpy as np
 import trio
 
 from intellect_node.node.shards.config import MIB, ShardConfig
+from intellect_node.node.shards.delta_relay import DeltaSeeds, HeldBodies
 from intellect_node.node.shards.http import (
     PEER_HEADER,
     BadRequestAuth,
@@ -49,7 +50,8 @@ MAX_HAVE_STREAMS = 256
 MAX_HAVE_STREAMS_PER_PEER = 4
 SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
-SEED_HOLDERS = 8  # recipients named in a 409: a fetcher watching none of them would wait out the hold
+# recipients named in a 409 (a shard's or a delta body's): a fetcher watching none of them would wait out the hold
+SEED_HOLDERS = 8
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
@@ -102,13 +104,16 @@ class ServeError(Exception):
 class ShardServer:
     def __init__(self, store: ShardStore, config: ShardConfig, own_peer_id: str, scores: PeerScores,
                  on_upload: Callable[[], None] = lambda: None,
-                 relays: Callable[[str], bool] = lambda peer: True) -> None:
+                 relays: Callable[[str], bool] = lambda peer: True, held: HeldBodies | None = None) -> None:
         """``relays(peer)``: whether that peer serves on what it fetches (its advert names an HTTP
         address). In seed mode only uploads to such peers count as handed out: a shard sent to a
-        NATed node has not reached the swarm, so the origin must not hold it back from others."""
+        NATed node has not reached the swarm, so the origin must not hold it back from others.
+        ``held``: delta bodies verified here whose steps are still being built (delta_relay)."""
         self.store, self.config, self.own_peer_id, self.scores = store, config, own_peer_id, scores
         self.on_upload = on_upload
         self.relays = relays
+        self.held = held if held is not None else HeldBodies()
+        self.delta_seeds = DeltaSeeds(config.delta_seed_copies, max(SEED_HOLD_S, config.stall_s), SEED_HOLDERS)
         self.stats = UploadStats()
         self.active = 0
         self._active_per_peer: dict[str, int] = {}
@@ -195,12 +200,13 @@ class ShardServer:
         if what == "have":
             await self._have(reply, checkpoint, peer)
             return
+        if what == "delta":
+            await self._send_delta(reply, int(step), checkpoint, peer)
+            return
         if checkpoint is None:
             raise ServeError(404, "step not held")
         if what == "manifest":
             await reply.small(checkpoint.envelope)
-        elif what == "delta":
-            await self._send_delta(reply, checkpoint, peer)
         else:
             await self._send_range(reply, range_value, checkpoint, peer)
 
@@ -292,34 +298,53 @@ class ShardServer:
                     checkpoint.uploads[index] -= 1  # it did not arrive; it may be handed out again
             self.on_upload()
 
-    async def _send_delta(self, reply: Reply, checkpoint: Checkpoint, peer: str) -> None:
-        """The step's delta body (specs/deltas.md section 4), under the same upload slots as shards."""
-        delta = checkpoint.manifest.delta
-        if delta is None or not checkpoint.complete:
-            raise ServeError(404, "no delta held for this step")
+    async def _send_delta(self, reply: Reply, step: int, checkpoint: Checkpoint | None, peer: str) -> None:
+        """The step's delta body (specs/deltas.md section 4), under the same upload slots as shards;
+        for a step published here, seeded: a few copies, then 409 naming their holders."""
+        fd, size = self._delta_source(step, checkpoint)
         try:
-            fd = self.store.open_delta(checkpoint)
-        except FileNotFoundError:
-            raise ServeError(404, "no delta held for this step") from None
-        try:
+            seeding = checkpoint is not None and checkpoint.origin
+            if seeding and (holders := self.delta_seeds.refusal(step, time.monotonic())) is not None:
+                raise ServeError(409, json.dumps({"holders": holders}))
             if self.active >= self.config.max_uploads:
                 raise ServeError(503, "upload slots full", retry_after=1.0)
             if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
                 raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
+            counted = seeding and self.relays(peer)
+            if counted:
+                self.delta_seeds.started(step, peer)
             self.active += 1
             self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+            whole = False
             try:
-                await reply.body_head(200, 0, delta.size - 1, delta.size)
-                await self._send_body(reply, fd, 0, delta.size, peer)
+                await reply.body_head(200, 0, size - 1, size)
+                await self._send_body(reply, fd, 0, size, peer)
+                whole = True
                 self.stats.deltas += 1
             finally:
                 self.active -= 1
                 self._active_per_peer[peer] -= 1
                 if not self._active_per_peer[peer]:
                     del self._active_per_peer[peer]
+                if counted:
+                    self.delta_seeds.ended(step, peer, time.monotonic(), whole)
                 self.on_upload()
         finally:
             os.close(fd)
+
+    def _delta_source(self, step: int, checkpoint: Checkpoint | None) -> tuple[int, int]:
+        """(descriptor, size) of the body: kept beside a complete step, else verified and held
+        while its step is built here; 404 otherwise."""
+        delta = None if checkpoint is None else checkpoint.manifest.delta
+        if checkpoint is not None and delta is not None and checkpoint.complete:
+            try:
+                return self.store.open_delta(checkpoint), delta.size
+            except FileNotFoundError:
+                pass
+        held = self.held.open(step)
+        if held is None:
+            raise ServeError(404, "no delta held for this step")
+        return held
 
     def _seed_check(self, checkpoint: Checkpoint, shards: range) -> None:
         """Seed mode: each shard once, then a while for the peers to pass it on.

@@ -36,6 +36,7 @@ from intellect_node.node.shards.complaints import ShardComplaints
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.copy_ahead import CopyAhead
 from intellect_node.node.shards.delta_follower import DeltaFollower
+from intellect_node.node.shards.delta_relay import HeldBodies
 from intellect_node.node.shards.deltas import usable_base
 from intellect_node.node.shards.discovery import StepDiscovery
 from intellect_node.node.shards.fetcher import CheckpointFetch, PeerBook
@@ -84,20 +85,21 @@ class ShardService:
         self.book = PeerBook(path_of=lambda peer_id: connection_path(node.host, peer_id))
         self.client = ShardClient(node.identity, config.stall_s)
         self.streams = ShardStreamClient(node.host, config.stall_s)
+        held = HeldBodies()  # delta bodies checked here, served while their steps are built
         self.server = ShardServer(self.store, config, node.peer_id, node.scores, on_upload=self.status_file.mark_dirty,
-                                  relays=self.book.may_relay)
+                                  relays=self.book.may_relay, held=held)
         self.stream_server = ShardStreamServer(self.server, node.scores, on_change=self.status_file.mark_dirty)
         self.progress = CheckpointProgress()
         self.counters = {"fetched_bytes": 0, "fetched_shards": 0, "resumed_shards": 0, "bad_shards": 0,
                          "published_delta_bytes": 0, "delta_steps": 0, "delta_bytes": 0, "bad_deltas": 0,
                          "delta_refused": 0, "delta_mismatch": 0, "delta_no_base": 0, "delta_unavailable": 0,
-                         "delta_copied_ahead": 0}
+                         "delta_copied_ahead": 0, "delta_from_members": 0}
         self.provider = ShardProvider(node)
         self.discovery = StepDiscovery(node, config, self.store, self.book, self.client, self.streams,
                                        trainer=self.trainer, decode_manifest=self.decode_manifest, accept=self._accept)
         self.copies = None if config.is_publisher else CopyAhead(self.store)
         self.deltas = DeltaFollower(node, config, self.store, self.client, self.streams, self.counters,
-                                    self.decode_manifest, self.trainer, self.copies)
+                                    self.decode_manifest, self.trainer, self.copies, held)
         self.publisher = (CheckpointPublisher(node, config, self.store, self.counters, self)
                           if config.is_publisher else None)
         self.complaints = ShardComplaints(node, self.book, on_change=self.status_file.mark_dirty)
