@@ -55,6 +55,7 @@ FULL median at that rate; ``ok`` needs the ratio and every check.
     sudo .venv/bin/python bench/delta_broadcast.py --rate 20 --repeats 5
     sudo .venv/bin/python bench/delta_broadcast.py --rate 100 --followers 1   # one node's step, no shared disk
     sudo .venv/bin/python bench/delta_broadcast.py --rate 100 --work-dir /dev/shm   # every home in memory
+    sudo .venv/bin/python bench/delta_broadcast.py --rate 20 --followers 8 --delta-seed-copies 8   # a star
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ from intellect_node.node.shards.deltas import merge_adapter  # noqa: E402
 from intellect_node.node.shards.store import UNSYNCED_FILE  # noqa: E402
 from intellect_node.protocol.deltas import DELTA_FORMAT  # noqa: E402
 from intellect_node.protocol.lora import decode_adapter, encode_adapter  # noqa: E402
-from tests.support.netns import LimitedSwitch, unavailable_reason  # noqa: E402
+from tests.support.netns import MAX_HOSTS, LimitedSwitch, unavailable_reason  # noqa: E402
 from tests.support.shards_swarm import shard_status  # noqa: E402
 
 TARGET = 10.0
@@ -337,8 +338,10 @@ def show(rate: float, repeat: int | str, sample: Sample) -> None:
 
 
 def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: dict[str, torch.Tensor],
-             repeats: int, fraction: float, shard_mib: int, followers: int = FOLLOWERS) -> list[Sample]:
-    """One switch at ``rate``, both swarms on it: ``repeats`` LORA, then 1 + ``repeats`` x (FULL, SPARSE)."""
+             repeats: int, fraction: float, shard_mib: int, followers: int = FOLLOWERS,
+             seed_copies: int | None = None) -> list[Sample]:
+    """One switch at ``rate``, both swarms on it: ``repeats`` LORA, then 1 + ``repeats`` x (FULL, SPARSE).
+    ``seed_copies``: the delta origin's ``[shards] delta_seed_copies`` [default: the node's]."""
     env = {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard_mib * MIB)}
     base_path = work / "base.safetensors"
     write_safetensors(base, base_path)
@@ -351,12 +354,13 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
     with LimitedSwitch(hosts=1 + followers, mbit=rate) as net:
         try:
             start_swarm(net, full, 4001, env, {"INTELLECT_NODE_SHARDS_MAX_DELTA_FRACTION": "0"})
-            start_swarm(net, deltas, 4002, env, {})
+            start_swarm(net, deltas, 4002, env, {} if seed_copies is None else
+                        {"INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": str(seed_copies)})
             started = time.monotonic()
             for s in swarms:
                 s.swarm.wait_until(s.swarm.converged, CONVERGE_S, poll_s=0.5)
-            print(f"  {rate:g} Mbit/s: 10 nodes up, both swarms converged in {time.monotonic() - started:.0f} s",
-                  flush=True)
+            print(f"  {rate:g} Mbit/s: {2 * (1 + followers)} nodes up, both swarms converged in "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
             first = publish_and_time(deltas, 0, base_path, "base", bound_s, swarms)
             show(rate, "-", first)
             print("    (the frozen base, fetched in full by every follower of the delta swarm; not counted)",
@@ -405,7 +409,10 @@ def main() -> None:
                         help="elements a SPARSE step moves by one ulp (default 0.01)")
     parser.add_argument("--shard-mib", type=int, default=None, help="shard size (default 16, quick 4)")
     parser.add_argument("--followers", type=int, default=FOLLOWERS,
-                        help=f"followers per swarm, 1 to 8 (default {FOLLOWERS}: the issue's figure)")
+                        help=f"followers per swarm, 1 to {MAX_HOSTS - 1} (default {FOLLOWERS}: the issue's figure)")
+    parser.add_argument("--delta-seed-copies", type=int, default=None,
+                        help="copies of each delta body the origin sends before it names their holders "
+                             "(specs/deltas.md section 4) [default: the node's, 4]; as many as --followers: a star")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "out",
                         help="where every node's home goes (default out/, this disk; a tmpfs such as /dev/shm "
                              "takes the one disk that the followers share on one machine out of the figure)")
@@ -418,8 +425,9 @@ def main() -> None:
     repeats = max(1, min(args.repeats or (1 if args.quick else 3), 20))
     shard_mib = args.shard_mib or (4 if args.quick else 16)
     if not all(0.1 <= r <= 10_000 for r in rates) or not 0 < args.sparse_fraction <= 0.2 \
-            or not 1 <= args.followers <= 8:
-        sys.exit("rates of 0.1 to 10000 Mbit/s, a sparse fraction in (0, 0.2] and 1 to 8 followers")
+            or not 1 <= args.followers < MAX_HOSTS or not 1 <= (args.delta_seed_copies or 1) <= 64:
+        sys.exit(f"rates of 0.1 to 10000 Mbit/s, a sparse fraction in (0, 0.2], 1 to {MAX_HOSTS - 1} followers, "
+                 "1 to 64 seed copies")
     shapes = policy_shapes(QUICK_SHAPE if args.quick else FULL_SHAPE)
     base = base_policy(shapes, seed=7)
     weights = sum(t.numel() for t in base.values())
@@ -433,7 +441,7 @@ def main() -> None:
     for rate in rates:
         with tempfile.TemporaryDirectory(prefix="bench-delta-broadcast-", dir=args.work_dir) as tmp:
             samples = run_rate(Path(tmp), rate, shapes, base, repeats, args.sparse_fraction, shard_mib,
-                               args.followers)
+                               args.followers, args.delta_seed_copies)
         all_ok &= all(s.ok for s in samples)
         medians = {}
         for kind in ("full", "sparse", "lora"):
