@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from intellect_node.node.shards.config import ShardConfig
-from intellect_node.node.shards.delta_follower import DeltaFollower
+from intellect_node.node.shards.delta_follower import MAX_NAMED, DeltaFollower, _DeltaSearch
 from intellect_node.node.shards.delta_relay import KEPT_STEPS, DeltaSeeds, HeldBodies
 from intellect_node.node.shards.server import SEED_HOLDERS
 from intellect_node.protocol.errors import Rejected
@@ -111,3 +111,18 @@ def test_a_409_names_holders_with_the_addresses_their_adverts_give(tmp_path):
 def test_a_409_that_is_not_a_short_list_of_peer_ids_is_refused(tmp_path, body):
     with pytest.raises(Rejected):
         follower(tmp_path, PEERS[:2])._named(body)
+
+
+def test_a_search_waits_after_a_refusal_and_asks_the_trainer_again_only_after_its_hold():
+    search = _DeltaSearch(hold_s=HOLD)
+    assert not search.waiting(now=0.0)  # no 409 yet: a round without a body ends the search
+    a, b = (PEERS[0], ()), (PEERS[1], ())
+    search.refused(False, [a], now=1.0)  # a member's 409: wait, but the trainer may be asked at once
+    assert search.named == [a] and search.trainer_again == 0.0 and search.waiting(now=1.0)
+    search.refused(True, [b, a], now=2.0)  # the trainer's: not asked again for a hold
+    assert search.named == [b, a] and search.trainer_again == 2.0 + HOLD
+    assert search.waiting(now=1.0 + 3 * HOLD - 0.1) and not search.waiting(now=1.0 + 3 * HOLD)  # from the first 409
+    many = [(p, ()) for p in PEERS] * 4
+    for i in range(0, len(many), SEED_HOLDERS):
+        search.refused(False, [(f"{p}{i}", ()) for p, _ in many[i:i + SEED_HOLDERS]], now=3.0)
+    assert len(search.named) == MAX_NAMED and search.named[0][0].endswith(str(len(many) - SEED_HOLDERS))

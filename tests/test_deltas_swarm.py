@@ -6,6 +6,7 @@ fetches once."""
 
 import hashlib
 import os
+import time
 
 import multiaddr
 import numpy as np
@@ -104,12 +105,14 @@ def test_followers_build_every_step_from_deltas_and_a_joiner_catches_up(tmp_path
 
 
 @pytest.mark.slow
-def test_the_trainer_sends_one_copy_of_each_delta_and_followers_pass_it_on(tmp_path):
-    """specs/deltas.md section 4: with ``delta_seed_copies = 1`` the trainer's uplink carries about
-    one body a step, not one per follower; every follower still builds every step from its delta."""
-    swarm = ShardSwarm(tmp_path, "deltas-relay", ENV)
+def test_each_delta_body_spreads_as_a_tree_one_copy_from_each_node(tmp_path):
+    """specs/deltas.md section 4 with ``delta_seed_copies = 1`` everywhere: the trainer sends a step's
+    body once and names that holder, each holder sends it once and names its own: no node's uplink
+    carries one body per follower, and every follower still builds every step from its delta."""
+    one_copy = {**ENV, "INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": "1"}
+    swarm = ShardSwarm(tmp_path, "deltas-relay", one_copy)
     try:
-        origin = swarm.start_origin({"INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": "1"})
+        origin = swarm.start_origin()
         followers = [swarm.start_fetcher(f"f{i}") for i in range(4)]
         wait_until(swarm.swarm.converged, 60)
         publish(swarm, 0)
@@ -119,16 +122,50 @@ def test_the_trainer_sends_one_copy_of_each_delta_and_followers_pass_it_on(tmp_p
             digest = publish(swarm, step)
             wait_until(lambda step=step: all_hold(followers, step), 120)
             assert {file_sha256(f, step) for f in followers} == {digest}
+        wait_until(lambda: "3" in shard_status(origin).get("steps", {}), 30)  # status files lag by 0.5 s
+        time.sleep(1.0)
         statuses = [shard_status(f) for f in followers]
         assert [s["delta_steps"] for s in statuses] == [len(steps)] * 4, statuses
         assert all(s["delta_unavailable"] == 0 for s in statuses), statuses
-        # the origin's status file is rewritten every 0.5 s
-        wait_until(lambda: "3" in shard_status(origin).get("steps", {}), 30)
+        # one copy a step from each node, and one more where a holder's hold (10 s) passed: never one per follower
         sent = shard_status(origin)["uploaded_deltas"]
-        # one copy a step, and one more where a step outlasted the hold (10 s): never one per follower
         assert sent <= 2 * len(steps), sent
+        assert all(s["uploaded_deltas"] <= 2 * len(steps) for s in statuses), statuses
         assert sum(s["delta_from_members"] for s in statuses) == 4 * len(steps) - sent
-        assert shard_status(origin)["uploads_refused"] >= 2 * len(steps)
+        assert sum(s["uploaded_deltas"] for s in statuses) == 4 * len(steps) - sent
+    finally:
+        swarm.stop_all()
+
+
+@pytest.mark.slow
+def test_a_holder_the_trainer_named_that_died_costs_a_hold_not_the_step(tmp_path):
+    """The only member the trainer sent step 1's body to is killed before another follower asks: the
+    trainer names it (409), the follower finds it gone, and the trainer sends one more copy once its
+    hold passed with nothing under way; the step still arrives as a delta, not in full."""
+    swarm = ShardSwarm(tmp_path, "deltas-relay-gone", ENV)
+    # the trainer's hold is max(5 s, stall_s) = 25 s; the late follower asks it again after its own 30 s
+    late_env = {**swarm.env, "INTELLECT_NODE_SHARDS_STALL_S": "30"}
+    try:
+        origin = swarm.start_origin({"INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": "1",
+                                     "INTELLECT_NODE_SHARDS_STALL_S": "25"})
+        first, late = swarm.start_fetcher("first"), swarm.swarm.start("late", swarm.fetcher_args(), late_env)
+        wait_until(swarm.swarm.converged, 60)
+        publish(swarm, 0)
+        wait_until(lambda: all_hold([first, late], 0), 120)
+        swarm.swarm.stop("late")
+        digest = publish(swarm, 1)
+        wait_until(lambda: holds(first, 1), 60)  # the trainer's one copy went to the one follower running
+        swarm.swarm.kill("first")
+        wait_until(lambda: shard_status(origin)["uploaded_deltas"] == 1, 30)  # its status file lags by 0.5 s
+        refused = shard_status(origin)["uploads_refused"]  # step 0's seed mode refused some shards
+        late = swarm.swarm.start("late", swarm.fetcher_args(), late_env)  # holds step 0 from before
+        wait_until(lambda: holds(late, 1), 120)
+        assert file_sha256(late, 1) == digest
+        status = shard_status(late)
+        assert status["delta_steps"] == 1 and status["delta_unavailable"] == 0, status
+        assert status["delta_from_members"] == 0 and status["fetched_bytes"] == 0, status
+        wait_until(lambda: shard_status(origin)["uploaded_deltas"] == 2, 30)
+        assert shard_status(origin)["uploads_refused"] > refused  # the late follower was told of the dead holder first
     finally:
         swarm.stop_all()
 

@@ -5,7 +5,7 @@
 - ``intellect_node.node.shards.status_file``: ``<data_dir>/status.json``, what the overlay holds, fetched, uploaded.
 - ``intellect_node.node.shards.publisher``: the trainer's side: each dropped checkpoint signed, held, gossiped.
 - ``intellect_node.node.shards.delta_follower``: a step built from a held base and its delta, fetched from a holder.
-- ``intellect_node.node.shards.delta_relay``: delta bodies seeded by the trainer to a few, passed on by members.
+- ``intellect_node.node.shards.delta_relay``: delta bodies handed to a few by each node, then passed on: a tree.
 - ``intellect_node.node.shards.copy_ahead``: the next delta's base, copied while the swarm works on this step.
 - ``intellect_node.node.shards.provider``: DHT provider records, queued and spaced out; a shard's providers.
 - ``intellect_node.node.shards.discovery``: members advertising a newer step; their manifests.

@@ -3,9 +3,9 @@
 A manifest whose delta applies to a step held complete here is not fetched shard by shard:
 ``DeltaFollower.build`` gets the delta body (megabytes, not the checkpoint) from a member that
 holds the step, checks it against the signed manifest, builds the step from the base and checks
-every shard hash. ``None`` tells the service to fetch the step in full instead. The trainer
-sends a body to a few members only and names them to the rest (a 409, ``delta_relay``): a follower
-then takes it from those, and serves its own copy from when it checked it. A joiner that holds no
+every shard hash. ``None`` tells the service to fetch the step in full instead. Each node sends
+a body to a few peers only and names them to the rest (a 409, ``delta_relay``): a follower then
+takes it from those, and serves its own copy from when it checked it. A joiner that holds no
 base for the run's adapters gets the base's manifest from a holder with ``base_manifest``,
 accepted only if it is the checkpoint the adapter names.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from intellect_node.node.swarm.context import NodeContext
 
 log = logging.getLogger(__name__)
-RELAY_RETRY_S = (0.1, 1.0)  # after the trainer's 409: first pause between rounds, doubling to the last
+RELAY_RETRY_S = (0.1, 1.0)  # after a 409: first pause between rounds, doubling to the last
+MAX_NAMED = 4 * SEED_HOLDERS  # holders remembered from the 409s of one step's search
 
 
 class DeltaFollower:
@@ -122,8 +124,8 @@ class DeltaFollower:
         return others[:self.config.delta_attempts]
 
     def _named(self, body: bytes) -> list[tuple[str, tuple[str, ...]]]:
-        """The holders a trainer's 409 names, with their advertised addresses (none where this
-        node has no advert: a connection held to it may still carry the request)."""
+        """The holders a 409 names, with their advertised addresses (none where this node has no
+        advert: a connection held to it may still carry the request)."""
         data = json_object(body, "a delta 409's body", frozenset({"holders"}))
         holders = data["holders"]
         if (not isinstance(holders, list) or len(holders) > SEED_HOLDERS
@@ -145,56 +147,83 @@ class DeltaFollower:
         return None
 
     async def _fetch_delta(self, manifest: CheckpointManifest) -> bytes | None:
-        """The delta body the manifest names, from the first holder whose bytes hash right; after
-        the trainer's 409, from the holders it named, in rounds until a bounded time
-        (specs/deltas.md section 4)."""
-        ref = manifest.delta
-        assert ref is not None
-        target = overlay_routes.target(self.run_id, "delta", manifest.step)
-        hold = max(SEED_HOLD_S, self.config.stall_s)
-        named: list[tuple[str, tuple[str, ...]]] = []
-        wrong: set[str] = set()  # sent a body that is not the signed one: not asked again
-        trainer_again = give_up = 0.0  # when the trainer may be asked again; set by its first 409
+        """The delta body the manifest names, from the first holder whose bytes hash right; after a
+        409 (the trainer's or a member's: each hands out a few copies, then names their holders),
+        from the holders named, in rounds until a bounded time (specs/deltas.md section 4)."""
+        search = _DeltaSearch(hold_s=max(SEED_HOLD_S, self.config.stall_s))
         pause = RELAY_RETRY_S[0]
         while True:
-            asked: set[str] = set()
-            candidates = named + self._holders(manifest.step, trainer_too=trio.current_time() >= trainer_again)
-            for peer_id, addrs in candidates:
-                if peer_id in asked or peer_id in wrong:
-                    continue
-                asked.add(peer_id)
-                try:
-                    body = await self._get_whole(peer_id, addrs, target, ref.size)
-                    if body is None:
-                        continue
-                    if len(body) != ref.size:
-                        raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
-                    if delta_hash(body) != ref.hash:
-                        wrong.add(peer_id)
-                        self.counters["bad_deltas"] += 1
-                        self.node.scores.reject(peer_id, "bad_delta",
-                                                f"delta of step {manifest.step} does not match the signed manifest")
-                        continue
-                    if peer_id != self.trainer:
-                        self.counters["delta_from_members"] += 1
-                    return body
-                except HttpStatus as exc:
-                    if exc.status != 409 or peer_id != self.trainer:
-                        log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
-                        continue
-                    try:
-                        named = self._named(exc.body)
-                    except Rejected as bad:
-                        self.node.scores.reject(peer_id, bad.reason, f"delta of step {manifest.step}: {bad}")
-                        continue
-                    trainer_again = trio.current_time() + hold
-                    give_up = give_up or trio.current_time() + 3 * hold
-                except Rejected as exc:
-                    wrong.add(peer_id)
-                    self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
-                except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                    log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
-            if not give_up or trio.current_time() >= give_up:
+            body = await self._fetch_round(manifest, search)
+            if body is not None:
+                return body
+            if not search.waiting(trio.current_time()):
                 return None  # no 409 to wait out, or waited long enough: the full fetch
             await trio.sleep(pause)
             pause = min(pause * 2, RELAY_RETRY_S[1])
+
+    async def _fetch_round(self, manifest: CheckpointManifest, search: _DeltaSearch) -> bytes | None:
+        """One pass over the named holders, the members at the step, then (unless it refused a
+        hold ago) the trainer: the first right body, or None."""
+        ref = manifest.delta
+        assert ref is not None
+        target = overlay_routes.target(self.run_id, "delta", manifest.step)
+        asked: set[str] = set()
+        trainer_too = trio.current_time() >= search.trainer_again
+        for peer_id, addrs in search.named + self._holders(manifest.step, trainer_too=trainer_too):
+            if peer_id in asked or peer_id in search.wrong:
+                continue
+            asked.add(peer_id)
+            try:
+                body = await self._get_whole(peer_id, addrs, target, ref.size)
+                if body is None:
+                    continue
+                if len(body) != ref.size:
+                    raise MalformedBody(f"{len(body)}-byte delta body, the manifest names {ref.size}")
+                if delta_hash(body) != ref.hash:
+                    search.wrong.add(peer_id)
+                    self.counters["bad_deltas"] += 1
+                    self.node.scores.reject(peer_id, "bad_delta",
+                                            f"delta of step {manifest.step} does not match the signed manifest")
+                    continue
+                if peer_id != self.trainer:
+                    self.counters["delta_from_members"] += 1
+                return body
+            except HttpStatus as exc:
+                if exc.status != 409:
+                    log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
+                    continue
+                try:
+                    names = self._named(exc.body)
+                except Rejected as bad:  # raised here, a sibling clause would not catch it
+                    search.wrong.add(peer_id)
+                    self.node.scores.reject(peer_id, bad.reason, f"delta of step {manifest.step}: {bad}")
+                    continue
+                search.refused(peer_id == self.trainer, names, trio.current_time())
+            except Rejected as exc:
+                search.wrong.add(peer_id)
+                self.node.scores.reject(peer_id, exc.reason, f"delta of step {manifest.step}: {exc}")
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.debug("delta of step %d from %s: %s", manifest.step, peer_id, exc)
+        return None
+
+
+@dataclass
+class _DeltaSearch:
+    """Where one step's body search stands: the holders 409s named (newest first), the peers that
+    sent a wrong body or refusal, when the trainer may be asked again, when to stop waiting."""
+
+    hold_s: float  # the trainer's hold before it sends one more copy (specs/deltas.md section 4)
+    named: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    wrong: set[str] = field(default_factory=set)  # not asked again for this step
+    trainer_again: float = 0.0
+    give_up: float = 0.0  # 0: no 409 yet, nothing to wait for
+
+    def refused(self, by_trainer: bool, names: list[tuple[str, tuple[str, ...]]], now: float) -> None:
+        fresh = {peer_id for peer_id, _ in names}
+        self.named = (names + [n for n in self.named if n[0] not in fresh])[:MAX_NAMED]
+        if by_trainer:
+            self.trainer_again = now + self.hold_s
+        self.give_up = self.give_up or now + 3 * self.hold_s
+
+    def waiting(self, now: float) -> bool:
+        return bool(self.give_up) and now < self.give_up

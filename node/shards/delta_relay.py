@@ -1,12 +1,14 @@
 """Passing delta bodies on instead of a star from the trainer (specs/deltas.md section 4).
 
 A delta body is megabytes, but every follower needs it at once: sent by the trainer alone, a step
-costs its uplink one body per follower. ``DeltaSeeds`` is the trainer's side: per published step,
-whom it handed the body to; past ``[shards] delta_seed_copies`` copies it refuses with the names
-of those holders, and sends again only after a hold with no upload under way (they may have left).
-``HeldBodies`` is a follower's side: a body whose hash matched the signed manifest is served from
-then on, before its step is built (the body is what the next follower needs, and it checks it
-again), from an anonymous in-memory file, so the server sends it as it sends any file.
+costs its uplink one body per follower. ``DeltaSeeds`` is what every server (the trainer's and each
+member's) keeps per step: whom it handed the body to; past ``[shards] delta_seed_copies`` copies it
+refuses with the names of those holders, and sends again only after a hold with no upload under
+way (they may have left). So the body spreads as a tree with that fan-out, and no node's uplink
+carries more than a few bodies a step. ``HeldBodies`` is a follower's side: a body whose hash
+matched the signed manifest is served from then on, before its step is built (the body is what the
+next follower needs, and it checks it again), from an anonymous in-memory file, so the server
+sends it as it sends any file.
 """
 
 from __future__ import annotations

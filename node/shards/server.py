@@ -299,18 +299,18 @@ class ShardServer:
             self.on_upload()
 
     async def _send_delta(self, reply: Reply, step: int, checkpoint: Checkpoint | None, peer: str) -> None:
-        """The step's delta body (specs/deltas.md section 4), under the same upload slots as shards;
-        for a step published here, seeded: a few copies, then 409 naming their holders."""
+        """The step's delta body (specs/deltas.md section 4), under the same upload slots as shards,
+        seeded: a few copies, then 409 naming their holders (the trainer's and every member's, so
+        the body spreads as a tree whatever the swarm's size)."""
         fd, size = self._delta_source(step, checkpoint)
         try:
-            seeding = checkpoint is not None and checkpoint.origin
-            if seeding and (holders := self.delta_seeds.refusal(step, time.monotonic())) is not None:
+            if (holders := self.delta_seeds.refusal(step, time.monotonic())) is not None:
                 raise ServeError(409, json.dumps({"holders": holders}))
             if self.active >= self.config.max_uploads:
                 raise ServeError(503, "upload slots full", retry_after=1.0)
             if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
                 raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
-            counted = seeding and self.relays(peer)
+            counted = self.relays(peer)
             if counted:
                 self.delta_seeds.started(step, peer)
             self.active += 1
