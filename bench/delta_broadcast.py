@@ -341,7 +341,7 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
              repeats: int, fraction: float, shard_mib: int, followers: int = FOLLOWERS,
              seed_copies: int | None = None) -> list[Sample]:
     """One switch at ``rate``, both swarms on it: ``repeats`` LORA, then 1 + ``repeats`` x (FULL, SPARSE).
-    ``seed_copies``: the delta origin's ``[shards] delta_seed_copies`` [default: the node's]."""
+    ``seed_copies``: every delta node's ``[shards] delta_seed_copies`` [default: the node's]."""
     env = {"INTELLECT_NODE_SHARDS_SHARD_SIZE": str(shard_mib * MIB)}
     base_path = work / "base.safetensors"
     write_safetensors(base, base_path)
@@ -354,8 +354,8 @@ def run_rate(work: Path, rate: float, shapes: dict[str, tuple[int, ...]], base: 
     with LimitedSwitch(hosts=1 + followers, mbit=rate) as net:
         try:
             start_swarm(net, full, 4001, env, {"INTELLECT_NODE_SHARDS_MAX_DELTA_FRACTION": "0"})
-            start_swarm(net, deltas, 4002, env, {} if seed_copies is None else
-                        {"INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": str(seed_copies)})
+            start_swarm(net, deltas, 4002, env if seed_copies is None else
+                        {**env, "INTELLECT_NODE_SHARDS_DELTA_SEED_COPIES": str(seed_copies)}, {})
             started = time.monotonic()
             for s in swarms:
                 s.swarm.wait_until(s.swarm.converged, CONVERGE_S, poll_s=0.5)
@@ -411,8 +411,9 @@ def main() -> None:
     parser.add_argument("--followers", type=int, default=FOLLOWERS,
                         help=f"followers per swarm, 1 to {MAX_HOSTS - 1} (default {FOLLOWERS}: the issue's figure)")
     parser.add_argument("--delta-seed-copies", type=int, default=None,
-                        help="copies of each delta body the origin sends before it names their holders "
-                             "(specs/deltas.md section 4) [default: the node's, 4]; as many as --followers: a star")
+                        help="copies of each delta body a node of the delta swarm sends before it names their "
+                             "holders (specs/deltas.md section 4) [default: the node's, 4]; as many as --followers: "
+                             "the star every follower fetching from the trainer")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "out",
                         help="where every node's home goes (default out/, this disk; a tmpfs such as /dev/shm "
                              "takes the one disk that the followers share on one machine out of the figure)")

@@ -1,5 +1,5 @@
-"""The trainer's seeding of delta bodies and a follower's held bodies (specs/deltas.md section 4),
-and what a follower accepts from a 409 that names holders."""
+"""Each server's seeding of delta bodies and a follower's held bodies (specs/deltas.md section 4),
+what a follower accepts from a 409 that names holders, and whom a server names."""
 
 import json
 import os
@@ -11,7 +11,9 @@ import pytest
 from intellect_node.node.shards.config import ShardConfig
 from intellect_node.node.shards.delta_follower import MAX_NAMED, DeltaFollower, _DeltaSearch
 from intellect_node.node.shards.delta_relay import KEPT_STEPS, DeltaSeeds, HeldBodies
-from intellect_node.node.shards.server import SEED_HOLDERS
+from intellect_node.node.shards.server import SEED_HOLDERS, ServeError, ShardServer
+from intellect_node.node.shards.store import ShardStore
+from intellect_node.node.swarm.peer_scores import PeerScores
 from intellect_node.protocol.errors import Rejected
 
 PEERS = [f"12D3KooW{letter * 44}" for letter in "ABCDEFGHJKLM"]  # base58: no I, l, O or 0
@@ -126,3 +128,42 @@ def test_a_search_waits_after_a_refusal_and_asks_the_trainer_again_only_after_it
     for i in range(0, len(many), SEED_HOLDERS):
         search.refused(False, [(f"{p}{i}", ()) for p, _ in many[i:i + SEED_HOLDERS]], now=3.0)
     assert len(search.named) == MAX_NAMED and search.named[0][0].endswith(str(len(many) - SEED_HOLDERS))
+
+
+class CollectingReply:
+    """What a transport would send, kept: the body's bytes through the server's own send path."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+
+    async def body_head(self, status: int, start: int, end: int, total: int) -> None:
+        assert status == 200 and start == 0 and end == total - 1
+
+    async def send_file(self, fd: int, offset: int, count: int) -> int:
+        data = os.pread(fd, count, offset)
+        self.body += data
+        return len(data)
+
+
+async def test_a_server_names_only_peers_that_signed_their_request_and_serve(tmp_path):
+    """A held body (its step still being built here) is served; one copy is handed out, to a signed
+    peer that serves, then 409 names it. An unsigned request (keyed by its address) or a peer behind
+    NAT takes a copy that counts for nothing: their keys are never named to others."""
+    config = ShardConfig(data_dir=tmp_path, delta_seed_copies=1)
+    held = HeldBodies()
+    body = os.urandom(50_000)
+    held.hold(3, body)
+    nated = PEERS[5]
+    server = ShardServer(ShardStore(tmp_path, "r"), config, PEERS[11], PeerScores(),
+                         relays=lambda peer: peer != nated, held=held)
+    for peer in ("addr:10.0.0.7", nated, PEERS[0]):
+        reply = CollectingReply()
+        await server._send_delta(reply, 3, None, peer)
+        assert bytes(reply.body) == body
+    with pytest.raises(ServeError) as refused:
+        await server._send_delta(CollectingReply(), 3, None, PEERS[1])
+    assert refused.value.status == 409 and json.loads(str(refused.value)) == {"holders": [PEERS[0]]}
+    with pytest.raises(ServeError) as missing:
+        await server._send_delta(CollectingReply(), 4, None, PEERS[1])
+    assert missing.value.status == 404
+    held.release(3)

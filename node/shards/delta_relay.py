@@ -16,18 +16,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-KEPT_STEPS = 8  # steps whose hand-outs the trainer remembers: the async window and then some
+KEPT_STEPS = 8  # steps whose hand-outs a server remembers: the async window and then some
 
 
 @dataclass
 class _Handouts:
-    holders: list[str] = field(default_factory=list)  # newest last, members that serve
-    handed: int = 0  # copies sent whole, or being sent, to members that serve
+    holders: list[str] = field(default_factory=list)  # newest last: peers that serve
+    handed: int = 0  # copies sent whole, or being sent, to peers that serve
     uploading: int = 0
     last_end: float = float("-inf")
 
 
 class DeltaSeeds:
+    """One server's hand-outs of delta bodies, by step: whether to send one more or name holders."""
+
     def __init__(self, copies: int, hold_s: float, max_named: int) -> None:
         self.copies, self.hold_s, self.max_named = copies, hold_s, max_named
         self._steps: dict[int, _Handouts] = {}

@@ -52,6 +52,7 @@ SENDFILE_CHUNK = 4 * MIB
 SEED_HOLD_S = 5.0
 # recipients named in a 409 (a shard's or a delta body's): a fetcher watching none of them would wait out the hold
 SEED_HOLDERS = 8
+UNSIGNED_PEER = "addr:"  # the key of a request without a signed peer header: its address, never named to others
 REQUESTS_PER_PEER_S = 50.0  # requests of every kind together; a burst of twice that
 _RANGE = re.compile(rb"bytes=([0-9]{1,15})-([0-9]{1,15})")
 
@@ -166,7 +167,7 @@ class ShardServer:
             except BadRequestAuth as exc:
                 self.scores.rejections["http_bad_auth"] += 1
                 raise ServeError(401, str(exc)) from None
-        return "addr:" + str(stream.socket.getpeername()[0])
+        return UNSIGNED_PEER + str(stream.socket.getpeername()[0])
 
     async def answer(self, reply: Reply, target: str, range_value: bytes | None, peer: str) -> None:
         """Answer one request for ``target`` from ``peer`` (a verified peer id, or ``addr:<ip>``)
@@ -310,7 +311,8 @@ class ShardServer:
                 raise ServeError(503, "upload slots full", retry_after=1.0)
             if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
                 raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
-            counted = self.relays(peer)
+            # a copy counts (and its holder is named) only for a peer that signed its request and serves
+            counted = not peer.startswith(UNSIGNED_PEER) and self.relays(peer)
             if counted:
                 self.delta_seeds.started(step, peer)
             self.active += 1
