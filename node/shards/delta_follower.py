@@ -64,7 +64,10 @@ class DeltaFollower:
         if body is None:
             self.counters["delta_unavailable"] += 1
             return None
-        self.held.hold(manifest.step, body)
+        try:
+            self.held.hold(manifest.step, body)
+        except OSError as exc:  # no memory for a memfd: this node just passes it on after its build
+            log.warning("cannot hold step %d's delta body to pass it on: %s", manifest.step, exc)
         try:
             if self.copies is not None:
                 await self.copies.settled(base)
