@@ -263,16 +263,12 @@ class ShardServer:
         shards = range(start // size, end // size + 1)
         if checkpoint.origin:
             self._seed_check(checkpoint, shards)
-        if self.active >= self.config.max_uploads:
-            raise ServeError(503, "upload slots full", retry_after=1.0)
-        if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
-            raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
+        self._check_slots(peer)
         try:
             fd = self.store.open_data(checkpoint)
         except FileNotFoundError:
             raise ServeError(404, "step not held") from None
-        self.active += 1
-        self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+        self._take_slot(peer)
         hands_out = not checkpoint.origin or self.relays(peer)  # counts for seed mode (_seed_check)
         if hands_out:
             for index in shards:
@@ -288,10 +284,7 @@ class ShardServer:
                 _remember_recipient(checkpoint, peer)
         finally:
             os.close(fd)
-            self.active -= 1
-            self._active_per_peer[peer] -= 1
-            if not self._active_per_peer[peer]:
-                del self._active_per_peer[peer]
+            self._give_slot(peer)
             for index in shards if hands_out else ():
                 checkpoint.uploading[index] -= 1
                 checkpoint.uploaded_at[index] = time.monotonic()
@@ -307,16 +300,12 @@ class ShardServer:
         try:
             if (holders := self.delta_seeds.refusal(step, time.monotonic())) is not None:
                 raise ServeError(409, json.dumps({"holders": holders}))
-            if self.active >= self.config.max_uploads:
-                raise ServeError(503, "upload slots full", retry_after=1.0)
-            if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
-                raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
+            self._check_slots(peer)
             # a copy counts (and its holder is named) only for a peer that signed its request and serves
             counted = not peer.startswith(UNSIGNED_PEER) and self.relays(peer)
             if counted:
                 self.delta_seeds.started(step, peer)
-            self.active += 1
-            self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+            self._take_slot(peer)
             whole = False
             try:
                 await reply.body_head(200, 0, size - 1, size)
@@ -324,15 +313,29 @@ class ShardServer:
                 whole = True
                 self.stats.deltas += 1
             finally:
-                self.active -= 1
-                self._active_per_peer[peer] -= 1
-                if not self._active_per_peer[peer]:
-                    del self._active_per_peer[peer]
+                self._give_slot(peer)
                 if counted:
                     self.delta_seeds.ended(step, peer, time.monotonic(), whole)
                 self.on_upload()
         finally:
             os.close(fd)
+
+    def _check_slots(self, peer: str) -> None:
+        """503 when every upload slot is taken, 429 when this peer holds its share of them."""
+        if self.active >= self.config.max_uploads:
+            raise ServeError(503, "upload slots full", retry_after=1.0)
+        if self._active_per_peer.get(peer, 0) >= self.config.max_uploads_per_peer:
+            raise ServeError(429, "too many uploads to this peer", retry_after=1.0)
+
+    def _take_slot(self, peer: str) -> None:
+        self.active += 1
+        self._active_per_peer[peer] = self._active_per_peer.get(peer, 0) + 1
+
+    def _give_slot(self, peer: str) -> None:
+        self.active -= 1
+        self._active_per_peer[peer] -= 1
+        if not self._active_per_peer[peer]:
+            del self._active_per_peer[peer]
 
     def _delta_source(self, step: int, checkpoint: Checkpoint | None) -> tuple[int, int]:
         """(descriptor, size) of the body: kept beside a complete step, else verified and held
